@@ -1,0 +1,1 @@
+"""The sweep: CLI, spec, Optuna study, backends (Ray), MLflow tracking. Never imports torch."""

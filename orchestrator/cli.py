@@ -1,0 +1,59 @@
+"""`moe-autotune`: one Typer app; each command lives in orchestrator/commands/<name>.py.
+
+Bad input anywhere (SpecError, a Click usage error) becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from search_spaces.errors import SpecError
+
+app = typer.Typer(
+    name="moe-autotune",
+    help="Find the fastest layout for long-context MoE training on Megatron-Core.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Each module defines register(app). Kept as a list so a new command is one line here.
+from orchestrator.commands import estimate as _estimate  # noqa: E402
+from orchestrator.commands import sweep as _sweep  # noqa: E402
+from orchestrator.commands import slurm as _slurm  # noqa: E402
+from orchestrator.commands import promote as _promote  # noqa: E402
+
+for _module in (_estimate, _sweep, _slurm, _promote):
+    _module.register(app)
+
+
+def fail(message: str) -> "typer.Exit":
+    """Print one line naming the problem and exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry (setuptools wraps it in sys.exit); tests call main([...]) directly."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except SpecError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        # usage errors: one line, not Click's three-line box
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

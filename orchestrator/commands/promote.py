@@ -1,0 +1,7 @@
+"""`moe-autotune promote` (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

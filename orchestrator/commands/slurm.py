@@ -1,0 +1,7 @@
+"""`moe-autotune slurm` (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

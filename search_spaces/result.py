@@ -1,0 +1,87 @@
+"""TrialResult: what one profiling run measured, as written by the trainer and read by the orchestrator.
+
+Plain data, JSON on disk; importable without torch. The trainer writes it (rank 0, atomically);
+the orchestrator reads it, adds the prediction beside it and records it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# ok: measured; oom: ran out of memory; error: crashed; invalid: ran but the numbers cannot be trusted
+# (CP/EP/dispatcher not in effect, TF/s above peak, non-finite loss); timeout: killed by the orchestrator;
+# infeasible: the cost model rejected it, never run; interrupted: the job/node went away.
+STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted")
+
+
+@dataclass
+class TrialResult:
+    status: str = "error"
+    tokens_per_sec_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    # max over ranks (GiB); per-rank detail in peak_memory_gib_per_rank
+    peak_memory_gib: float | None = None
+    peak_memory_gib_per_rank: list[float] = field(default_factory=list)
+    # measured components in GiB on the most loaded rank: weights, gradients, optimizer_states,
+    # activations_per_microbatch (same names as the cost model's memory breakdown)
+    memory_gib: dict[str, float] = field(default_factory=dict)
+    applied: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    layout: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    gpu: str | None = None
+    num_gpus: int | None = None
+    seq_len: int | None = None
+    wall_time_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown trial status {self.status!r}; allowed: {', '.join(STATUSES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        known = {f.name for f in fields(cls)}
+        extra = {k: v for k, v in data.items() if k not in known}
+        obj = cls(**{k: v for k, v in data.items() if k in known})
+        obj.extra.update(extra)
+        return obj
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Atomic write: a reader never sees half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.to_dict(), fh, indent=2, default=_json_default, allow_nan=True)
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "TrialResult":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @property
+    def loss_finite(self) -> bool:
+        return bool(self.loss) and all(math.isfinite(x) for x in self.loss)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)

@@ -1,0 +1,1 @@
+"""The real Megatron-Core long-context MoE trainer. Importing this package does not import torch."""
