@@ -1,7 +1,188 @@
-"""`moe-autotune estimate` (placeholder until its issue lands)."""
+"""`moe-autotune estimate` (one layout through the cost model) and `moe-autotune space` (the whole space).
+
+Thin: parse flags, call search_spaces, print a rich table or one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from search_spaces.errors import SpecError
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("estimate")(estimate)
+    app.command("space")(space)
+
+
+def _model_gpu(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Optional[int],
+               hidden_size: Optional[int]):
+    from search_spaces.hardware import load_gpu
+    from search_spaces.models import load_model
+
+    if num_gpus < 1:
+        raise SpecError(f"--num-gpus must be positive, got {num_gpus}")
+    if seq_len < 1:
+        raise SpecError(f"--seq-len must be positive, got {seq_len}")
+    spec = load_model(model)
+    if num_layers or hidden_size:
+        spec = spec.with_overrides(num_layers=num_layers, hidden_size=hidden_size)
+    return spec, load_gpu(gpu)
+
+
+def estimate(
+    model: str = typer.Option(..., help="catalog name or path of a Hugging Face config.json"),
+    gpu: str = typer.Option(..., help="h100 | h200 | b200 | b300 | gb200 | gb300 | cpu"),
+    num_gpus: int = typer.Option(..., "--num-gpus"),
+    seq_len: int = typer.Option(..., "--seq-len"),
+    tp: int = typer.Option(1), cp: int = typer.Option(1), ep: int = typer.Option(1), etp: int = typer.Option(1),
+    pp: int = typer.Option(1), vpp: int = typer.Option(1), mbs: int = typer.Option(1),
+    gbs: Optional[int] = typer.Option(None, help="global batch (sequences); default MBS x DP"),
+    recompute: str = typer.Option("none", help="none | full | comma list of modules"),
+    recompute_method: str = typer.Option("uniform", "--recompute-method"),
+    recompute_num_layers: int = typer.Option(1, "--recompute-num-layers"),
+    cuda_graphs: str = typer.Option("none", "--cuda-graphs", help="none or a comma list of scopes"),
+    precision: str = typer.Option("bf16"),
+    dispatcher: str = typer.Option("alltoall"),
+    cp_comm_type: str = typer.Option("p2p", "--cp-comm-type"),
+    optimizer_offload: float = typer.Option(0.0, "--optimizer-offload", help="fraction 0..1"),
+    no_distributed_optimizer: bool = typer.Option(False, "--no-distributed-optimizer"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", help="override the model's layer count"),
+    hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="override the model's width"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> int:
+    """Predict legality, peak memory per GPU and throughput of one layout."""
+    from search_spaces.costmodel import estimate as run_estimate
+    from search_spaces.layout import Layout, parse_recompute
+
+    spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    if gbs is None:
+        denom = tp * cp * pp
+        gbs = mbs * (num_gpus // denom if num_gpus % denom == 0 else 1)
+    layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, vpp=vpp, mbs=mbs, gbs=gbs,
+                    **parse_recompute(recompute, recompute_method, recompute_num_layers),
+                    cuda_graphs=cuda_graphs, precision=precision, dispatcher=dispatcher, cp_comm_type=cp_comm_type,
+                    optimizer_offload=optimizer_offload, distributed_optimizer=not no_distributed_optimizer)
+    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout)
+    if as_json:
+        typer.echo(json.dumps(est.to_dict()))
+    else:
+        _print_estimate(est)
+    if not est.legal:
+        reasons = "; ".join(f"{v.rule}: {v.reason}" for v in est.violations)
+        typer.echo(f"error: illegal layout: {reasons}", err=True)
+        raise typer.Exit(2)
+    return 0
+
+
+_COUNTS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank", "expert_params_on_rank")
+
+
+def _print_estimate(est) -> None:
+    console = Console()
+    title = f"{est.model} on {est.num_gpus} x {est.gpu}, {est.seq_len} tokens"
+    if not est.legal:
+        table = Table(title=f"{title}: illegal layout")
+        table.add_column("rule")
+        table.add_column("reason")
+        for v in est.violations:
+            table.add_row(v.rule, v.reason)
+        console.print(table)
+        return
+    summary = Table(title=title, show_header=False)
+    summary.add_row("fits", f"{'yes' if est.fits else 'NO'} ({est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g} GiB)")
+    summary.add_row("tokens/s/GPU", f"{est.tokens_per_sec_per_gpu:,.1f}")
+    summary.add_row("TFLOP/s/GPU", _num(est.tflops_per_gpu))
+    summary.add_row("MFU", f"{est.mfu:.1%}")
+    summary.add_row("step time", f"{est.step_time_s:.3f} s")
+    summary.add_row("pipeline layout", est.pipeline_layout)
+    console.print(summary)
+    memory = est.breakdown["memory_gib"]
+    mem = Table(title=f"memory per GPU, GiB (pipeline rank {int(memory.get('pipeline_rank', 0))}, the most loaded)")
+    mem.add_column("component")
+    mem.add_column("GiB", justify="right")
+    for k, v in memory.items():
+        if k not in _COUNTS:
+            mem.add_row(k, _num(v))
+    console.print(mem)
+    console.print(f"parameters on that rank: {memory.get('params_on_rank', 0):,.0f} "
+                  f"(dense {memory.get('dense_params_on_rank', 0):,.0f}, "
+                  f"experts {memory.get('expert_params_on_rank', 0):,.0f}); "
+                  f"microbatches in flight per chunk: {memory.get('inflight_microbatches', 0):.2f}")
+    tim = Table(title="time per step")
+    tim.add_column("component")
+    tim.add_column("seconds", justify="right")
+    for k, v in est.breakdown["time_s"].items():
+        tim.add_row(k, f"{v:.4f}")
+    console.print(tim)
+
+
+def space(
+    model: str = typer.Option(..., help="catalog name or path of a Hugging Face config.json"),
+    gpu: str = typer.Option(...),
+    num_gpus: int = typer.Option(..., "--num-gpus"),
+    seq_len: int = typer.Option(..., "--seq-len"),
+    top: int = typer.Option(10, help="how many fitting layouts to list"),
+    gbs: Optional[int] = typer.Option(None, help="global batch (default ~16M tokens per step)"),
+    fix: list[str] = typer.Option([], "--fix", help="FIELD=VALUE, keep a layout field fixed (repeatable)"),
+    budget: float = typer.Option(6.0, help="seconds to spend estimating layouts"),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers"),
+    hidden_size: Optional[int] = typer.Option(None, "--hidden-size"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> int:
+    """Enumerate the legal layouts, count rejections per rule, list the fastest that fit."""
+    from search_spaces.space import explore
+
+    spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    fixed = {}
+    for item in fix:
+        if "=" not in item:
+            raise SpecError(f"--fix wants FIELD=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        fixed[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+        return 0
+    console = Console()
+    console.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
+                  f"{result.total:,} combinations, {result.legal_count:,} legal "
+                  f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
+                  f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
+    rej = Table(title="rejections per rule")
+    rej.add_column("rule")
+    rej.add_column("layouts", justify="right")
+    for rule, n in sorted(result.rejected_by_rule.items(), key=lambda x: -x[1]):
+        rej.add_row(rule, f"{n:,}")
+    console.print(rej)
+    best = Table(title=f"top {top} predicted (fitting)")
+    for col in ("#", "layout", "tokens/s/GPU", "TF/s/GPU", "MFU", "peak GiB"):
+        best.add_column(col, overflow="fold")
+    for i, row in enumerate(result.top, 1):
+        p = row["prediction"]
+        best.add_row(str(i), row["key"], f"{p['tokens_per_sec_per_gpu']:,.1f}", f"{p['tflops_per_gpu']:,.1f}",
+                     f"{p['mfu']:.1%}", f"{p['peak_memory_gib']:.1f}")
+    console.print(best)
+    return 0
+
+
+def _num(value: float) -> str:
+    """Readable for both 80 GiB GPUs and the few MiB of a tiny CPU model."""
+    return f"{value:,.3f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

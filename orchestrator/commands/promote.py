@@ -1,7 +1,137 @@
-"""`moe-autotune promote` (placeholder until its issue lands)."""
+"""`moe-autotune promote`, `export` and `report`: take the winner to production and show why it won."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from search_spaces.errors import SpecError
+
+EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-overrides.yaml",
+                  "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
+DEFAULT_STORAGE = "sqlite:///optuna.db"
+
+_STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL of the sweep.")
+_TRACKING = typer.Option(None, "--tracking-uri",
+                         help="MLflow tracking/registry URI (default: the one the sweep recorded, "
+                              "$MLFLOW_TRACKING_URI, sqlite:///mlflow.db).")
+_TRIAL = typer.Option(None, "--trial", help="Trial number (default: the best measured trial that fits).")
+_ESTIMATED = typer.Option(False, "--allow-estimated", help="Accept trials from the analytic backend.")
+
+
+def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: Optional[str]):
+    from orchestrator import registry, winner
+
+    study = winner.load(storage, study_name)
+    ctx = winner.context(study)
+    ctx["tracking_uri"] = registry.use_tracking_uri(tracking_uri or ctx.get("tracking_uri"))
+    return study, ctx
+
+
+def promote(
+    study_name: Optional[str] = typer.Argument(None, metavar="STUDY", help="Study name (default: the newest)."),
+    trial: Optional[int] = _TRIAL,
+    storage: str = _STORAGE,
+    tracking_uri: Optional[str] = _TRACKING,
+    allow_estimated: bool = _ESTIMATED,
+    rollback: bool = typer.Option(False, "--rollback",
+                                  help="Move 'production' back to the previous production version."),
+    name: Optional[str] = typer.Option(None, "--name", help="Registered model to roll back (instead of STUDY)."),
+) -> None:
+    """Register the winning layout in the MLflow Model Registry and point the alias 'production' at it."""
+    from orchestrator import registry, winner
+
+    if rollback:
+        if trial is not None or allow_estimated:
+            raise SpecError("--rollback takes no --trial or --allow-estimated")
+        if name:
+            registry.use_tracking_uri(tracking_uri)
+        else:
+            study, ctx = _study_and_tracking(study_name, storage, tracking_uri)
+            name = registry.registered_model_name(ctx["model"], ctx["seq_len"])
+        done = registry.rollback(name)
+        typer.echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "
+                   f"{done.version}")
+        return
+    if name:
+        raise SpecError("--name is only for --rollback (a promotion names its model from the study)")
+    study, ctx = _study_and_tracking(study_name, storage, tracking_uri)
+    view = winner.pick(study, trial, allow_estimated)
+    done = registry.promote(view, ctx, study.study_name)
+    was = f" (was version {done.previous})" if done.previous else ""
+    typer.echo(f"promoted {study.study_name} trial {view.number} ({view.tokens_per_sec_per_gpu:.1f} tokens/s/GPU"
+               f"{', estimated' if view.estimated else ''}) to models:/{done.name}@{registry.PRODUCTION}: "
+               f"version {done.version}{was}")
+    typer.echo(f"layout: {view.layout.key()}")
+
+
+def export(
+    ref: str = typer.Argument(..., metavar="VERSION|STUDY",
+                              help="models:/NAME@ALIAS, NAME@ALIAS, NAME/VERSION, or a study name."),
+    fmt: str = typer.Option("megatron-args", "--format", "-f", help=f"One of: {', '.join(EXPORT_FORMATS)}."),
+    trial: Optional[int] = _TRIAL,
+    storage: str = _STORAGE,
+    tracking_uri: Optional[str] = _TRACKING,
+    allow_estimated: bool = _ESTIMATED,
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
+                                                help="GPUs per node for sbatch (default: the sweep's)."),
+) -> None:
+    """Print a registered version's (or a study winner's) Megatron flags, Bridge overrides or sbatch script."""
+    from orchestrator import registry, winner
+
+    if fmt not in EXPORT_FORMATS:
+        raise SpecError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
+    filename = EXPORT_FORMATS[fmt]
+    if registry.is_registry_ref(ref):
+        if trial is not None or gpus_per_node is not None:
+            raise SpecError("--trial and --gpus-per-node apply to a study, not a registered version")
+        registry.use_tracking_uri(tracking_uri)
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = registry.download(ref, tmp)
+            if not (folder / filename).is_file():
+                raise SpecError(f"{registry.model_uri(ref)} has no {filename}")
+            typer.echo((folder / filename).read_text(), nl=False)
+        return
+    study = winner.load(storage, ref)
+    ctx = winner.context(study)
+    if gpus_per_node:
+        ctx["gpus_per_node"] = gpus_per_node
+    view = winner.pick(study, trial, allow_estimated)
+    typer.echo(registry.render(view, ctx, study.study_name)[filename], nl=False)
+
+
+def report(
+    study_name: Optional[str] = typer.Argument(None, metavar="STUDY", help="Study name (default: the newest)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for report.html and the PNGs "
+                                                                 "(default: ./report-STUDY)."),
+    storage: str = _STORAGE,
+    tracking_uri: Optional[str] = _TRACKING,
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the report to the sweep's MLflow run."),
+) -> None:
+    """Write an HTML report with PNGs (Pareto front, importance, predicted vs measured, breakdown, progress)."""
+    from orchestrator import registry, winner
+    from orchestrator import report as report_mod
+
+    study = winner.load(storage, study_name)
+    ctx = winner.context(study)
+    done = report_mod.write(study, out or Path(f"report-{study.study_name}"))
+    typer.echo(f"report: {done.html_path}")
+    parent = ctx.get("mlflow_parent_run_id")
+    if no_mlflow:
+        return
+    if not parent:
+        typer.echo("note: the study records no MLflow parent run; report not logged to MLflow", err=True)
+        return
+    registry.use_tracking_uri(tracking_uri or ctx.get("tracking_uri"))
+    report_mod.log_to_mlflow(done, parent)
+    typer.echo(f"logged to MLflow run {parent} under report/")
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("promote")(promote)
+    app.command("export")(export)
+    app.command("report")(report)

@@ -1,7 +1,109 @@
-"""`moe-autotune sweep` (placeholder until its issue lands)."""
+"""`moe-autotune sweep SPEC` runs a sweep; `moe-autotune status [STUDY]` prints its leaderboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("sweep")(sweep)
+    app.command("status")(status)
+
+
+def sweep(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="sweep spec YAML (see examples/)"),
+    backend: Optional[str] = typer.Option(None, help="local | analytic"),
+    n_trials: Optional[int] = typer.Option(None, "--n-trials", help="trials to run (cost-model rejections are free)"),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent"),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default sqlite:///optuna.db)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI, or none"),
+    study_name: Optional[str] = typer.Option(None, "--study-name"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted sweep of the same name"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
+    seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
+    replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
+    quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
+) -> int:
+    """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
+    from orchestrator.driver import run_sweep
+    from orchestrator.spec import load_spec
+
+    spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
+                                 "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
+                                 "ray_address": ray_address, "seed": seed, "replay_table": replay_table})
+    outcome = run_sweep(spec, resume=resume, show_progress=not quiet)
+    console = Console()
+    console.print(f"sweep {spec.name}: {outcome.n_measured} trials run, {outcome.n_infeasible} proposals "
+                  f"rejected by the cost model, {outcome.wall_time_s:.1f} s")
+    if outcome.pareto:
+        table = Table(title="Pareto front (tokens/s/GPU vs peak memory)")
+        for col in ("trial", "layout", "tokens/s/GPU", "peak GiB"):
+            table.add_column(col)
+        for t in outcome.pareto:
+            table.add_row(str(t.number), t.user_attrs.get("layout_key", ""), f"{t.values[0]:,.1f}",
+                          f"{t.values[1]:.2f}")
+        console.print(table)
+    if outcome.best is not None:
+        b = outcome.best
+        console.print(f"best layout (trial {b.number}): {b.user_attrs.get('layout_key')}  "
+                      f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB")
+    else:
+        statuses: dict[str, int] = {}
+        for t in outcome.study.trials:
+            s = t.user_attrs.get("status")
+            if s:
+                statuses[s] = statuses.get(s, 0) + 1
+        typer.echo("error: no trial measured a layout that fits; statuses: "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
+    for msg in outcome.messages:
+        typer.echo(("error: " if outcome.mlflow_pending else "note: ") + msg, err=True)
+    return outcome.exit_code
+
+
+def status(
+    study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
+    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL"),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="write the leaderboard (replay-table columns)"),
+    top: int = typer.Option(20, help="rows to print"),
+) -> int:
+    """Leaderboard of a running or finished sweep, from the Optuna storage."""
+    from orchestrator import study as studies
+    from search_spaces.errors import SpecError
+
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        raise SpecError(f"storage file {storage[len('sqlite:///'):]!r} does not exist")
+    study = studies.load_study(storage, study_name)
+    frame = studies.leaderboard(study)
+    if csv is not None:
+        frame.to_csv(csv, index=False)
+    console = Console()
+    running = sum(1 for t in study.trials if t.state.name == "RUNNING")
+    ran = len(studies.measured_trials(study))
+    console.print(f"study {study.study_name}: {ran} trials run, {running} running, "
+                  f"{int((frame['status'] == 'infeasible').sum()) if not frame.empty else 0} rejected by the cost model")
+    table = Table()
+    cols = ["trial", "status", "tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute", "tokens_per_sec_per_gpu",
+            "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
+    for col in cols:
+        table.add_column(col.replace("_per_", "/").replace("tokens", "tok"))
+    for _, row in frame.head(top).iterrows():
+        table.add_row(*[_cell(row[c]) for c in cols])
+    console.print(table)
+    best = studies.best_fitting_trial(study)
+    if best is not None:
+        console.print(f"best that fits: trial {best.number} {best.user_attrs.get('layout_key')} "
+                      f"{best.values[0]:,.1f} tokens/s/GPU")
+    return 0
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)

@@ -1,0 +1,405 @@
+"""Search efficiency: trials (and GPU-hours) each search strategy needs to get within 2% of the best layout.
+
+Landscapes are made from the cost model, because no one has measured thousands of layouts per cluster:
+for each case (model, seq_len, cluster) the legal layouts are enumerated, a seeded sample of at most CAP of
+them is kept (two thirds predicted to fit where there are enough), and for every seed a "truth" is drawn:
+
+  true tokens/s = predicted x one factor per (dimension, value), each exp(N(0, 0.10))  (deliberate model error)
+  true memory   = predicted x one factor per (dimension, value), each exp(N(0, 0.03))  (fits/OOM can flip)
+  a measurement = true tokens/s x exp(N(0, 0.02)) when the truth fits, else status oom   (noise)
+
+The target is 98% of the exhaustive optimum of the truth (best truly fitting layout); a strategy reaches it
+at the first trial that measures a layout whose true throughput is at least that. Each run stops there or
+after BUDGET trials (then it counts as "> BUDGET"). Strategies:
+
+  ours (calibrated)  orchestrator/search.py: rank by the cost model, correct it online from measurements
+  ours (TPE sweep)   the sweep's current proposer: rules of thumb, then multivariate TPE over the dimensions,
+                     cost-model screening (free), best untried prediction on repeats (orchestrator/sampler.py)
+  plain TPE          Optuna TPE over the same dimensions with no prior; combinations that are not legal
+                     layouts are told as failures without costing a trial (generous to it)
+  random             legal layouts in random order
+  grid (NeMo AC)     legal layouts in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS (then VPP,
+                     ETP, the features), smallest first, no memory screening
+
+GPU-hours per trial = num_gpus x (STARTUP_S + STEPS x true step time) / 3600 (an OOM trial: start-up plus
+one step). `run(quick=False) -> dict`; `python bench/search_efficiency.py [--quick]` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+
+from search_spaces.costmodel import estimate  # noqa: E402
+from search_spaces.errors import SpecError  # noqa: E402
+from search_spaces.hardware import load_gpu  # noqa: E402
+from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.models import load_model  # noqa: E402
+from search_spaces.space import candidate_layouts  # noqa: E402
+
+from orchestrator.backends.replay import ReplayPrior, ReplayRow, ReplayTable  # noqa: E402
+from orchestrator.prior import Prediction  # noqa: E402
+from orchestrator.sampler import LayoutProposer, make_sampler, param_value  # noqa: E402
+from orchestrator.search import DIMENSIONS, CalibratedSearch, _value  # noqa: E402
+from orchestrator.spec import parse_spec  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+TARGET = 0.98
+BUDGET = 60
+STARTUP_S = 300.0  # job start, model build, first compile: paid by every trial
+STEPS = 20
+TOKEN_ERROR, MEMORY_ERROR, NOISE = 0.10, 0.03, 0.02
+SIMPLE = {"cuda_graphs": "none", "dispatcher": "alltoall", "cp_comm_type": "p2p", "optimizer_offload": 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    model: str
+    gpu: str
+    num_gpus: int
+    seq_len: int
+    fixed: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {self.seq_len // 1024}k on {self.num_gpus}x{self.gpu}"
+
+
+CASES = [
+    Case("qwen3-30b-a3b", "h100", 16, 32768, {}),  # every feature free
+    Case("gpt-oss-120b", "b200", 64, 131072, {**SIMPLE, "precision": "bf16"}),
+    Case("deepseek-v3", "h100", 256, 65536, {**SIMPLE, "precision": "fp8-tensorwise"}),
+    Case("qwen3-235b-a22b", "h200", 128, 16384, {**SIMPLE, "precision": "bf16"}),
+]
+
+
+@dataclasses.dataclass
+class Landscape:
+    case: Case
+    layouts: list[Layout]
+    pred_tokens: np.ndarray
+    pred_memory: np.ndarray
+    limit_gib: float
+    prior: ReplayPrior  # the cost model's view, restricted to these layouts
+    onehot: dict[tuple[str, str], np.ndarray]  # (dimension, value) -> mask over layouts
+
+    @property
+    def keys(self) -> list[str]:
+        return [lay.key() for lay in self.layouts]
+
+
+def build_landscape(case: Case, cap: int, seed: int = 0) -> Landscape:
+    model, gpu = load_model(case.model), load_gpu(case.gpu)
+    pool = candidate_layouts(model, gpu, case.num_gpus, case.seq_len, fixed=dict(case.fixed) or None)
+    rng = random.Random(seed)
+    sample = rng.sample(pool, min(len(pool), 3 * cap))
+    fit, nofit = [], []
+    for lay in sample:
+        est = estimate(model, gpu, case.num_gpus, case.seq_len, lay)
+        if est.legal and est.tokens_per_sec_per_gpu:
+            (fit if est.fits else nofit).append((lay, est))
+    keep = fit[: (2 * cap) // 3]
+    keep += nofit[: cap - len(keep)]
+    table = ReplayTable(path=f"<landscape {case.name}>", model=case.model, gpu=case.gpu,
+                        num_gpus=case.num_gpus, seq_len=case.seq_len)
+    table.rows = {lay.key(): ReplayRow(lay, "ok", est.tokens_per_sec_per_gpu, est.tflops_per_gpu,
+                                       est.peak_memory_gib, i) for i, (lay, est) in enumerate(keep)}
+    spec = parse_spec({"name": "bench", "model": case.model, "gpu": case.gpu, "nodes": 1,
+                       "gpus_per_node": case.num_gpus, "seq_len": case.seq_len, "backend": "analytic",
+                       "tracking_uri": "none"})
+    prior = ReplayPrior(spec, table)
+    layouts = [lay for lay, _ in keep]
+    onehot: dict[tuple[str, str], np.ndarray] = {}
+    for i, lay in enumerate(layouts):
+        for dim in DIMENSIONS:
+            onehot.setdefault((dim, _value(lay, dim)), np.zeros(len(layouts), dtype=bool))[i] = True
+    return Landscape(case, layouts, np.array([e.tokens_per_sec_per_gpu for _, e in keep]),
+                     np.array([e.peak_memory_gib for _, e in keep]), float(gpu.memory_gib), prior, onehot)
+
+
+@dataclasses.dataclass
+class Truth:
+    tokens: np.ndarray
+    memory: np.ndarray
+    fits: np.ndarray
+    target: float
+    rng: np.random.Generator
+
+    def measure(self, i: int) -> tuple[str, float | None, float | None]:
+        if not self.fits[i]:
+            return "oom", None, None
+        return "ok", float(self.tokens[i] * math.exp(self.rng.normal(0.0, NOISE))), float(self.memory[i])
+
+
+def draw_truth(land: Landscape, seed: int) -> Truth:
+    rng = np.random.default_rng(seed)
+    tok_log = np.zeros(len(land.layouts))
+    mem_log = np.zeros(len(land.layouts))
+    for key in sorted(land.onehot):  # sorted: the same factors for the same seed
+        mask = land.onehot[key]
+        tok_log[mask] += rng.normal(0.0, TOKEN_ERROR)
+        mem_log[mask] += rng.normal(0.0, MEMORY_ERROR)
+    tokens = land.pred_tokens * np.exp(tok_log)
+    memory = land.pred_memory * np.exp(mem_log)
+    fits = memory <= land.limit_gib
+    best = float(tokens[fits].max()) if fits.any() else float("inf")
+    return Truth(tokens, memory, fits, TARGET * best, np.random.default_rng(seed + 7919))
+
+
+def trial_gpu_hours(land: Landscape, truth: Truth, i: int) -> float:
+    case = land.case
+    tokens = truth.tokens[i] if truth.fits[i] else land.pred_tokens[i]
+    step_s = land.layouts[i].gbs * case.seq_len / (tokens * case.num_gpus)
+    steps = STEPS if truth.fits[i] else 1
+    return case.num_gpus * (STARTUP_S + steps * step_s) / 3600.0
+
+
+# ---- strategies: propose(tried keys) -> Layout | None ; observe(layout, status, tokens, memory) --------
+
+class Ordered:
+    """Walks a fixed order of layouts (random search, grid)."""
+
+    def __init__(self, order: list[Layout]):
+        self.order = order
+
+    def propose(self, tried: set[str]) -> Layout | None:
+        return next((lay for lay in self.order if lay.key() not in tried), None)
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def grid_order(land: Landscape) -> list[Layout]:
+    def key(lay: Layout):
+        return (lay.tp, lay.pp, lay.cp, lay.ep, lay.mbs, lay.vpp, lay.etp, lay.recompute,
+                ",".join(lay.cuda_graphs), lay.precision, lay.dispatcher, lay.optimizer_offload)
+    return sorted(land.layouts, key=key)
+
+
+class Calibrated:
+    def __init__(self, land: Landscape):
+        predict = land.prior.predict
+        self.search = CalibratedSearch(land.layouts, lambda lay: _triple(predict(lay)), land.limit_gib)
+
+    def propose(self, tried):
+        return self.search.propose(tried)
+
+    def observe(self, layout, status, tokens, memory):
+        self.search.observe(layout, status, tokens, memory)
+
+
+def _triple(p: Prediction):
+    return p.legal, p.tokens_per_sec_per_gpu, p.peak_memory_gib
+
+
+class TPESweep:
+    """The sweep's current proposal loop (orchestrator/driver.py `_propose`), without storage or MLflow."""
+
+    def __init__(self, land: Landscape, seed: int):
+        self.prior = land.prior
+        self.proposer = LayoutProposer(self.prior, list(DIMENSIONS), seed=seed)
+        self.study = optuna.create_study(directions=["maximize", "minimize"], sampler=make_sampler(seed))
+        self.proposer.enqueue_seeds(self.study)
+        self.pending: dict[str, Any] = {}
+        self.proposals = 0
+
+    def propose(self, tried):
+        while self.proposals < 20 * BUDGET:
+            self.proposals += 1
+            trial = self.study.ask()
+            params = self.proposer.suggest(trial)
+            try:
+                layout = self.proposer.layout_of(params)
+            except SpecError:
+                self.study.tell(trial, [0.0, 0.0])
+                continue
+            if layout.key() in tried:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                alt = self.proposer.best_untried(tried)
+                if alt is None:
+                    return None
+                self.study.enqueue_trial(self.proposer.params_of(alt))
+                continue
+            pred = self.prior.predict(layout)
+            if not pred.feasible:  # screened by the cost model: free
+                self.study.tell(trial, [0.0, pred.peak_memory_gib or 0.0])
+                continue
+            self.pending[layout.key()] = trial
+            return layout
+        return None
+
+    def observe(self, layout, status, tokens, memory):
+        trial = self.pending.pop(layout.key())
+        mem = memory if memory is not None else (self.prior.predict(layout).peak_memory_gib or 0.0)
+        self.study.tell(trial, [tokens if status == "ok" else 0.0, mem])
+
+
+class PlainTPE:
+    """Optuna's TPE over the dimensions' values, no prior: no seeds, no screening, no cost model."""
+
+    def __init__(self, land: Landscape, seed: int):
+        self.index = {lay.key(): lay for lay in land.layouts}
+        self.base = land.layouts[0]
+        self.choices = {}
+        for dim in DIMENSIONS:
+            values = sorted({param_value(lay, dim) for lay in land.layouts}, key=str)
+            if len(values) > 1:
+                self.choices[dim] = values
+        self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+        self.rng = random.Random(seed)
+        self.pending: dict[str, Any] = {}
+        self.proposals = 0
+
+    def propose(self, tried):
+        while self.proposals < 20 * BUDGET:
+            self.proposals += 1
+            trial = self.study.ask()
+            params = {dim: trial.suggest_categorical(dim, values) for dim, values in self.choices.items()}
+            try:
+                key = self.base.replace(**params).key()
+            except SpecError:
+                key = None
+            if key is None or key not in self.index or key in tried:  # not a legal layout: free failure
+                self.study.tell(trial, 0.0)
+                continue
+            self.pending[key] = trial
+            return self.index[key]
+        rest = [lay for k, lay in self.index.items() if k not in tried]  # gave up: random untried
+        return self.rng.choice(rest) if rest else None
+
+    def observe(self, layout, status, tokens, memory):
+        trial = self.pending.pop(layout.key(), None)
+        if trial is not None:
+            self.study.tell(trial, tokens if status == "ok" else 0.0)
+
+
+STRATEGIES: dict[str, Callable[[Landscape, int], Any]] = {
+    "ours (calibrated)": lambda land, seed: Calibrated(land),
+    "ours (TPE sweep)": lambda land, seed: TPESweep(land, seed),
+    "plain TPE": lambda land, seed: PlainTPE(land, seed),
+    "random": lambda land, seed: Ordered(random.Random(seed).sample(land.layouts, len(land.layouts))),
+    "grid (NeMo AC)": lambda land, seed: Ordered(grid_order(land)),
+}
+
+
+def run_one(land: Landscape, truth: Truth, strategy) -> tuple[int | None, float]:
+    """(trials to reach the target or None, GPU-hours spent until then / in the budget)."""
+    position = {k: i for i, k in enumerate(land.keys)}
+    tried: set[str] = set()
+    hours = 0.0
+    for n in range(1, BUDGET + 1):
+        layout = strategy.propose(tried)
+        if layout is None:
+            break
+        key = layout.key()
+        tried.add(key)
+        i = position[key]
+        status, tokens, memory = truth.measure(i)
+        hours += trial_gpu_hours(land, truth, i)
+        strategy.observe(layout, status, tokens, memory)
+        if status == "ok" and truth.tokens[i] >= truth.target:
+            return n, hours
+    return None, hours
+
+
+def _rank(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (inf = did not reach the target)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _summary(trials: list[int | None], hours: list[float]) -> dict[str, Any]:
+    t = [math.inf if x is None else float(x) for x in trials]
+    h = [hh if x is not None else math.inf for x, hh in zip(trials, hours)]
+    return {"runs": len(t), "reached": sum(x is not None for x in trials),
+            "trials_median": _rank(t, 0.5), "trials_p90": _rank(t, 0.9),
+            "gpu_hours_median": _rank(h, 0.5), "gpu_hours_p90": _rank(h, 0.9)}
+
+
+def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, verbose: bool = False) -> dict:
+    seeds = seeds or (5 if quick else 20)
+    cap = cap or (500 if quick else 2000)
+    cases = CASES[:2] if quick else CASES
+    start = time.monotonic()
+    out: dict[str, Any] = {"target": TARGET, "budget": BUDGET, "seeds": seeds, "cap": cap,
+                           "errors": {"tokens_sigma": TOKEN_ERROR, "memory_sigma": MEMORY_ERROR, "noise_sigma": NOISE},
+                           "startup_s": STARTUP_S, "steps": STEPS, "cases": [], "overall": {}}
+    pooled: dict[str, tuple[list, list]] = {name: ([], []) for name in STRATEGIES}
+    for case in cases:
+        t0 = time.monotonic()
+        land = build_landscape(case, cap)
+        row: dict[str, Any] = {"case": case.name, "layouts": len(land.layouts),
+                               "predicted_fit": int((land.pred_memory <= land.limit_gib).sum()), "strategies": {}}
+        exhaustive = []
+        for name, make in STRATEGIES.items():
+            trials, hours = [], []
+            for seed in range(seeds):
+                truth = draw_truth(land, 1000 * seed + 17)
+                n, h = run_one(land, truth, make(land, seed))
+                trials.append(n)
+                hours.append(h)
+                if name == next(iter(STRATEGIES)):
+                    exhaustive.append(sum(trial_gpu_hours(land, truth, i) for i in range(len(land.layouts))))
+            row["strategies"][name] = _summary(trials, hours)
+            pooled[name][0].extend(trials)
+            pooled[name][1].extend(hours)
+        row["exhaustive_gpu_hours_median"] = _rank(exhaustive, 0.5)
+        row["seconds"] = round(time.monotonic() - t0, 1)
+        out["cases"].append(row)
+        if verbose:
+            print(f"{case.name}: {row['layouts']} layouts, {row['seconds']} s", file=sys.stderr)
+    out["overall"] = {name: _summary(*pooled[name]) for name in STRATEGIES}
+    out["seconds"] = round(time.monotonic() - start, 1)
+    return out
+
+
+def _fmt(value: float, digits: int = 0) -> str:
+    if math.isinf(value):
+        return f">{BUDGET}" if digits == 0 else "not reached"
+    return f"{value:,.{digits}f}"
+
+
+def table(result: dict) -> str:
+    """Markdown table of run()'s figures."""
+    lines = ["| case | strategy | reached | trials median | trials p90 | GPU-h median | GPU-h p90 |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["cases"]:
+        label = f"{row['case']} ({row['layouts']} layouts, exhaustive {row['exhaustive_gpu_hours_median']:,.0f} GPU-h)"
+        for name, s in row["strategies"].items():
+            lines.append(f"| {label} | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
+                         f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} |")
+            label = ""
+    for name, s in result["overall"].items():
+        lines.append(f"| **all cases** | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
+                     f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 cases, 5 seeds, 500 layouts each")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--cap", type=int, default=None, help="layouts kept per case")
+    args = parser.parse_args()
+    result = run(quick=args.quick, seeds=args.seeds, cap=args.cap, verbose=True)
+    print(table(result))
+    print(f"\n(target {TARGET:.0%} of the exhaustive optimum, budget {BUDGET} trials, {result['seeds']} seeds, "
+          f"{result['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()

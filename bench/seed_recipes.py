@@ -1,0 +1,48 @@
+"""Predictions for the reference recipes of shared/notes/long-context-moe.md (and the must-not-fit case).
+
+    .venv/bin/python bench/seed_recipes.py
+`run()` returns the rows as dicts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from search_spaces.costmodel import estimate  # noqa: E402
+from search_spaces.layout import Layout  # noqa: E402
+
+DSV3 = dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8-blockwise", dispatcher="deepep",
+            recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0)
+QWEN = dict(tp=4, cp=4, ep=32, etp=1, pp=4, vpp=12, mbs=1, gbs=64, dispatcher="hybridep",
+            recompute="moe_act,layernorm", cuda_graphs="attn,moe_router,moe_preprocess")
+RECIPES = [
+    ("DeepSeek-V3 128K H100 (cp_comm_type p2p, the default)", "deepseek-v3", "h100", 256, 131072, DSV3),
+    ("DeepSeek-V3 128K H100 (cp_comm_type a2a+p2p)", "deepseek-v3", "h100", 256, 131072,
+     {**DSV3, "cp_comm_type": "a2a+p2p"}),
+    ("DeepSeek-V3 256K H100, EDP=2 (a2a+p2p)", "deepseek-v3", "h100", 512, 262144,
+     {**DSV3, "cp": 64, "cp_comm_type": "a2a+p2p"}),
+    ("Qwen3-235B-A22B 128K GB200, BF16", "qwen3-235b-a22b", "gb200", 256, 131072, {**QWEN, "precision": "bf16"}),
+    ("Qwen3-235B-A22B 128K GB200, MXFP8", "qwen3-235b-a22b", "gb200", 256, 131072, {**QWEN, "precision": "mxfp8"}),
+    ("DeepSeek-V3 128K H100 without offload and recompute", "deepseek-v3", "h100", 256, 131072,
+     {**DSV3, "optimizer_offload": 0.0, "recompute": "none"}),
+]
+
+
+def run() -> list[dict]:
+    rows = []
+    for title, model, gpu, n, seq, fields in RECIPES:
+        est = estimate(model, gpu, n, seq, Layout.from_dict(fields))
+        rows.append({"recipe": title, "legal": est.legal, "fits": est.fits,
+                     "peak_memory_gib": round(est.peak_memory_gib or 0, 1),
+                     "tflops_per_gpu": round(est.tflops_per_gpu or 0), "mfu": round(est.mfu or 0, 3),
+                     "tokens_per_sec_per_gpu": round(est.tokens_per_sec_per_gpu or 0)})
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run():
+        print(f"{r['recipe']:58} legal={r['legal']!s:5} fits={r['fits']!s:5} peak={r['peak_memory_gib']:6.1f} GiB "
+              f"{r['tflops_per_gpu']:5d} TF/s/GPU  MFU {r['mfu']:.1%}  {r['tokens_per_sec_per_gpu']:,} tok/s/GPU")

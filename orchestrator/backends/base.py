@@ -1,0 +1,66 @@
+"""The backend interface: a TrialRequest in, a TrialResult out (as a concurrent.futures.Future).
+
+Backends know nothing of Optuna or MLflow. A new backend (replay, Slurm, ...) is one module with a class
+implementing `submit` (and `close` when it holds resources).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from search_spaces.layout import Layout
+from search_spaces.result import TrialResult
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    layout: Layout
+    model: str
+    seq_len: int
+    gpu: str
+    num_gpus: int
+    nodes: int
+    gpus_per_node: int
+    steps: int
+    warmup: int
+    timeout_s: float
+    workdir: Path
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    trial_number: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layout"] = self.layout.to_dict()
+        d["workdir"] = str(self.workdir)
+        return d
+
+
+class Backend(Protocol):
+    name: str
+
+    def submit(self, request: TrialRequest) -> "concurrent.futures.Future[TrialResult]":
+        """Start the trial; the future resolves to its TrialResult (never raises for trial failures)."""
+
+    def close(self) -> None:
+        """Release what the backend holds (Ray, threads)."""
+
+
+def completed(result: TrialResult) -> "concurrent.futures.Future[TrialResult]":
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(result)
+    return future
+
+
+def stamp(result: TrialResult, request: TrialRequest) -> TrialResult:
+    """Fill the context fields a trainer may have left empty."""
+    result.layout = result.layout or request.layout.to_dict()
+    result.model = result.model or request.model
+    result.gpu = result.gpu or request.gpu
+    result.num_gpus = result.num_gpus or request.num_gpus
+    result.seq_len = result.seq_len or request.seq_len
+    return result

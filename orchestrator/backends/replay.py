@@ -1,0 +1,273 @@
+"""Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
+
+The table is a CSV, one row per layout, columns `study.TABLE_COLUMNS` (lists separated by `;`, `none` for
+none); `moe-autotune status STUDY --csv` writes it. The search space of a replay sweep is exactly the
+table's layouts: `ReplayPrior` screens out (for free) any proposal the table lacks, so a sampler never runs
+one, and `ReplayBackend` answers each proposal from its row at the cost of one trial.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.result import TrialResult
+
+from orchestrator.backends.base import TrialRequest, completed, stamp
+from orchestrator.prior import Prediction, Prior
+from orchestrator.study import MEASURED, TABLE_COLUMNS
+
+CONTEXT_COLUMNS = ("model", "gpu", "num_gpus", "seq_len")
+LAYOUT_COLUMNS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs", "recompute", "cuda_graphs", "precision",
+                  "dispatcher", "optimizer_offload")
+NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
+# what `status --csv` writes besides the table columns; read past, not used
+EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "reason",
+                 "mlflow_run_id", "cp_comm_type")
+# rows of trials that never ran (a leaderboard export has them): skipped
+NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    layout: Layout
+    status: str
+    tokens_per_sec_per_gpu: float | None
+    tflops_per_gpu: float | None
+    peak_memory_gib: float | None
+    line: int
+
+    def result(self) -> TrialResult:
+        return TrialResult(status=self.status, tokens_per_sec_per_gpu=self.tokens_per_sec_per_gpu,
+                           tflops_per_gpu=self.tflops_per_gpu, peak_memory_gib=self.peak_memory_gib,
+                           error=None if self.status == "ok" else f"recorded as {self.status} (replay row {self.line})",
+                           wall_time_s=0.0, extra={"source": "replay", "replay_line": self.line})
+
+
+@dataclass
+class ReplayTable:
+    path: str
+    model: str
+    gpu: str
+    num_gpus: int
+    seq_len: int
+    rows: dict[str, ReplayRow] = field(default_factory=dict)  # Layout.key() -> row, in file order
+    skipped: int = 0
+
+    @property
+    def layouts(self) -> list[Layout]:
+        return [row.layout for row in self.rows.values()]
+
+    def get(self, layout: Layout) -> ReplayRow | None:
+        return self.rows.get(layout.key())
+
+    def best(self) -> ReplayRow | None:
+        """The fastest row measured ok."""
+        ok = [r for r in self.rows.values() if r.status == "ok" and r.tokens_per_sec_per_gpu is not None]
+        return max(ok, key=lambda r: r.tokens_per_sec_per_gpu, default=None)
+
+    def check_matches(self, model: str, gpu: str, num_gpus: int, seq_len: int) -> None:
+        """The sweep must ask about the situation the table recorded."""
+        for name, want, got in (("model", self.model, model), ("gpu", self.gpu, gpu),
+                                ("num_gpus", self.num_gpus, num_gpus), ("seq_len", self.seq_len, seq_len)):
+            if str(want).lower() != str(got).lower():
+                raise SpecError(f"replay table {self.path} records {name} {want}, but the sweep has {name} {got}")
+
+
+def load_table(path: str | Path) -> ReplayTable:
+    """Read and validate a replay CSV. Every problem is one SpecError line naming the file (and row)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"replay table {str(path)!r} does not exist")
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            columns = [c.strip() for c in (reader.fieldnames or [])]
+            raw_rows = [(i + 2, row) for i, row in enumerate(reader)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise SpecError(f"replay table {path}: cannot read it as CSV ({exc})") from None
+    if not columns:
+        raise SpecError(f"replay table {path} is empty; expected a header with {', '.join(TABLE_COLUMNS)}")
+    unknown = [c for c in columns if c not in TABLE_COLUMNS and c not in EXTRA_COLUMNS]
+    if unknown:
+        raise SpecError(f"replay table {path}: unknown column {unknown[0]!r}; allowed: {', '.join(TABLE_COLUMNS)}")
+    missing = [c for c in TABLE_COLUMNS if c not in columns]
+    if missing:
+        raise SpecError(f"replay table {path}: missing column {missing[0]!r}; needed: {', '.join(TABLE_COLUMNS)}")
+
+    table: ReplayTable | None = None
+    skipped = 0
+    rows: dict[str, ReplayRow] = {}
+    for line, raw in raw_rows:
+        raw = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        status = raw["status"].lower()
+        if status in NOT_RUN:
+            skipped += 1
+            continue
+        if status not in MEASURED:
+            raise SpecError(f"replay table {path} line {line}: status {raw['status']!r}; "
+                            f"allowed: {', '.join(MEASURED)}")
+        context = _context(raw, path, line)
+        if table is None:
+            table = ReplayTable(str(path), *context)
+        elif (table.model, table.gpu, table.num_gpus, table.seq_len) != context:
+            raise SpecError(f"replay table {path} line {line}: {context} differs from the first row's "
+                            f"{(table.model, table.gpu, table.num_gpus, table.seq_len)}; one situation per table")
+        row = ReplayRow(layout=_layout(raw, path, line), status=status,
+                        tokens_per_sec_per_gpu=_number(raw, "tokens_per_sec_per_gpu", path, line),
+                        tflops_per_gpu=_number(raw, "tflops_per_gpu", path, line),
+                        peak_memory_gib=_number(raw, "peak_memory_gib", path, line), line=line)
+        if status == "ok" and row.tokens_per_sec_per_gpu is None:
+            raise SpecError(f"replay table {path} line {line}: status ok needs tokens_per_sec_per_gpu")
+        key = row.layout.key()
+        # a layout recorded twice (a retried trial): the ok measurement wins, else the first row
+        if key not in rows or (rows[key].status != "ok" and status == "ok"):
+            rows[key] = row
+    if table is None:
+        raise SpecError(f"replay table {path} has no measured rows")
+    table.rows = rows
+    table.skipped = skipped
+    return table
+
+
+def _context(raw: dict[str, str], path: Path, line: int) -> tuple[str, str, int, int]:
+    ints = []
+    for col in ("num_gpus", "seq_len"):
+        try:
+            ints.append(int(float(raw[col])))
+        except ValueError:
+            raise SpecError(f"replay table {path} line {line}: {col} must be an integer, got {raw[col]!r}") from None
+    if not raw["model"] or not raw["gpu"]:
+        raise SpecError(f"replay table {path} line {line}: model and gpu must not be empty")
+    return raw["model"], raw["gpu"], ints[0], ints[1]
+
+
+def _layout(raw: dict[str, str], path: Path, line: int) -> Layout:
+    data: dict[str, Any] = {col: raw[col] for col in LAYOUT_COLUMNS}
+    data["recompute"] = data["recompute"].replace(";", ",") or "none"
+    data["cuda_graphs"] = data["cuda_graphs"] or "none"
+    data["optimizer_offload"] = data["optimizer_offload"] or 0.0
+    if raw.get("cp_comm_type"):
+        data["cp_comm_type"] = raw["cp_comm_type"]
+    try:
+        return Layout.from_dict(data)
+    except SpecError as exc:
+        raise SpecError(f"replay table {path} line {line}: {exc}") from None
+
+
+def _number(raw: dict[str, str], col: str, path: Path, line: int) -> float | None:
+    text = raw.get(col, "")
+    if text.lower() in ("", "none", "nan", "-"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecError(f"replay table {path} line {line}: {col} must be a number, got {text!r}") from None
+    return value if math.isfinite(value) else None
+
+
+_TABLES: dict[str, ReplayTable] = {}
+
+
+def table_for(spec) -> ReplayTable:
+    """The spec's replay table, loaded once per process and checked against the spec's situation."""
+    if not spec.replay_table:
+        raise SpecError("backend replay needs replay_table (--replay-table PATH)")
+    key = str(Path(spec.replay_table).resolve())
+    if key not in _TABLES:
+        _TABLES[key] = load_table(spec.replay_table)
+    table = _TABLES[key]
+    table.check_matches(spec.model, spec.gpu, spec.num_gpus, spec.seq_len)
+    return table
+
+
+class ReplayPrior(Prior):
+    """The cost model's prior, with the search space cut down to the table's layouts.
+
+    Proposals the table lacks are predicted infeasible (the sweep rejects them without a trial); the rules
+    of thumb become the table layouts nearest to them.
+    """
+
+    def __init__(self, spec, table: ReplayTable | None = None):
+        super().__init__(spec)
+        self.table = table or table_for(spec)
+
+    @cached_property
+    def candidates(self) -> list[Layout]:
+        fixed = dict(self.spec.fixed)
+        out = []
+        for layout in self.table.layouts:
+            if fixed:
+                try:
+                    if layout.replace(**fixed).key() != layout.key():
+                        continue
+                except SpecError:
+                    continue
+            out.append(layout)
+        if not out:
+            raise SpecError(f"no layout of replay table {self.table.path} has the fixed values {fixed}")
+        return out
+
+    def seeds(self, limit: int = 8) -> list[Layout]:
+        try:
+            wanted = super().seeds(limit=limit)
+        except SpecError:
+            wanted = []
+        out: list[Layout] = []
+        pool = [(lay, lay.to_dict()) for lay in self.candidates]
+        for seed in wanted:
+            near = nearest(seed, pool)
+            if near is not None and near not in out:
+                out.append(near)
+        return out[:limit]
+
+    def predict(self, layout: Layout) -> Prediction:
+        if layout.key() not in self._table_keys:
+            return Prediction(legal=False, fits=False, tokens_per_sec_per_gpu=0.0, peak_memory_gib=None,
+                              reason=f"not in the replay table {self.table.path}", data={"legal": False})
+        return super().predict(layout)
+
+    @cached_property
+    def _table_keys(self) -> set[str]:
+        return {lay.key() for lay in self.candidates}
+
+
+def nearest(layout: Layout, pool: list[tuple[Layout, dict]]) -> Layout | None:
+    """The pool layout (with its to_dict) differing from `layout` in the fewest fields (first on ties)."""
+    target = layout.to_dict()
+    best, best_diff = None, None
+    for cand, fields in pool:
+        diff = sum(1 for k, v in fields.items() if target.get(k) != v)
+        if best_diff is None or diff < best_diff:
+            best, best_diff = cand, diff
+    return best
+
+
+class ReplayBackend:
+    name = "replay"
+
+    def __init__(self, table: ReplayTable):
+        self.table = table
+
+    @classmethod
+    def from_spec(cls, spec) -> "ReplayBackend":
+        return cls(table_for(spec))
+
+    def submit(self, request: TrialRequest) -> "concurrent.futures.Future[TrialResult]":
+        row = self.table.get(request.layout)
+        if row is None:  # the replay prior screens these out; a direct caller may not
+            result = TrialResult(status="invalid", error=f"layout {request.layout.key()} is not in the replay "
+                                                         f"table {self.table.path}")
+        else:
+            result = row.result()
+        return completed(stamp(result, request))
+
+    def close(self) -> None:
+        pass

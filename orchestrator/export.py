@@ -1,0 +1,360 @@
+"""A Layout (+ model + sequence length) as something a production job can run, and back.
+
+Three renderings of the same layout:
+- `megatron_args`: Megatron-LM `pretrain_gpt.py` flags (argv list; `megatron_args_text` one flag per line);
+- `bridge_overrides`: Megatron-Bridge ConfigContainer overrides ({model,train,optimizer,ddp,dataset}.field);
+- `sbatch_script`: a ready Slurm launch (torchrun per node under srun, running pretrain_gpt.py).
+`layout_from_megatron_args` parses the flags back to a Layout (round trip).
+
+Every flag and field name exists in the installed megatron-core 0.19.2 (tests/test_export.py checks them against
+the config dataclasses and Megatron-LM's own argument parser). No torch or megatron import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, Iterable
+
+import yaml
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+
+# Megatron's --fp8-recipe values are our precision names minus the "fp8-" prefix; delayed scaling is
+# usually run with the hybrid (e4m3 forward, e5m2 backward) format, the rest with e4m3.
+_FP8_RECIPE = {"fp8-tensorwise": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
+               "mxfp8": "mxfp8"}
+_PRECISION_OF_RECIPE = {v: k for k, v in _FP8_RECIPE.items()}
+# Our dispatcher names: the two DeepEP-style ones are Megatron's "flex" dispatcher with a backend.
+_FLEX_BACKENDS = ("deepep", "hybridep")
+
+
+# ---- pieces shared by the renderings ---------------------------------------------------------------
+
+def _cuda_graph_impl(layout: Layout) -> tuple[str, list[str]]:
+    """(cuda_graph_impl, cuda_graph_modules). Per-layer scopes are captured with Transformer Engine."""
+    graphs = list(layout.cuda_graphs)
+    if not graphs:
+        return "none", []
+    if "full_iteration" in graphs:
+        if len(graphs) > 1:
+            raise SpecError("CUDA-graph scope full_iteration cannot be combined with per-layer scopes")
+        return "full_iteration", []
+    return "transformer_engine", graphs
+
+
+def _dispatcher(layout: Layout) -> tuple[str, str | None]:
+    """(moe_token_dispatcher_type, moe_flex_dispatcher_backend or None)."""
+    if layout.dispatcher in _FLEX_BACKENDS:
+        return "flex", layout.dispatcher
+    return layout.dispatcher, None
+
+
+def _attr(model: Any, name: str, default: Any = None) -> Any:
+    value = getattr(model, name, default)
+    return default if value is None else value
+
+
+def _moe_layer_freq(model: Any) -> str | None:
+    """Megatron's --moe-layer-freq pattern: the first k layers dense, the rest MoE."""
+    k = int(_attr(model, "first_k_dense", 0))
+    if not k:
+        return None
+    return f"([0]*{k}+[1]*{int(model.num_layers) - k})"
+
+
+# ---- Megatron-LM flags ---------------------------------------------------------------------------
+
+def layout_args(layout: Layout) -> list[str]:
+    """The layout's own flags (parallelism, batch, recompute, graphs, precision, dispatcher, optimizer)."""
+    argv = ["--tensor-model-parallel-size", str(layout.tp),
+            "--pipeline-model-parallel-size", str(layout.pp),
+            "--context-parallel-size", str(layout.cp),
+            "--expert-model-parallel-size", str(layout.ep),
+            "--expert-tensor-parallel-size", str(layout.etp)]
+    if layout.vpp > 1:
+        argv += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    if layout.sp:
+        argv += ["--sequence-parallel"]
+    argv += ["--micro-batch-size", str(layout.mbs), "--global-batch-size", str(layout.gbs)]
+
+    if layout.recompute_granularity == "selective":
+        argv += ["--recompute-granularity", "selective", "--recompute-modules", *layout.recompute_modules]
+    elif layout.recompute_granularity == "full":
+        argv += ["--recompute-granularity", "full", "--recompute-method", layout.recompute_method,
+                 "--recompute-num-layers", str(layout.recompute_num_layers)]
+
+    impl, modules = _cuda_graph_impl(layout)
+    if impl != "none":
+        argv += ["--cuda-graph-impl", impl]
+        if modules:
+            argv += ["--cuda-graph-modules", *modules]
+
+    if layout.precision != "fp32":
+        argv += ["--bf16"]
+    if layout.precision in _FP8_RECIPE:
+        recipe = _FP8_RECIPE[layout.precision]
+        argv += ["--fp8-format", "hybrid" if recipe == "delayed" else "e4m3", "--fp8-recipe", recipe]
+
+    dispatcher, backend = _dispatcher(layout)
+    argv += ["--moe-token-dispatcher-type", dispatcher]
+    if backend:
+        argv += ["--moe-flex-dispatcher-backend", backend]
+    argv += ["--cp-comm-type", layout.cp_comm_type]
+
+    if layout.distributed_optimizer:
+        argv += ["--use-distributed-optimizer"]
+    if layout.optimizer_offload > 0:
+        argv += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(layout.optimizer_offload)]
+    return argv
+
+
+def model_args(model: Any, seq_len: int) -> list[str]:
+    """Architecture flags from a ModelSpec (RMSNorm, RoPE, no linear bias, as the catalog's MoE models).
+
+    Not exported: linear/sliding-window attention patterns (Qwen3-Next, gpt-oss) need Megatron's
+    experimental attention flags, which a user adds by hand.
+    """
+    heads = int(model.num_attention_heads)
+    argv = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--num-attention-heads", str(heads)]
+    ffn = _attr(model, "ffn_hidden_size")
+    if ffn:
+        argv += ["--ffn-hidden-size", str(ffn)]
+    if _attr(model, "is_mla", False):
+        argv += ["--multi-latent-attention"]
+        if _attr(model, "q_lora_rank"):
+            argv += ["--q-lora-rank", str(model.q_lora_rank)]
+        argv += ["--kv-lora-rank", str(model.kv_lora_rank),
+                 "--qk-head-dim", str(model.qk_nope_head_dim),
+                 "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim),
+                 "--v-head-dim", str(model.v_head_dim)]
+    else:
+        kv_heads = int(_attr(model, "num_kv_heads", heads))
+        if kv_heads != heads:
+            argv += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
+        if _attr(model, "head_dim"):
+            argv += ["--kv-channels", str(model.head_dim)]
+    if _attr(model, "num_experts", 0):
+        argv += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.topk),
+                 "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)]
+        shared = int(_attr(model, "shared_expert_ffn_hidden_size", 0))  # all shared experts together
+        if shared:
+            argv += ["--moe-shared-expert-intermediate-size", str(shared)]
+        freq = _moe_layer_freq(model)
+        if freq:
+            argv += ["--moe-layer-freq", freq]
+    if _attr(model, "mtp_layers", 0):
+        argv += ["--mtp-num-layers", str(model.mtp_layers)]
+    if not _attr(model, "tie_embeddings", False):
+        argv += ["--untie-embeddings-and-output-weights"]
+    argv += ["--normalization", "RMSNorm"]
+    if _attr(model, "gated_mlp", True):
+        argv += ["--swiglu"]
+    argv += ["--disable-bias-linear", "--position-embedding-type", "rope"]
+    eps = (_attr(model, "hf_config", {}) or {}).get("rms_norm_eps")
+    if eps:
+        argv += ["--norm-epsilon", repr(float(eps))]
+    argv += ["--seq-length", str(int(seq_len)), "--max-position-embeddings", str(int(seq_len))]
+    return argv
+
+
+def megatron_args(layout: Layout, model: Any, seq_len: int) -> list[str]:
+    """The exact `pretrain_gpt.py` flags for this layout on this model (data/tokenizer/run flags not included)."""
+    return model_args(model, seq_len) + layout_args(layout)
+
+
+def megatron_args_text(layout: Layout, model: Any, seq_len: int) -> str:
+    """One flag (with its values) per line, shell-quoted: `shlex.split` of the text gives the argv back."""
+    lines: list[list[str]] = []
+    for token in megatron_args(layout, model, seq_len):
+        if token.startswith("--"):
+            lines.append([token])
+        else:
+            lines[-1].append(token)
+    return "\n".join(" ".join(shlex.quote(t) for t in line) for line in lines) + "\n"
+
+
+def _layout_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--expert-model-parallel-size", type=int, default=1)
+    p.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+    p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None)
+    p.add_argument("--recompute-modules", nargs="+", default=None)
+    p.add_argument("--recompute-method", choices=("uniform", "block"), default="uniform")
+    p.add_argument("--recompute-num-layers", type=int, default=1)
+    p.add_argument("--cuda-graph-impl", default="none")
+    p.add_argument("--cuda-graph-modules", nargs="+", default=[])
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fp8-format", default=None)
+    p.add_argument("--fp8-recipe", default="delayed")  # Megatron's default
+    p.add_argument("--moe-token-dispatcher-type", default="allgather")  # Megatron's default
+    p.add_argument("--moe-flex-dispatcher-backend", default="deepep")
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--optimizer-cpu-offload", action="store_true")
+    p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # Megatron-LM's default
+    return p
+
+
+def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
+    """Parse Megatron-LM flags (argv list, or text as in megatron-args.txt) back to a Layout.
+
+    Flags that are not about the layout (model size, data, ...) are ignored. `sequence_parallel` comes back
+    as None when it equals what Megatron requires (on iff TP > 1), as the search space writes it.
+    """
+    argv = shlex.split(args, comments=True) if isinstance(args, str) else list(args)
+    try:
+        ns, _ = _layout_parser().parse_known_args(argv)
+    except SystemExit:
+        raise SpecError("cannot parse the Megatron arguments (a flag is missing its value?)") from None
+    if ns.global_batch_size is None:
+        raise SpecError("Megatron arguments lack --global-batch-size")
+    if ns.fp8_format:
+        precision = _PRECISION_OF_RECIPE.get(ns.fp8_recipe)
+        if precision is None:
+            raise SpecError(f"unsupported --fp8-recipe {ns.fp8_recipe!r}")
+    else:
+        precision = "bf16" if ns.bf16 else "fp32"
+    if ns.cuda_graph_impl == "full_iteration":
+        graphs: list[str] = ["full_iteration"]
+    elif ns.cuda_graph_impl in ("local", "transformer_engine"):
+        graphs = list(ns.cuda_graph_modules)
+        if not graphs:
+            raise SpecError("whole-layer CUDA graphs (empty --cuda-graph-modules) are not a layout choice")
+    else:
+        graphs = []
+    dispatcher = (ns.moe_flex_dispatcher_backend if ns.moe_token_dispatcher_type == "flex"
+                  else ns.moe_token_dispatcher_type)
+    if len(ns.cp_comm_type) != 1:
+        raise SpecError("per-layer --cp-comm-type lists are not a layout choice")
+    tp = ns.tensor_model_parallel_size
+    gran = ns.recompute_granularity or "none"
+    fields: dict[str, Any] = dict(
+        tp=tp, pp=ns.pipeline_model_parallel_size, cp=ns.context_parallel_size,
+        ep=ns.expert_model_parallel_size, etp=ns.expert_tensor_parallel_size or tp,
+        vpp=ns.num_virtual_stages_per_pipeline_rank or 1,
+        mbs=ns.micro_batch_size, gbs=ns.global_batch_size,
+        recompute_granularity=gran,
+        recompute_modules=tuple(ns.recompute_modules or (("core_attn",) if gran == "selective" else ())),
+        cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
+        cp_comm_type=ns.cp_comm_type[0],
+        optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
+        distributed_optimizer=ns.use_distributed_optimizer,
+        sequence_parallel=None if ns.sequence_parallel == (tp > 1) else ns.sequence_parallel,
+    )
+    if gran == "full":
+        fields.update(recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers)
+    return Layout(**fields)
+
+
+# ---- Megatron-Bridge overrides -------------------------------------------------------------------
+
+def bridge_overrides(layout: Layout, seq_len: int) -> dict[str, dict[str, Any]]:
+    """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.*."""
+    impl, modules = _cuda_graph_impl(layout)
+    dispatcher, backend = _dispatcher(layout)
+    model: dict[str, Any] = {
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
+        "context_parallel_size": layout.cp,
+        "expert_model_parallel_size": layout.ep,
+        "expert_tensor_parallel_size": layout.etp,
+        "sequence_parallel": layout.sp,
+        "recompute_granularity": None if layout.recompute_granularity == "none" else layout.recompute_granularity,
+    }
+    if layout.recompute_granularity == "selective":
+        model["recompute_modules"] = list(layout.recompute_modules)
+    if layout.recompute_granularity == "full":
+        model["recompute_method"] = layout.recompute_method
+        model["recompute_num_layers"] = layout.recompute_num_layers
+    model["cuda_graph_impl"] = impl
+    if modules:
+        model["cuda_graph_modules"] = modules
+    model["bf16"] = layout.precision != "fp32"
+    if layout.precision in _FP8_RECIPE:
+        recipe = _FP8_RECIPE[layout.precision]
+        model["fp8"] = "hybrid" if recipe == "delayed" else "e4m3"
+        model["fp8_recipe"] = recipe
+    model["moe_token_dispatcher_type"] = dispatcher
+    if backend:
+        model["moe_flex_dispatcher_backend"] = backend
+    model["cp_comm_type"] = layout.cp_comm_type
+    optimizer: dict[str, Any] = {"use_distributed_optimizer": layout.distributed_optimizer,
+                                 "bf16": layout.precision != "fp32"}
+    if layout.optimizer_offload > 0:
+        optimizer["optimizer_cpu_offload"] = True
+        optimizer["optimizer_offload_fraction"] = layout.optimizer_offload
+    return {
+        "model": model,
+        "train": {"micro_batch_size": layout.mbs, "global_batch_size": layout.gbs},
+        "optimizer": optimizer,
+        "ddp": {"use_distributed_optimizer": layout.distributed_optimizer},
+        "dataset": {"sequence_length": int(seq_len)},
+    }
+
+
+def bridge_overrides_yaml(layout: Layout, seq_len: int) -> str:
+    return yaml.safe_dump(bridge_overrides(layout, seq_len), sort_keys=False)
+
+
+def layout_yaml(layout: Layout, **context: Any) -> str:
+    """layout.yaml: the Layout.to_dict() fields (what `--layout FILE` reads), context as comments."""
+    header = "".join(f"# {k}: {v}\n" for k, v in context.items() if v is not None)
+    return header + yaml.safe_dump(layout.to_dict(), sort_keys=False)
+
+
+# ---- Slurm launch --------------------------------------------------------------------------------
+
+def sbatch_script(layout: Layout, model: Any, seq_len: int, num_gpus: int, gpus_per_node: int = 8,
+                  job_name: str | None = None, time_limit: str = "04:00:00") -> str:
+    """A ready sbatch file: one torchrun per node (srun), pretrain_gpt.py with the exported flags.
+
+    The caller sets MEGATRON_LM (checkout with pretrain_gpt.py) and, for real data, DATA_ARGS (defaults to
+    Megatron's mock data with a null tokenizer of the model's vocabulary size) and TRAIN_ARGS.
+    """
+    num_gpus = int(num_gpus)
+    gpus_per_node = max(1, min(int(gpus_per_node), num_gpus))
+    if num_gpus % gpus_per_node:
+        raise SpecError(f"{num_gpus} GPUs do not fill nodes of {gpus_per_node} GPUs")
+    nodes = num_gpus // gpus_per_node
+    name = job_name or f"{getattr(model, 'name', 'model')}-{seq_len}"
+    flags = " \\\n    ".join(megatron_args_text(layout, model, seq_len).splitlines())
+    vocab = int(_attr(model, "vocab_size", 32000))
+    dp = layout.dp(num_gpus) or "?"
+    return f"""#!/bin/bash
+# Launch generated by moe-autotune: {layout.key()}
+# {num_gpus} GPUs = {nodes} node(s) x {gpus_per_node}; TP{layout.tp} CP{layout.cp} PP{layout.pp} DP{dp} EP{layout.ep}
+#SBATCH --job-name={shlex.quote(name)}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={gpus_per_node}
+#SBATCH --exclusive
+#SBATCH --time={time_limit}
+set -euo pipefail
+
+: "${{MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (with pretrain_gpt.py)}}"
+DATA_ARGS=${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}}}
+TRAIN_ARGS=${{TRAIN_ARGS:---train-iters 100 --lr 1e-4 --log-interval 1}}
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_PORT=${{MASTER_PORT:-29500}}
+export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}
+
+# DATA_ARGS / TRAIN_ARGS are split into words on purpose.
+# shellcheck disable=SC2086
+srun --kill-on-bad-exit=1 torchrun \\
+    --nnodes "$SLURM_NNODES" --nproc-per-node {gpus_per_node} \\
+    --rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\
+    "$MEGATRON_LM/pretrain_gpt.py" \\
+    {flags} \\
+    $DATA_ARGS $TRAIN_ARGS "$@"
+"""

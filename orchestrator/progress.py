@@ -1,0 +1,59 @@
+"""The terminal view of a running sweep: a rich progress bar and a live top-10 leaderboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class SweepProgress:
+    def __init__(self, title: str, total: int, console: Console | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.console = console or Console(stderr=True)
+        self.rows: list[dict[str, Any]] = []
+        self.rejected = 0
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=self.console)
+        self.task = self.bar.add_task(title, total=total, note="")
+        self.live = Live(Group(self.bar, self._table()), console=self.console, refresh_per_second=4,
+                         transient=False) if enabled else None
+
+    def __enter__(self) -> "SweepProgress":
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self.live.update(Group(self.bar, self._table()))
+            self.live.stop()
+
+    def advance(self, row: dict[str, Any] | None, running: int, completed: int) -> None:
+        if row is None:
+            self.rejected += 1
+        else:
+            self.rows.append(row)
+        self.bar.update(self.task, completed=completed,
+                        note=f"running {running} · rejected by model {self.rejected}")
+        if self.live:
+            self.live.update(Group(self.bar, self._table()))
+
+    def _table(self, top: int = 10) -> Table:
+        table = Table(title="leaderboard (measured)", expand=False)
+        for col in ("#", "layout", "status", "tok/s/GPU", "pred tok/s", "peak GiB"):
+            table.add_column(col, justify="right" if col not in ("layout", "status") else "left")
+        ranked = sorted(self.rows, key=lambda r: (r["status"] != "ok", -(r["tokens"] or 0)))
+        for r in ranked[:top]:
+            table.add_row(str(r["trial"]), r["layout"], r["status"], _fmt(r["tokens"]), _fmt(r["predicted"]),
+                          _fmt(r["memory"]))
+        return table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,208 @@
+"""The MLflow Model Registry as the record of which layout runs in production.
+
+A layout is not a model, so it is registered as the simplest thing the registry accepts: a model version
+whose source is a folder of plain files logged to an MLflow run (no MLmodel/pyfunc wrapper):
+
+    layout.yaml            Layout.to_dict() (what `--layout FILE` and Layout.from_dict read)
+    megatron-args.txt      the exact Megatron-LM pretrain_gpt.py flags, one per line
+    bridge-overrides.yaml  Megatron-Bridge ConfigContainer overrides
+    launch.sbatch          a ready Slurm launch script
+    trial.json             the measurement and the prediction it was chosen on
+
+One registered model per model and sequence length (`<model>-<seq_len>-layout`). The alias `production`
+points at the version in use (aliases, not the deprecated stages); each version remembers, in the tag
+`moe_autotune.previous_production`, which version was production before it, so `rollback` walks back.
+Load it back with `mlflow.artifacts.download_artifacts("models:/<name>@production")`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+
+from orchestrator import export
+from orchestrator.winner import TrialView
+
+PRODUCTION = "production"
+PREVIOUS_TAG = "moe_autotune.previous_production"
+ARTIFACT_DIR = "layout"
+FILES = ("layout.yaml", "megatron-args.txt", "bridge-overrides.yaml", "launch.sbatch", "trial.json")
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def registered_model_name(model: str, seq_len: int) -> str:
+    """`deepseek-v3-131072-layout`; a config.json path contributes its folder name."""
+    stem = Path(model).parent.name if model.endswith("config.json") else Path(model).name
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
+    return f"{stem}-{int(seq_len)}-layout"
+
+
+def use_tracking_uri(uri: str | None) -> str:
+    """Point MLflow (tracking and registry) at one URI for this process and return it."""
+    import mlflow
+
+    # a fresh SQLite store announces its schema migration on stderr: noise for a CLI user
+    for noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stdout is the export
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def render(view: TrialView, ctx: dict[str, Any], study_name: str) -> dict[str, str]:
+    """The artifact files of one trial, as text (also what `export` prints)."""
+    from search_spaces.models import load_model
+
+    layout = view.layout
+    model = load_model(ctx["model"])  # production runs the full model, whatever proxy was profiled
+    seq_len = ctx["seq_len"]
+    trial = {"study": study_name, "trial": view.number, "backend": view.backend, "estimated": view.estimated,
+             "model": ctx["model"], "seq_len": seq_len, "gpu": ctx["gpu"], "num_gpus": ctx["num_gpus"],
+             "profiled_with_model_overrides": ctx.get("model_overrides") or None,
+             "layout": layout.to_dict(), "result": view.result, "prediction": view.prediction}
+    return {
+        "layout.yaml": export.layout_yaml(layout, model=ctx["model"], seq_len=seq_len, gpu=ctx["gpu"],
+                                          num_gpus=ctx["num_gpus"], study=study_name, trial=view.number),
+        "megatron-args.txt": export.megatron_args_text(layout, model, seq_len),
+        "bridge-overrides.yaml": export.bridge_overrides_yaml(layout, seq_len),
+        "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx["num_gpus"], ctx["gpus_per_node"]),
+        "trial.json": json.dumps(trial, indent=2, default=str) + "\n",
+    }
+
+
+def _experiment_id(client, ctx: dict[str, Any], study_name: str) -> str:
+    exp_id = ctx.get("mlflow_experiment_id")
+    if exp_id:
+        try:
+            if client.get_experiment(str(exp_id)) is not None:
+                return str(exp_id)
+        except Exception:  # recorded on another tracking server
+            pass
+    exp = client.get_experiment_by_name(study_name)
+    return exp.experiment_id if exp else client.create_experiment(study_name)
+
+
+def current_production(name: str):
+    """The ModelVersion the alias points at, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _client().get_model_version_by_alias(name, PRODUCTION)
+    except MlflowException:
+        return None
+
+
+@dataclass(frozen=True)
+class Promotion:
+    name: str
+    version: str
+    previous: str | None
+    run_id: str
+
+
+def promote(view: TrialView, ctx: dict[str, Any], study_name: str) -> Promotion:
+    """Log the trial's files to a new run, register them as a new version, move `production` to it."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    name = registered_model_name(ctx["model"], ctx["seq_len"])
+    files = render(view, ctx, study_name)
+    tags = {"moe_autotune.study": study_name, "moe_autotune.trial": str(view.number),
+            "moe_autotune.layout_key": view.layout.key()}
+    if ctx.get("mlflow_parent_run_id"):
+        tags["mlflow.parentRunId"] = str(ctx["mlflow_parent_run_id"])
+    run = client.create_run(_experiment_id(client, ctx, study_name), run_name=f"promote-trial-{view.number}",
+                            tags=tags)
+    with tempfile.TemporaryDirectory() as tmp:
+        for filename, text in files.items():
+            Path(tmp, filename).write_text(text)
+        client.log_artifacts(run.info.run_id, tmp, ARTIFACT_DIR)
+    client.set_terminated(run.info.run_id)
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(
+            name, description=f"Parallel layouts for {ctx['model']} at sequence length {ctx['seq_len']} "
+                              "(moe-autotune). Alias 'production' is the one to run.")
+    previous = current_production(name)
+    version_tags = dict(tags, **{
+        "moe_autotune.backend": str(view.backend), "moe_autotune.estimated": str(view.estimated).lower(),
+        "moe_autotune.tokens_per_sec_per_gpu": f"{view.tokens_per_sec_per_gpu:.6g}",
+        "moe_autotune.gpu": str(ctx["gpu"]), "moe_autotune.num_gpus": str(ctx["num_gpus"])})
+    version_tags.pop("mlflow.parentRunId", None)
+    if view.peak_memory_gib is not None:
+        version_tags["moe_autotune.peak_memory_gib"] = f"{view.peak_memory_gib:.6g}"
+    if previous is not None:
+        version_tags[PREVIOUS_TAG] = str(previous.version)
+    mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",
+                                     run_id=run.info.run_id, tags=version_tags,
+                                     description=f"{study_name} trial {view.number}: {view.layout.key()}")
+    client.set_registered_model_alias(name, PRODUCTION, mv.version)
+    return Promotion(name, str(mv.version), str(previous.version) if previous else None, run.info.run_id)
+
+
+def rollback(name: str) -> Promotion:
+    """Move `production` back to the version that held it before the current one."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    current = current_production(name)
+    if current is None:
+        raise SpecError(f"registered model {name!r} has no production version to roll back")
+    previous = current.tags.get(PREVIOUS_TAG)
+    if not previous:
+        raise SpecError(f"{name} version {current.version} was the first production version; nothing to roll back to")
+    try:
+        client.get_model_version(name, previous)
+    except MlflowException:
+        raise SpecError(f"{name} version {previous} (the previous production) no longer exists") from None
+    client.set_registered_model_alias(name, PRODUCTION, previous)
+    return Promotion(name, str(previous), str(current.version), current.run_id)
+
+
+def model_uri(ref: str) -> str:
+    """`models:/name@alias`, `models:/name/3`, `name@alias` or `name/3` -> a models:/ URI."""
+    return ref if ref.startswith("models:/") else f"models:/{ref}"
+
+
+def is_registry_ref(ref: str) -> bool:
+    # study names are plain ([A-Za-z0-9._-]), so '@' or '/' means a registered version
+    return ref.startswith("models:/") or "@" in ref or "/" in ref
+
+
+def download(ref: str, dst: str | os.PathLike | None = None) -> Path:
+    """The artifact folder of a registered version (models:/<name>@production and the like)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(model_uri(ref), dst_path=None if dst is None else str(dst)))
+    except MlflowException as exc:
+        raise SpecError(f"cannot load {model_uri(ref)}: {str(exc).splitlines()[0]}") from None
+
+
+def load_layout(ref: str) -> Layout:
+    """The Layout of a registered version, read back through MLflow."""
+    import yaml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = download(ref, tmp)
+        return Layout.from_dict(yaml.safe_load((folder / "layout.yaml").read_text()))

@@ -1,0 +1,196 @@
+"""The sweep spec: one YAML file, validated by pydantic; every field has a default.
+
+Bad input becomes one `SpecError` line naming the field and, where it helps, the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+
+# Layout fields a sweep may vary ("free") or pin ("fixed"); `recompute` is the flag spelling.
+DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute", "cuda_graphs", "precision",
+              "dispatcher", "cp_comm_type", "optimizer_offload")
+OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
+BACKENDS = ("local", "analytic", "replay")
+# Names end up in paths, MLflow and argv: keep them plain.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Budget(_Strict):
+    n_trials: int = Field(8, ge=1, description="trials that run (proposals the cost model rejects are free)")
+    wall_time_s: float | None = Field(None, gt=0)
+    max_concurrent: int = Field(1, ge=1)
+    # proposals allowed per counted trial before the sweep gives up on finding new layouts
+    max_proposals_per_trial: int = Field(20, ge=1)
+
+
+class ModelOverrides(_Strict):
+    """Shrink the model for proxy profiling (fewer layers / narrower)."""
+    num_layers: int | None = Field(None, ge=1)
+    hidden_size: int | None = Field(None, ge=1)
+
+
+class SweepSpec(_Strict):
+    name: str = "moe-autotune-sweep"
+    model: str = "tiny-moe"
+    seq_len: int = Field(4096, ge=1)
+    gpu: str = "h100"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=1)
+    gbs: int | None = Field(None, ge=1)
+    free: list[str] = Field(default_factory=lambda: list(DIMENSIONS))
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    budget: Budget = Field(default_factory=Budget)
+    objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
+    steps: int = Field(5, ge=1)
+    warmup: int = Field(2, ge=0)
+    trial_timeout_s: float = Field(900.0, gt=0)
+    backend: Literal["local", "analytic", "replay"] = "local"
+    tracking_uri: str = "sqlite:///mlflow.db"
+    storage: str = "sqlite:///optuna.db"
+    model_overrides: ModelOverrides = Field(default_factory=ModelOverrides)
+    seed: int | None = None
+    ray_address: str | None = None
+    workdir: str = "moe-autotune-runs"
+    trainer_module: str = "trainers.megatron_moe"
+    # torchrun for the real trainer; python runs the module as one process (test trainers)
+    launcher: Literal["torchrun", "python"] = "torchrun"
+    replay_table: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "study_name" in data:
+            data = dict(data)
+            if "name" in data:
+                raise ValueError("give either name or study_name, not both")
+            data["name"] = data.pop("study_name")
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not _SAFE_NAME.match(value):
+            raise ValueError(f"{value!r} must be letters, digits, '.', '_' or '-' (no spaces or shell characters)")
+        return value
+
+    @field_validator("model", "gpu", "trainer_module")
+    @classmethod
+    def _no_shell_chars(cls, value: str) -> str:
+        if not value or re.search(r"[\s;&|`$<>'\"\\*?(){}]", value):
+            raise ValueError(f"{value!r} contains spaces or shell characters")
+        return value
+
+    @field_validator("free")
+    @classmethod
+    def _known_dims(cls, value: list[str]) -> list[str]:
+        for dim in value:
+            if dim not in DIMENSIONS:
+                raise ValueError(f"unknown dimension {dim!r}; allowed: {', '.join(DIMENSIONS)}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("fixed")
+    @classmethod
+    def _known_fixed(cls, value: dict[str, Any]) -> dict[str, Any]:
+        allowed = set(DIMENSIONS) | {"recompute_method", "recompute_num_layers", "distributed_optimizer",
+                                     "sequence_parallel"}
+        for key in value:
+            if key not in allowed:
+                raise ValueError(f"unknown layout field {key!r}; allowed: {', '.join(sorted(allowed))}")
+        Layout.from_dict(value)  # SpecError names a bad value
+        return value
+
+    @field_validator("objectives")
+    @classmethod
+    def _known_objectives(cls, value: list[str]) -> list[str]:
+        if sorted(value) != sorted(OBJECTIVES):
+            raise ValueError(f"objectives are fixed for now: {', '.join(OBJECTIVES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SweepSpec":
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup ({self.warmup}) must be smaller than steps ({self.steps})")
+        if self.backend == "replay" and not self.replay_table:
+            raise ValueError("backend replay needs replay_table")
+        return self
+
+    # ---- derived ---------------------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> SweepSpec:
+    """Validate a spec dict plus command-line overrides (None values mean "not given")."""
+    data = dict(data or {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key in ("n_trials", "max_concurrent", "wall_time_s"):
+            data["budget"] = {**dict(data.get("budget") or {}), key: value}
+        elif key == "study_name":
+            data.pop("study_name", None)
+            data["name"] = value
+        else:
+            data[key] = value
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_one_line(exc)) from None
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is not None and not isinstance(data, dict):
+        raise SpecError(f"spec {path}: top level must be a mapping of fields")
+    return parse_spec(data, overrides)
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "spec"
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(err["loc"][:-1])
+        allowed = ", ".join(parent.model_fields) if parent else ""
+        return f"unknown spec field {where!r}" + (f"; allowed: {allowed}" if allowed else "")
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if not err["loc"]:
+        return f"spec: {msg}"
+    if err["type"] == "literal_error":
+        return f"spec field {where}: {msg}, got {err.get('input')!r}"
+    return f"spec field {where}: {msg}"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = SweepSpec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model

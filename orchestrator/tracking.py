@@ -1,0 +1,220 @@
+"""MLflow records: one experiment per sweep, a parent run per sweep, one nested child run per trial.
+
+Optuna storage is the source of truth; MLflow is a view of it that must not lose or double anything:
+- a child run is found by its tag `optuna_trial_number` before one is created (resume never duplicates);
+- when MLflow is unreachable the record goes to a local JSONL spool and is flushed later; `sync` replays
+  any finished trial MLflow lacks from the Optuna storage; if records still cannot be delivered at the end
+  the sweep says so loudly (exit code non-zero) — never silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import logging
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+for _name in ("mlflow", "alembic"):  # table-creation chatter would break the live view
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+PARENT_TAG = "moe_autotune.role"
+STUDY_TAG = "moe_autotune.study"
+TRIAL_TAG = "optuna_trial_number"
+_SECRET = re.compile(r"TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL|AUTH", re.I)
+_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s", "wall_time_s")
+
+
+def safe_environment(prefixes: Iterable[str] = ("MOE_AUTOTUNE_", "OMP_", "CUDA_", "NCCL_", "RAY_", "MLFLOW_")
+                     ) -> dict[str, str]:
+    """The environment worth recording, without anything that looks like a secret."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(tuple(prefixes)) and not _SECRET.search(k)}
+
+
+class TrackingUnavailable(RuntimeError):
+    pass
+
+
+class Tracker:
+    def __init__(self, tracking_uri: str, experiment_name: str, spool_path: Path):
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.spool_path = Path(spool_path)
+        self.experiment_id: str | None = None
+        self.parent_run_id: str | None = None
+        self._children: dict[int, Any] = {}  # trial number -> Run (info.status tells if finished)
+        self.pending = 0  # records in the spool
+
+    # ---- parent ------------------------------------------------------------------------------------
+    def start(self, spec: dict[str, Any], study_name: str, resume: bool) -> str:
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment_name)
+        parent = None
+        if resume:
+            runs = self.client.search_runs(
+                [self.experiment_id],
+                f"tags.`{PARENT_TAG}` = 'parent' and tags.`{STUDY_TAG}` = '{study_name}'",
+                max_results=1, order_by=["attributes.start_time DESC"])
+            parent = runs[0] if runs else None
+        if parent is None:
+            parent = self.client.create_run(self.experiment_id, run_name=study_name,
+                                            tags={PARENT_TAG: "parent", STUDY_TAG: study_name})
+            self.client.log_text(parent.info.run_id, json.dumps(spec, indent=2), "spec.json")
+            self.client.log_dict(parent.info.run_id, safe_environment(), "environment.json")
+        else:
+            self.client.update_run(parent.info.run_id, status="RUNNING")
+        self.parent_run_id = parent.info.run_id
+        self._load_children()
+        return self.parent_run_id
+
+    def _load_children(self) -> None:
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
+                                           max_results=1000, page_token=token)
+            for run in page:
+                number = run.data.tags.get(TRIAL_TAG)
+                if number is not None:
+                    self._children[int(number)] = run
+            token = page.token
+            if not token:
+                return
+
+    def finish(self, summary: dict[str, Any], pareto_csv: str | None, status: str = "FINISHED") -> None:
+        run_id = self.parent_run_id
+        best = summary.get("best") or {}
+        metrics = [Metric(f"best_{k}", float(v), _now(), 0) for k, v in (best.get("measured") or {}).items()
+                   if _finite(v)]
+        tags = [RunTag(f"best.{k}", str(v)) for k, v in (best.get("layout") or {}).items()]
+        tags += [RunTag("best_layout_key", str(best.get("layout_key", ""))),
+                 RunTag("n_trials", str(summary.get("n_trials", "")))]
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        self.client.log_dict(run_id, summary, "summary.json")
+        if pareto_csv is not None:
+            self.client.log_text(run_id, pareto_csv, "pareto.csv")
+        self.client.set_terminated(run_id, status)
+
+    # ---- children ----------------------------------------------------------------------------------
+    def child(self, number: int, layout: dict[str, Any], backend: str, run_name: str) -> str:
+        """The run of trial `number`: reused if it exists (resume), created otherwise."""
+        run = self._children.get(number)
+        if run is None:
+            params = [Param(k, _param(v)) for k, v in sorted(layout.items())]
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
+                "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
+                STUDY_TAG: self.experiment_name, "status": "running"})
+            self.client.log_batch(run.info.run_id, params=params)
+            self._children[number] = run
+        return run.info.run_id
+
+    def is_finished(self, number: int) -> bool:
+        run = self._children.get(number)
+        return run is not None and run.info.status in ("FINISHED", "FAILED", "KILLED")
+
+    def record(self, number: int, payload: dict[str, Any]) -> bool:
+        """Log a finished trial; on failure keep it in the spool. True when MLflow has it."""
+        try:
+            self._record(number, payload)
+            return True
+        except Exception as exc:  # MLflow down/misbehaving: keep the record, say why later
+            self._spool({"trial_number": number, "payload": payload, "error": f"{type(exc).__name__}: {exc}"})
+            return False
+
+    def _record(self, number: int, payload: dict[str, Any]) -> None:
+        run_id = self.child(number, payload.get("layout") or {}, payload.get("backend", ""),
+                            payload.get("run_name") or f"trial-{number}")
+        result = payload.get("result") or {}
+        pred = payload.get("prediction") or {}
+        t = _now()
+        steps = [float(v) for v in result.get("step_times_s") or [] if _finite(v)]
+        # step_time_s is a history (one point per profiled step); the summary only when there is none
+        names = [k for k in _METRICS if not (k == "step_time_s" and steps)]
+        metrics = [Metric(k, float(result[k]), t, 0) for k in names if _finite(result.get(k))]
+        metrics += [Metric("step_time_s", v, t, i) for i, v in enumerate(steps)]
+        metrics += [Metric(f"predicted_{k}", float(pred[k]), t, 0)
+                    for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s")
+                    if _finite(pred.get(k))]
+        tags = [RunTag("status", payload.get("status", "")), RunTag("backend", payload.get("backend", "")),
+                RunTag(TRIAL_TAG, str(number))]
+        if payload.get("reason"):
+            tags.append(RunTag("reason", str(payload["reason"])[:4000]))
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        if payload.get("status") != "infeasible":  # measured trials keep their evidence
+            self.client.log_dict(run_id, {k: payload.get(k) for k in ("result", "prediction", "layout")},
+                                 "trial.json")
+            if payload.get("command"):
+                self.client.log_text(run_id, json.dumps(payload["command"], indent=1), "command.json")
+            for log in payload.get("logs") or []:
+                if Path(log).is_file():
+                    self.client.log_artifact(run_id, log, "logs")
+        self.client.set_terminated(run_id, "FAILED" if payload.get("failed") else "FINISHED")
+        self._children[number] = self.client.get_run(run_id) if payload.get("refresh") else _Finished(run_id)
+
+    def mark_failed(self, number: int, reason: str) -> None:
+        run = self._children.get(number)
+        if run is not None and run.info.status == "RUNNING":
+            self.client.set_tag(run.info.run_id, "status", "interrupted")
+            self.client.set_tag(run.info.run_id, "reason", reason)
+            self.client.set_terminated(run.info.run_id, "FAILED")
+            self._children[number] = _Finished(run.info.run_id, "FAILED")
+
+    # ---- spool -------------------------------------------------------------------------------------
+    def _spool(self, record: dict[str, Any]) -> None:
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spool_path, "a") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.pending += 1
+
+    def flush(self) -> int:
+        """Deliver spooled records; returns how many are still pending."""
+        if not self.spool_path.is_file():
+            self.pending = 0
+            return 0
+        left = []
+        for line in self.spool_path.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            try:
+                if not self.is_finished(rec["trial_number"]):
+                    self._record(rec["trial_number"], rec["payload"])
+            except Exception:
+                left.append(line)
+        if left:
+            self.spool_path.write_text("\n".join(left) + "\n")
+        else:
+            self.spool_path.unlink()
+        self.pending = len(left)
+        return self.pending
+
+
+class _Finished:
+    """A stand-in Run saying "finished" without another round trip to the server."""
+
+    def __init__(self, run_id: str, status: str = "FINISHED"):
+        self.info = type("Info", (), {"run_id": run_id, "status": status})()
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def _now() -> int:
+    return int(time.time() * 1000)

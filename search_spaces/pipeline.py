@@ -1,0 +1,113 @@
+"""Placement of the model's pieces on pipeline stages (PP x VPP virtual stages).
+
+Units: "E" (embedding), "t" decoder layer, "m" MTP layer, "L" (final norm, output layer and loss).
+Three placements, tried in Megatron's order:
+1. even: decoder layers divide over PP*VPP and there is no MTP: E on the first stage, L (and nothing else) on
+   the last, not counted as layers (Megatron's default).
+2. counted: (no MTP) layers + 2 divide over PP*VPP: the embedding and the loss each count as a layer
+   (account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split), e.g. Qwen3-235B 94 layers
+   on PP4 x VPP12.
+3. explicit: a balanced pipeline_model_parallel_layout string (e.g. DeepSeek-V3's `Et*3|(tt|)*29m|L`),
+   every virtual stage non-empty.
+Virtual stage v lives on pipeline rank v % PP (interleaved schedule), as in Megatron.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from search_spaces.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class Placement:
+    pp: int
+    vpp: int
+    method: str  # even | counted | explicit
+    stages: tuple[tuple[str, ...], ...]  # per virtual stage, units like "E", "t3", "m0", "L"
+
+    def rank_stages(self, rank: int) -> list[tuple[str, ...]]:
+        """The VPP model chunks held by pipeline rank `rank`."""
+        return [self.stages[c * self.pp + rank] for c in range(self.vpp)]
+
+    def rank_units(self, rank: int) -> list[str]:
+        return [u for stage in self.rank_stages(rank) for u in stage]
+
+    def layout_string(self) -> str:
+        """Megatron's pipeline_model_parallel_layout syntax (E, t, m, L; '|' between virtual stages)."""
+        return "|".join("".join(u[0] for u in stage) for stage in self.stages)
+
+    def max_layers_per_stage(self) -> int:
+        return max(sum(1 for u in s if u[0] in "tm") for s in self.stages)
+
+
+def _units(model: ModelSpec) -> list[str]:
+    return ["E"] + [f"t{i}" for i in range(model.num_layers)] + [f"m{j}" for j in range(model.mtp_layers)] + ["L"]
+
+
+def _split(units: list[str], stages: int) -> list[tuple[str, ...]]:
+    """Contiguous split into `stages` parts of (nearly) equal unit counts."""
+    n = len(units)
+    base, extra = divmod(n, stages)
+    sizes = [base + (1 if i < extra else 0) for i in range(stages)]
+    out, pos = [], 0
+    for size in sizes:
+        out.append(tuple(units[pos:pos + size]))
+        pos += size
+    return out
+
+
+# Weights for balancing an explicit layout: the embedding is a lookup, an MTP block and the loss each carry
+# a vocabulary-sized projection (Bridge's DeepSeek-V3 layout gives m and L a stage of their own).
+_WEIGHT = {"E": 0.5, "t": 1.0, "m": 2.0, "L": 2.0}
+
+
+def _balanced_split(units: list[str], stages: int) -> list[tuple[str, ...]]:
+    """Contiguous split into exactly `stages` non-empty parts minimising the heaviest part (dynamic program)."""
+    n = len(units)
+    prefix = [0.0]
+    for u in units:
+        prefix.append(prefix[-1] + _WEIGHT[u[0]])
+    inf = float("inf")
+    # best[k][i]: heaviest part when the first i units fill k stages; cut[k][i]: where the k-th stage starts
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            row, b, c = best[k - 1], inf, 0
+            for j in range(k - 1, i):
+                val = max(row[j], prefix[i] - prefix[j])
+                if val < b - 1e-12:
+                    b, c = val, j
+            best[k][i], cut[k][i] = b, c
+    parts, i = [], n
+    for k in range(stages, 0, -1):
+        j = cut[k][i]
+        parts.append(tuple(units[j:i]))
+        i = j
+    return parts[::-1]
+
+
+@lru_cache(maxsize=4096)
+def _placement(num_layers: int, mtp: int, pp: int, vpp: int) -> Placement | None:
+    stages = pp * vpp
+    layers = [f"t{i}" for i in range(num_layers)]
+    if mtp == 0 and num_layers % stages == 0:
+        per = num_layers // stages
+        parts = [tuple(layers[i * per:(i + 1) * per]) for i in range(stages)]
+        parts[0] = ("E",) + parts[0]
+        parts[-1] = parts[-1] + ("L",)
+        return Placement(pp, vpp, "even", tuple(parts))
+    units = ["E"] + layers + [f"m{j}" for j in range(mtp)] + ["L"]
+    if len(units) < stages:
+        return None
+    if len(units) % stages == 0 and mtp == 0:
+        return Placement(pp, vpp, "counted", tuple(_split(units, stages)))
+    return Placement(pp, vpp, "explicit", tuple(_balanced_split(units, stages)))
+
+
+def placement(model: ModelSpec, pp: int, vpp: int) -> Placement | None:
+    """How the model sits on PP x VPP stages; None when there are fewer pieces than virtual stages."""
+    return _placement(model.num_layers, model.mtp_layers, pp, vpp)

@@ -1,0 +1,438 @@
+"""The layout space: every combination of the dimensions below, its legal members, and a quick exploration.
+
+Dimensions (per model / GPU): PP, VPP, TP, CP, EP, ETP, MBS (the parallel *grid*), then the *features*:
+precision, recompute, CUDA graphs, dispatcher, cp_comm_type, optimizer offload. GBS is fixed per space
+(given, or ~16M tokens per step rounded to a power of two sequences) so layouts compare at the same batch.
+
+Enumeration is nested and prunes early: a partial grid that breaks a rule (e.g. TP*CP*PP does not divide
+the world) is counted once, times the size of the subtree it cuts, under that rule's name. Feature legality
+only depends on the GPU and on whether CP > 1 (and a2a can split the heads), so it is computed once per class.
+`explore()` estimates only grids whose static memory can fit, and per grid only a greedy handful of features.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Iterator
+
+from search_spaces.costmodel import Estimate, estimate
+from search_spaces.errors import SpecError
+from search_spaces.hardware import GPUSpec, load_gpu
+from search_spaces.layout import Layout, parse_recompute
+from search_spaces.models import ModelSpec, load_model
+from search_spaces.rules import RULES, check
+
+TARGET_TOKENS_PER_STEP = 1 << 24
+VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+MBS_CHOICES = (1, 2, 4)
+GRID_FIELDS = ("pp", "vpp", "tp", "cp", "ep", "etp", "mbs")
+FEATURE_FIELDS = ("precision", "recompute", "cuda_graphs", "dispatcher", "cp_comm_type", "optimizer_offload",
+                  "distributed_optimizer")
+
+# rules decided at each level of the nested enumeration (others cannot fail there)
+_LEVEL_RULES = {
+    "pipe": ("pipeline_split", "vpp_needs_pp"),
+    "tp": ("heads_tp", "tp_in_nvlink", "moe_tp_needs_sp"),
+    "cp": ("sequence_cp", "world_dense"),
+    "ep": ("dense_model_ep", "experts_ep", "expert_ffn_etp", "world_expert", "ep_in_nvlink"),
+    "mbs": ("global_batch",),
+}
+
+
+def default_gbs(seq_len: int, gpu: GPUSpec | None = None) -> int:
+    """~16M tokens per step as a power of two sequences (8 sequences on cpu, where steps must stay short)."""
+    if gpu is not None and gpu.is_cpu:
+        return 8
+    return max(1, 2 ** round(math.log2(max(TARGET_TOKENS_PER_STEP / seq_len, 1))))
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [2 ** i for i in range(int(math.log2(max(n, 1))) + 1)]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass
+class Dimensions:
+    """The values each field takes in the space (after `fixed`)."""
+    values: dict[str, list[Any]]
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.values.values())
+
+
+def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
+               fixed: dict | None = None, gbs: int | None = None) -> Dimensions:
+    """The raw (unfiltered) value lists of the space."""
+    cpu = gpu.is_cpu
+    units = model.num_layers + model.mtp_layers + 2
+    v: dict[str, list[Any]] = {}
+    v["pp"] = [d for d in _divisors(num_gpus) if d <= min(units, 64)]
+    v["vpp"] = list(VPP_CHOICES)
+    v["tp"] = [t for t in _pow2_upto(min(gpu.nvlink_domain, num_gpus, 64))]
+    # at least 1K tokens per CP rank on GPUs (CP pays from ~8K); 128 on cpu so small test runs can use CP
+    v["cp"] = _pow2_upto(min(num_gpus, max(seq_len // (128 if cpu else 1024), 1)))
+    if model.is_moe:
+        v["ep"] = [d for d in _divisors(model.num_experts) if d <= num_gpus]
+        v["etp"] = [1, 2, 4, 8] if not cpu else [1, 2]
+    else:
+        v["ep"], v["etp"] = [1], [1]
+    v["mbs"] = list(MBS_CHOICES)
+    if cpu:
+        precisions = ["fp32", "bf16"]
+    elif gpu.supports("mxfp8"):
+        precisions = ["bf16", "mxfp8"]
+    else:
+        precisions = ["bf16", "fp8-blockwise"]
+    v["precision"] = precisions
+    v["recompute"] = recompute_options(model, cpu)
+    if cpu:
+        v["cuda_graphs"] = [()]
+    else:
+        v["cuda_graphs"] = [(), ("attn", "moe_router", "moe_preprocess") if model.is_moe else ("attn", "mlp")]
+    if model.is_moe:
+        v["dispatcher"] = ["alltoall", "allgather"] if cpu else ["alltoall", "deepep", "hybridep"]
+    else:
+        v["dispatcher"] = ["alltoall"]
+    v["cp_comm_type"] = ["p2p"] if cpu else ["p2p", "a2a", "a2a+p2p"]
+    v["optimizer_offload"] = [0.0] if cpu else [0.0, 1.0]
+    v["distributed_optimizer"] = [True]
+    v["gbs"] = [int(gbs) if gbs else default_gbs(seq_len, gpu)]
+    for name, value in (fixed or {}).items():
+        if name == "recompute":
+            v["recompute"] = [str(value)]
+        elif name in ("recompute_granularity", "recompute_modules"):
+            raise SpecError("fix recompute with the 'recompute' key (none, full or a module list)")
+        elif name == "cuda_graphs":
+            v["cuda_graphs"] = [Layout(cuda_graphs=value).cuda_graphs]
+        elif name in v or name in ("sequence_parallel", "recompute_method", "recompute_num_layers"):
+            v[name] = [value]
+        else:
+            raise SpecError(f"unknown layout field {name!r} in fixed values")
+    # validate fixed values once (raises SpecError naming the field)
+    try:
+        Layout.from_dict({k: vals[0] for k, vals in v.items() if k not in ("mbs", "gbs")}
+                         | {"mbs": 1, "gbs": 1})
+    except TypeError as exc:
+        raise SpecError(f"bad fixed value: {exc}") from None
+    return Dimensions(v)
+
+
+def recompute_options(model: ModelSpec, cpu: bool = False) -> list[str]:
+    """Recompute choices, lightest first (rule of thumb: selective small modules before full)."""
+    opts = ["none", "layernorm"]
+    if model.is_moe and not cpu:  # on CPU moe_act needs grouped GEMM, which the CPU trainer does not use
+        opts.append("moe_act,layernorm")
+    if model.is_mla:
+        opts.append("mla_up_proj,layernorm")
+    heavy = (["mla_up_proj"] if model.is_mla else []) + ["layernorm"] + (["moe"] if model.is_moe else []) + ["mlp"]
+    opts.append(",".join(heavy))
+    opts += ["core_attn", "full"]
+    return list(dict.fromkeys(opts))
+
+
+def _layout(values: dict[str, Any]) -> Layout:
+    d = dict(values)
+    d.update(parse_recompute(d.pop("recompute"), d.pop("recompute_method", "uniform"),
+                             d.pop("recompute_num_layers", 1)))
+    return Layout(**d)
+
+
+@dataclass
+class SpaceCount:
+    total: int = 0
+    legal: int = 0
+    rejected_by_rule: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, rule: str, n: int) -> None:
+        self.rejected_by_rule[rule] = self.rejected_by_rule.get(rule, 0) + n
+
+
+def _first(violations, rules) -> str | None:
+    names = {v.rule for v in violations}
+    for r in RULES:
+        if r in names and r in rules:
+            return r
+    return None
+
+
+def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims: Dimensions,
+               count: SpaceCount | None = None) -> Iterator[dict[str, Any]]:
+    """Legal parallel grids (dicts of GRID_FIELDS + gbs), pruning by rule as early as possible."""
+    v = dims.values
+    feat_size = math.prod(len(v[f]) for f in FEATURE_FIELDS)
+    base = {f: v[f][0] for f in FEATURE_FIELDS}
+    base.update(gbs=v["gbs"][0], **{k: v[k][0] for k in ("sequence_parallel", "recompute_method",
+                                                          "recompute_num_layers") if k in v})
+    plain = {**base, "recompute": "none", "cuda_graphs": (), "optimizer_offload": 0.0,
+             "precision": "fp32" if gpu.is_cpu else "bf16", "dispatcher": "alltoall", "cp_comm_type": "p2p"}
+    plain.pop("gbs")
+
+    memo: dict[tuple, str | None] = {}
+    # the fields each level's rules read (so a probe is computed once per distinct value)
+    relevant = {"pipe": ("pp", "vpp"), "tp": ("tp",), "cp": ("tp", "cp", "pp"), "ep": ("pp", "ep", "etp")}
+
+    def probe(level: str, **grid) -> str | None:
+        key = (level,) + tuple(grid[k] for k in relevant[level])
+        if key not in memo:
+            memo[key] = _probe(level, **grid)
+        return memo[key]
+
+    def _probe(level: str, **grid) -> str | None:
+        layout = Layout(**{**_defaults_grid(), **grid},
+                        **{k: plain[k] for k in ("precision", "dispatcher", "cp_comm_type")},
+                        gbs=grid.get("mbs", 1) * 1, **({"sequence_parallel": plain["sequence_parallel"]}
+                                                       if "sequence_parallel" in plain else {}))
+        return _first(check(model, gpu, num_gpus, seq_len, layout), _LEVEL_RULES[level])
+
+    sizes = {k: len(v[k]) for k in GRID_FIELDS}
+    for pp, vpp in itertools.product(v["pp"], v["vpp"]):
+        rest = sizes["tp"] * sizes["cp"] * sizes["ep"] * sizes["etp"] * sizes["mbs"] * feat_size
+        rule = probe("pipe", pp=pp, vpp=vpp)
+        if rule:
+            if count:
+                count.reject(rule, rest)
+            continue
+        for tp in v["tp"]:
+            rest = sizes["cp"] * sizes["ep"] * sizes["etp"] * sizes["mbs"] * feat_size
+            rule = probe("tp", pp=pp, vpp=vpp, tp=tp)
+            if rule:
+                if count:
+                    count.reject(rule, rest)
+                continue
+            for cp in v["cp"]:
+                rest = sizes["ep"] * sizes["etp"] * sizes["mbs"] * feat_size
+                rule = probe("cp", pp=pp, vpp=vpp, tp=tp, cp=cp)
+                if rule:
+                    if count:
+                        count.reject(rule, rest)
+                    continue
+                for ep, etp in itertools.product(v["ep"], v["etp"]):
+                    rest = sizes["mbs"] * feat_size
+                    rule = probe("ep", pp=pp, vpp=vpp, tp=tp, cp=cp, ep=ep, etp=etp)
+                    if rule:
+                        if count:
+                            count.reject(rule, rest)
+                        continue
+                    dp = num_gpus // (tp * cp * pp)
+                    for mbs in v["mbs"]:
+                        gbs = v["gbs"][0]
+                        if gbs % (mbs * dp):
+                            if count:
+                                count.reject("global_batch", feat_size)
+                            continue
+                        yield {"pp": pp, "vpp": vpp, "tp": tp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs,
+                               "gbs": gbs}
+
+
+def _defaults_grid() -> dict[str, int]:
+    return {"pp": 1, "vpp": 1, "tp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1}
+
+
+class _FeatureTable:
+    """Legal feature combinations per class of grid (the feature rules depend on CP>1 and a2a head split)."""
+
+    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions):
+        self.model, self.gpu, self.num_gpus, self.seq_len, self.dims = model, gpu, num_gpus, seq_len, dims
+        self._cache: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
+
+    def get(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
+        key = (grid["cp"] > 1, (self.model.num_attention_heads // grid["tp"]) % grid["cp"] == 0)
+        if key not in self._cache:
+            legal, rejected = [], {}
+            v = self.dims.values
+            extra = {k: v[k][0] for k in ("sequence_parallel", "recompute_method", "recompute_num_layers") if k in v}
+            for combo in itertools.product(*(v[f] for f in FEATURE_FIELDS)):
+                feats = dict(zip(FEATURE_FIELDS, combo))
+                if grid["cp"] == 1 and feats["cp_comm_type"] != v["cp_comm_type"][0]:
+                    # cp_comm_type is meaningless without CP: keep one value
+                    rejected["cp_comm_unused"] = rejected.get("cp_comm_unused", 0) + 1
+                    continue
+                layout = _layout({**grid, **feats, **extra})
+                rule = _first(check(self.model, self.gpu, self.num_gpus, self.seq_len, layout), RULES)
+                if rule:
+                    rejected[rule] = rejected.get(rule, 0) + 1
+                else:
+                    legal.append({**feats, **extra})
+            self._cache[key] = (legal, rejected)
+        return self._cache[key]
+
+
+def _resolve(model, gpu, num_gpus, seq_len):
+    model = load_model(model) if isinstance(model, str) else model
+    gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
+    if int(num_gpus) < 1:
+        raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")
+    if int(seq_len) < 1:
+        raise SpecError(f"seq_len must be >= 1, got {seq_len}")
+    return model, gpu, int(num_gpus), int(seq_len)
+
+
+def candidate_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int,
+                      fixed: dict | None = None, gbs: int | None = None, limit: int | None = None) -> list[Layout]:
+    """Every legal layout of the space (honouring `fixed` field values), grid-major order.
+
+    For large GPU clusters the space has millions of members: pass `limit` (or fix some fields) there.
+    """
+    model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    out: list[Layout] = []
+    for grid in iter_grids(model, gpu, num_gpus, seq_len, dims):
+        for feats in table.get(grid)[0]:
+            out.append(_layout({**grid, **feats}))
+            if limit and len(out) >= limit:
+                return out
+    return out
+
+
+def count_space(model, gpu, num_gpus, seq_len, fixed=None, gbs=None) -> SpaceCount:
+    model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    return _count(model, gpu, num_gpus, seq_len, dims)[0]
+
+
+def _count(model, gpu, num_gpus, seq_len, dims) -> tuple[SpaceCount, list[dict]]:
+    count = SpaceCount(total=dims.size())
+    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    grids = []
+    for grid in iter_grids(model, gpu, num_gpus, seq_len, dims, count):
+        legal, rejected = table.get(grid)
+        count.legal += len(legal)
+        for rule, n in rejected.items():
+            count.reject(rule, n)
+        grids.append(grid)
+    return count, grids
+
+
+def _static_floor_gib(model: ModelSpec, gpu: GPUSpec, grid: dict) -> float:
+    """A lower bound of the peak: 6 B/param (2 B weights + 4 B gradients; optimizer fully offloaded)."""
+    return _floor(model, gpu.is_cpu, grid["pp"], grid["vpp"], grid["tp"], grid["ep"], grid["etp"])
+
+
+@lru_cache(maxsize=8192)
+def _floor(model: ModelSpec, cpu: bool, pp: int, vpp: int, tp: int, ep: int, etp: int) -> float:
+    from search_spaces.memory import GIB, rank_params
+    from search_spaces.pipeline import placement
+    layout = Layout(pp=pp, vpp=vpp, tp=tp, ep=ep, etp=etp)
+    place = placement(model, pp, vpp)
+    worst = 0.0
+    for rank in {0, pp - 1}:
+        p = rank_params(model, layout, place.rank_units(rank))
+        worst = max(worst, (p.dense + p.expert) * (8 if cpu else 6))
+    return worst / GIB
+
+
+@dataclass
+class Exploration:
+    legal_count: int
+    fitting_count: int
+    rejected_by_rule: dict[str, int]
+    total: int
+    top: list[dict[str, Any]]
+    grids: int
+    estimated: int
+    seconds: float
+    gbs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"legal_count": self.legal_count, "fitting_count": self.fitting_count,
+                "rejected_by_rule": dict(sorted(self.rejected_by_rule.items())), "total": self.total,
+                "legal_grids": self.grids, "estimated": self.estimated, "seconds": round(self.seconds, 3),
+                "gbs": self.gbs, "top": self.top}
+
+
+def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
+            gbs: int | None = None, top: int = 10, budget_s: float = 6.0) -> Exploration:
+    """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
+
+    Ranking is greedy per grid: the fastest precision and each dispatcher / cp_comm_type are tried with the
+    lightest recompute and offload that fit; `fitting_count` counts the layouts estimated to fit (a lower bound
+    of all fitting members: the full space is counted, not fully estimated). Stops estimating after budget_s.
+    """
+    started = time.perf_counter()
+    model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    count, grids = _count(model, gpu, num_gpus, seq_len, dims)
+    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    # cheap ordering: fewest hopeless first; prefer grids whose static floor fits, then more DP (rule of thumb 2)
+    scored = []
+    for g in grids:
+        floor = _static_floor_gib(model, gpu, g)
+        if floor > gpu.memory_gib:
+            continue
+        scored.append((_priority(g, model, gpu, num_gpus, seq_len, floor), g))
+    scored = [g for _, g in sorted(scored, key=lambda x: x[0])]
+    results: list[Estimate] = []
+    fitting = 0
+    estimated = 0
+    seen: set[str] = set()
+    for grid in scored:
+        if time.perf_counter() - started > budget_s:
+            break
+        legal = table.get(grid)[0]
+        for feats in _greedy_features(legal, dims, grid, gpu):
+            layout = _layout({**grid, **feats})
+            key = layout.key()
+            if key in seen:
+                continue
+            seen.add(key)
+            est = estimate(model, gpu, num_gpus, seq_len, layout, with_time=False)
+            estimated += 1
+            if est.fits:
+                fitting += 1
+                results.append(estimate(model, gpu, num_gpus, seq_len, layout))
+                break  # lighter recompute / no offload fits: heavier ones only cost time
+    results.sort(key=lambda e: -(e.tokens_per_sec_per_gpu or 0))
+    top_rows = []
+    for est in results[:top]:
+        d = est.to_dict()
+        top_rows.append({"layout": d["layout"], "key": Layout.from_dict(d["layout"]).key(),
+                         "prediction": {k: d[k] for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
+                                                          "step_time_s", "peak_memory_gib", "fits")}})
+    return Exploration(legal_count=count.legal, fitting_count=fitting, rejected_by_rule=count.rejected_by_rule,
+                       total=count.total, top=top_rows, grids=len(grids), estimated=estimated,
+                       seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0])
+
+
+def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, floor: float) -> tuple:
+    """Order in which grids are estimated (the budget may not reach all): the rules of thumb first."""
+    shard = seq_len / (g["cp"] * g["tp"])
+    cp_miss = abs(math.log2(max(shard, 1) / 4096)) if seq_len > 8192 else math.log2(g["cp"])
+    return (g["etp"] != 1, g["mbs"] != 1 and seq_len >= 16384, round(cp_miss),
+            -(num_gpus // (g["tp"] * g["cp"] * g["pp"])), g["vpp"] == 1 and g["pp"] > 2, g["pp"], g["tp"])
+
+
+def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSpec) -> Iterator[dict]:
+    """Feature combos to try on one grid, in order: fastest precision, the dispatcher and cp_comm_type the
+    rules of thumb name, lightest recompute first and no offload before offload (the caller stops at the
+    first that fits)."""
+    v = dims.values
+    prec = v["precision"][-1]  # bf16 < fp8 family; fp32 < bf16 on cpu
+    rc_order = {r: i for i, r in enumerate(v["recompute"])}
+    pool = [f for f in legal if f["precision"] == prec] or legal
+    graphs = [f for f in pool if f["cuda_graphs"]]
+    no_graphs = [f for f in pool if not f["cuda_graphs"]]
+    wide = gpu.nvlink_domain > 8
+    disp = _pick(pool, "dispatcher", ("hybridep", "deepep", "alltoall") if wide else ("deepep", "hybridep", "alltoall"))
+    inside = grid["tp"] * grid["cp"] <= gpu.nvlink_domain
+    cpc = _pick(pool, "cp_comm_type", ("p2p", "a2a+p2p", "a2a") if inside else ("a2a+p2p", "a2a", "p2p"))
+    candidates = [f for f in graphs + no_graphs if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
+                  and f["recompute"] != "core_attn"]
+    # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
+    candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99), not f["cuda_graphs"]))
+    yield from candidates
+
+
+def _pick(pool: list[dict], field_name: str, preference: tuple) -> Any:
+    present = {f[field_name] for f in pool}
+    for p in preference:
+        if p in present:
+            return p
+    return next(iter(present))

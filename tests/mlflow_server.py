@@ -1,0 +1,85 @@
+"""A real `mlflow server` on 127.0.0.1 for tests (sqlite backend in a temp dir, free port).
+
+Use as a context manager or through the `mlflow_server` fixture (the lead wires it into conftest.py):
+
+    with MlflowServer(tmp_path) as server:
+        MlflowClient(server.uri)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MlflowServer:
+    def __init__(self, root: Path, port: int | None = None, startup_timeout_s: float = 120.0):
+        self.root = Path(root)
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "MlflowServer":
+        self.root.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        mlflow_bin = Path(sys.executable).with_name("mlflow")
+        argv = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port),
+                "--backend-store-uri", f"sqlite:///{self.root / 'mlflow-server.db'}",
+                "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
+        self.log = open(self.root / "mlflow-server.log", "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'mlflow-server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server not ready after {self.startup_timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def __enter__(self) -> "MlflowServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real MLflow server for the test session."""
+    with MlflowServer(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server

@@ -1,0 +1,91 @@
+"""`moe-autotune estimate` and `moe-autotune space`: output, JSON, and one-line errors with exit code 2."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+
+ISSUE_EXAMPLE = ["estimate", "--model", "deepseek-v3", "--gpu", "h100", "--num-gpus", "256", "--seq-len", "131072",
+                 "--tp", "1", "--cp", "32", "--ep", "32", "--etp", "1", "--pp", "8", "--vpp", "4", "--mbs", "1",
+                 "--gbs", "128", "--precision", "fp8", "--dispatcher", "deepep", "--recompute",
+                 "mla_up_proj,layernorm,moe,mlp", "--cuda-graphs", "none", "--optimizer-offload", "1.0"]
+
+
+def test_issue_example_json(capsys):
+    assert main(ISSUE_EXAMPLE + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["legal"] and out["fits"] and out["violations"] == []
+    for key in ("peak_memory_gib", "tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "step_time_s"):
+        assert out[key] > 0
+    assert {"weights", "gradients", "optimizer_states", "activations"} <= set(out["breakdown"]["memory_gib"])
+    assert out["breakdown"]["time_s"]["compute"] > 0
+    assert out["layout"]["precision"] == "fp8-blockwise" and out["layout"]["optimizer_offload"] == 1.0
+
+
+def test_issue_example_table(capsys):
+    assert main(ISSUE_EXAMPLE) == 0
+    out = capsys.readouterr().out
+    assert "weights" in out and "optimizer_states" in out and "tokens/s/GPU" in out and "cp_comm" in out
+
+
+def test_illegal_layout_prints_json_then_exits_2(capsys):
+    rc = main(["estimate", "--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "4", "--seq-len", "512", "--pp", "3",
+               "--json"])
+    cap = capsys.readouterr()
+    assert rc == 2
+    out = json.loads(cap.out)
+    assert out["legal"] is False and any(v["rule"] == "world_dense" for v in out["violations"])
+    assert cap.err.startswith("error: ") and cap.err.count("\n") == 1 and "world_dense" in cap.err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "nope", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "4096"], "unknown model"),
+    (["--model", "tiny-moe", "--gpu", "tpu9", "--num-gpus", "8", "--seq-len", "4096"], "unknown GPU"),
+    (["--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "1", "--seq-len", "0"], "seq-len"),
+    (["--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "-1", "--seq-len", "64"], "num-gpus"),
+    (["--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "1", "--seq-len", "64", "--precision", "fp4"], "precision"),
+])
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    for command in ("estimate", "space"):
+        if command == "space" and "--precision" in argv:
+            continue
+        assert main([command, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_space_json(capsys):
+    assert main(["space", "--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "4", "--seq-len", "512", "--top", "3",
+                 "--gbs", "8", "--fix", "precision=fp32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["legal_count"] > 0 and out["fitting_count"] > 0 and out["rejected_by_rule"]
+    assert 0 < len(out["top"]) <= 3
+    top = out["top"][0]
+    assert top["layout"]["precision"] == "fp32" and top["prediction"]["peak_memory_gib"] > 0
+
+
+def test_space_table(capsys):
+    assert main(["space", "--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "256",
+                 "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rejections per rule" in out and "legal" in out
+
+
+@pytest.mark.timeout(120)
+def test_console_script(tmp_path):
+    exe = shutil.which("moe-autotune", path=str(Path(sys.executable).parent)) or shutil.which("moe-autotune")
+    if exe is None:
+        pytest.skip("moe-autotune console script not installed (pip install -e .)")
+    env = {**os.environ, "COLUMNS": "200"}
+    ok = subprocess.run([exe, *ISSUE_EXAMPLE, "--json"], capture_output=True, text=True, timeout=100, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["fits"] is True
+    bad = subprocess.run([exe, "estimate", "--model", "nope", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "8"],
+                         capture_output=True, text=True, timeout=100, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model") and "Traceback" not in bad.stderr

@@ -1,0 +1,199 @@
+"""Export of a layout to Megatron-LM flags, Megatron-Bridge overrides and sbatch; and the parse back.
+
+Every exported name is checked against the installed megatron-core: the flag must be accepted by Megatron-LM's
+own argument parser, and must name a field of Megatron-Core's config dataclasses (or, for the few that are
+not config fields, a GPTModel constructor parameter), so no invented names slip through.
+"""
+
+import argparse
+import dataclasses
+import inspect
+import shlex
+import shutil
+import subprocess
+import warnings
+
+import pytest
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.models import load_model
+
+from orchestrator import export
+
+LAYOUTS = [
+    Layout(),
+    Layout.from_dict(dict(tp=2, cp=2, ep=4, etp=1, pp=2, vpp=2, mbs=1, gbs=8, recompute="core_attn,moe_act",
+                          cuda_graphs="attn,moe_router", precision="fp8-blockwise", dispatcher="deepep",
+                          cp_comm_type="a2a", optimizer_offload=0.5)),
+    Layout.from_dict(dict(tp=4, ep=2, etp=2, pp=4, mbs=2, gbs=64, recompute="full", recompute_method="block",
+                          recompute_num_layers=2, precision="fp8-delayed", dispatcher="hybridep",
+                          distributed_optimizer=False, sequence_parallel=False)),
+    Layout.from_dict(dict(cp=4, gbs=4, cuda_graphs="full_iteration", precision="fp32", dispatcher="allgather",
+                          cp_comm_type="a2a+p2p", optimizer_offload=1.0)),
+    Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
+    Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
+]
+MODELS = ["tiny-moe", "tiny-mla-moe", "deepseek-v3", "qwen3-30b-a3b"]
+
+# The few flags whose config field has another name (or that are GPTModel arguments, not config fields).
+FLAG_TO_FIELD = {
+    "num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
+    "fp8-format": "fp8",
+    "num-experts": "num_moe_experts",
+    "swiglu": "gated_linear_unit",
+    "disable-bias-linear": "add_bias_linear",
+    "norm-epsilon": "layernorm_epsilon",
+    "group-query-attention": "num_query_groups",
+    "seq-length": "sequence_length",  # GPTDatasetConfig
+    "max-position-embeddings": "max_sequence_length",  # GPTModel(...)
+    "untie-embeddings-and-output-weights": "share_embeddings_and_output_weights",  # GPTModel(...)
+}
+
+
+def _quiet_import():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+        from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
+        from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.optimizer.optimizer_config import OptimizerConfig
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+        from megatron.training.arguments import add_megatron_arguments
+        from megatron.training.config.training_config import TrainingConfig
+    return locals()
+
+
+@pytest.fixture(scope="module")
+def mcore():
+    pytest.importorskip("megatron.core")
+    return _quiet_import()
+
+
+@pytest.fixture(scope="module")
+def megatron_parser(mcore):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # argparse deprecations inside Megatron-LM's own parser
+        return mcore["add_megatron_arguments"](argparse.ArgumentParser(allow_abbrev=False))
+
+
+def _names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.key())
+def test_round_trip_through_text_and_argv(layout):
+    model = load_model("tiny-mla-moe")
+    text = export.megatron_args_text(layout, model, 8192)
+    assert export.layout_from_megatron_args(text) == layout
+    assert export.layout_from_megatron_args(export.megatron_args(layout, model, 8192)) == layout
+
+
+def test_sequence_parallel_explicit_value_survives():
+    # on iff TP > 1 is the default (None); an explicit "off at TP 2" must come back explicitly
+    explicit = Layout(tp=2, gbs=2, sequence_parallel=False)
+    assert export.layout_from_megatron_args(export.layout_args(explicit)).sequence_parallel is False
+    default_on = Layout(tp=2, gbs=2, sequence_parallel=True)
+    assert export.layout_from_megatron_args(export.layout_args(default_on)).sp is True
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
+    model = load_model(model_name)
+    for layout in LAYOUTS:
+        argv = export.megatron_args(layout, model, 131072)
+        ns = megatron_parser.parse_args(argv)  # unknown flags or bad choices exit here
+        assert ns.tensor_model_parallel_size == layout.tp
+        assert ns.context_parallel_size == layout.cp
+        assert ns.expert_model_parallel_size == layout.ep
+        assert ns.expert_tensor_parallel_size == layout.etp
+        assert ns.pipeline_model_parallel_size == layout.pp
+        assert (ns.num_virtual_stages_per_pipeline_rank or 1) == layout.vpp
+        assert (ns.micro_batch_size, ns.global_batch_size) == (layout.mbs, layout.gbs)
+        assert ns.sequence_parallel == layout.sp
+        assert ns.use_distributed_optimizer == layout.distributed_optimizer
+        assert ns.cp_comm_type == [layout.cp_comm_type]
+        assert ns.seq_length == 131072
+        assert ns.num_layers == model.num_layers and ns.hidden_size == model.hidden_size
+        assert ns.bf16 == (layout.precision != "fp32")
+        if model.is_moe:
+            assert ns.num_experts == model.num_experts and ns.moe_router_topk == model.topk
+        if model.first_k_dense:
+            assert ns.moe_layer_freq == [0] * model.first_k_dense + [1] * (model.num_layers - model.first_k_dense)
+        assert ns.multi_latent_attention == model.is_mla
+        assert ns.position_embedding_type == "rope"
+
+
+def test_every_flag_names_a_megatron_core_field(mcore):
+    fields = set()
+    for cls in ("MLATransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "TrainingConfig",
+                "GPTDatasetConfig"):
+        fields |= _names(mcore[cls])
+    fields |= set(inspect.signature(mcore["GPTModel"].__init__).parameters)
+    seen = set()
+    for model_name in MODELS:
+        for layout in LAYOUTS:
+            for token in export.megatron_args(layout, load_model(model_name), 4096):
+                if token.startswith("--"):
+                    flag = token[2:]
+                    seen.add(flag)
+                    field = FLAG_TO_FIELD.get(flag, flag.replace("-", "_"))
+                    assert field in fields, f"--{flag} maps to no Megatron-Core field ({field})"
+    # the layout's own knobs are all exercised
+    for flag in ("tensor-model-parallel-size", "context-parallel-size", "expert-model-parallel-size",
+                 "expert-tensor-parallel-size", "pipeline-model-parallel-size", "num-virtual-stages-per-pipeline-rank",
+                 "micro-batch-size", "global-batch-size", "recompute-granularity", "recompute-modules",
+                 "recompute-method", "recompute-num-layers", "cuda-graph-impl", "cuda-graph-modules", "fp8-format",
+                 "fp8-recipe", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend", "cp-comm-type",
+                 "optimizer-cpu-offload", "optimizer-offload-fraction", "use-distributed-optimizer",
+                 "sequence-parallel", "seq-length", "bf16"):
+        assert flag in seen
+
+
+def test_bridge_override_keys_are_megatron_core_fields(mcore):
+    sections = {"model": _names(mcore["MLATransformerConfig"]), "optimizer": _names(mcore["OptimizerConfig"]),
+                "ddp": _names(mcore["DistributedDataParallelConfig"]), "train": _names(mcore["TrainingConfig"]),
+                "dataset": _names(mcore["GPTDatasetConfig"])}
+    for layout in LAYOUTS:
+        overrides = export.bridge_overrides(layout, 65536)
+        assert set(overrides) <= set(sections)
+        for section, values in overrides.items():
+            for key in values:
+                assert key in sections[section], f"{section}.{key} is not a Megatron-Core field"
+        model = overrides["model"]
+        assert (model["tensor_model_parallel_size"], model["context_parallel_size"],
+                model["expert_model_parallel_size"], model["pipeline_model_parallel_size"]) == (
+                    layout.tp, layout.cp, layout.ep, layout.pp)
+        assert overrides["train"] == {"micro_batch_size": layout.mbs, "global_batch_size": layout.gbs}
+        assert overrides["dataset"]["sequence_length"] == 65536
+    # Literal-typed values are among Megatron-Core's allowed values
+    hints = {f.name: f.type for f in dataclasses.fields(mcore["TransformerConfig"])}
+    for layout in LAYOUTS:
+        model = export.bridge_overrides(layout, 4096)["model"]
+        for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe"):
+            if key in model:
+                assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
+
+
+def test_sbatch_script_is_valid_bash_and_carries_the_flags():
+    layout = LAYOUTS[1]
+    model = load_model("tiny-mla-moe")
+    script = export.sbatch_script(layout, model, 4096, num_gpus=16, gpus_per_node=8)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "--nproc-per-node 8" in script
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    body = script.split('"$MEGATRON_LM/pretrain_gpt.py" \\\n', 1)[1].split("$DATA_ARGS", 1)[0]
+    assert export.layout_from_megatron_args(body.replace("\\\n", " ")) == layout
+    with pytest.raises(SpecError, match="do not fill nodes"):
+        export.sbatch_script(layout, model, 4096, num_gpus=12, gpus_per_node=8)
+
+
+def test_bad_megatron_args_are_one_line_errors():
+    with pytest.raises(SpecError, match="global-batch-size"):
+        export.layout_from_megatron_args("--tensor-model-parallel-size 2")
+    with pytest.raises(SpecError, match="fp8-recipe"):
+        export.layout_from_megatron_args("--global-batch-size 8 --bf16 --fp8-format e4m3 --fp8-recipe custom")
+    with pytest.raises(SpecError):
+        export.layout_args(Layout(cuda_graphs=("full_iteration", "attn")))
+    assert shlex.split(export.megatron_args_text(Layout(), load_model("tiny-moe"), 4096))

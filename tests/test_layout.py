@@ -1,0 +1,52 @@
+"""Layout: validation, recompute spellings, derived sizes, and the flag round trip through `estimate`."""
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout, parse_recompute
+
+
+def test_derived_sizes_with_parallel_folding():
+    lay = Layout(tp=1, cp=32, ep=32, pp=8, vpp=4, gbs=128)
+    assert lay.dp(256) == 1 and lay.edp(256) == 1 and lay.grad_accum(256) == 128
+    assert lay.dp(512) == 2 and lay.edp(512) == 2  # EP can exceed DP: experts have their own grid
+    assert Layout(pp=3).dp(4) == 0 and Layout(mbs=2, gbs=6).grad_accum(2) == 0
+
+
+def test_recompute_spellings():
+    lay = Layout.from_dict({"recompute": "up_proj,norm,moe,mlp"})
+    assert lay.recompute_modules == ("mla_up_proj", "layernorm", "moe", "mlp") and lay.recompute_granularity == "selective"
+    assert Layout.from_dict({"recompute": "full"}).recompute == "full"
+    assert parse_recompute("none")["recompute_granularity"] == "none"
+    with pytest.raises(SpecError):
+        Layout.from_dict({"recompute": "full,moe"})
+    with pytest.raises(SpecError):
+        Layout.from_dict({"recompute": "everything"})
+
+
+@pytest.mark.parametrize("bad", [dict(tp=0), dict(mbs=3, gbs=4), dict(precision="fp4"), dict(dispatcher="x"),
+                                 dict(optimizer_offload=2), dict(cuda_graphs="everything"), dict(cp_comm_type="ring")])
+def test_invalid_layouts_raise_spec_error(bad):
+    with pytest.raises(SpecError):
+        Layout(**bad)
+
+
+def test_sequence_parallel_follows_tp():
+    assert Layout(tp=2).sp and not Layout().sp and not Layout(tp=2, sequence_parallel=False).sp
+
+
+@pytest.mark.parametrize("layout", [
+    Layout.from_dict(dict(tp=1, cp=32, ep=32, pp=8, vpp=4, gbs=128, precision="fp8", dispatcher="deepep",
+                          recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0, cp_comm_type="a2a+p2p")),
+    Layout.from_dict(dict(pp=2, gbs=8, recompute="full", recompute_method="block", recompute_num_layers=2,
+                          cuda_graphs="full_iteration", distributed_optimizer=False)),
+])
+def test_to_flags_round_trips_through_estimate(layout, capsys):
+    rc = main(["estimate", "--model", "deepseek-v3", "--gpu", "h100", "--num-gpus", "256", "--seq-len", "131072",
+               *layout.to_flags(), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert Layout.from_dict(out["layout"]) == layout
+    assert rc == (0 if out["legal"] else 2)

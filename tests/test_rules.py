@@ -1,0 +1,70 @@
+"""Each legality rule: a layout that breaks it (the rule is named) and a close one that does not."""
+
+import pytest
+
+from search_spaces.hardware import load_gpu
+from search_spaces.layout import Layout
+from search_spaces.models import load_model
+from search_spaces.rules import RULES, check
+
+
+def rules_broken(model, gpu, n, seq, **fields):
+    return {v.rule for v in check(load_model(model), load_gpu(gpu), n, seq, Layout.from_dict(fields))}
+
+
+CASES = [
+    # rule, (model, gpu, n, seq), breaking fields, legal fields
+    ("world_dense", ("tiny-moe", "cpu", 4, 512), dict(pp=3), dict(pp=2)),
+    ("world_expert", ("tiny-moe", "cpu", 4, 512), dict(ep=4, pp=2), dict(ep=2, pp=2)),
+    ("pipeline_split", ("tiny-moe", "cpu", 8, 512), dict(pp=4, vpp=2), dict(pp=4, vpp=1)),
+    ("vpp_needs_pp", ("tiny-moe", "cpu", 2, 512), dict(vpp=2), dict(pp=2, vpp=2)),
+    ("heads_tp", ("tiny-moe", "cpu", 8, 512), dict(tp=8), dict(tp=4)),
+    ("experts_ep", ("tiny-moe", "cpu", 8, 512), dict(ep=8), dict(ep=4)),
+    ("expert_ffn_etp", ("tiny-moe", "h100", 3, 512), dict(etp=3), dict(etp=1)),
+    ("dense_model_ep", ("llama3-8b", "h100", 8, 4096), dict(ep=2), dict()),
+    ("sequence_cp", ("tiny-moe", "cpu", 2, 102), dict(cp=2), dict(cp=1)),
+    ("cp_a2a_heads", ("tiny-moe", "h100", 8, 4096), dict(cp=8, cp_comm_type="a2a"), dict(cp=4, cp_comm_type="a2a")),
+    ("global_batch", ("tiny-moe", "cpu", 2, 512), dict(gbs=3), dict(gbs=4)),
+    ("moe_tp_needs_sp", ("tiny-moe", "cpu", 2, 512), dict(tp=2, sequence_parallel=False), dict(tp=2)),
+    ("precision_supported", ("tiny-moe", "h100", 1, 512), dict(precision="mxfp8"), dict(precision="fp8")),
+    ("gpu_only_feature", ("tiny-moe", "cpu", 2, 512), dict(ep=2, dispatcher="deepep"), dict(ep=2, dispatcher="allgather")),
+    ("graph_recompute_conflict", ("tiny-moe", "h100", 1, 512), dict(recompute="moe", cuda_graphs="moe_router"),
+     dict(recompute="moe_act", cuda_graphs="moe_router")),
+    ("offload_needs_distopt", ("tiny-moe", "h100", 2, 512), dict(optimizer_offload=0.5, distributed_optimizer=False),
+     dict(optimizer_offload=0.5)),
+    ("tp_in_nvlink", ("deepseek-v3", "h100", 16, 4096), dict(tp=16), dict(tp=8, cp=2)),
+    ("ep_in_nvlink", ("deepseek-v3", "h100", 128, 4096), dict(ep=128), dict(ep=64)),
+]
+
+
+def test_every_rule_has_a_case():
+    assert {c[0] for c in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize("rule,where,bad,good", CASES, ids=[c[0] for c in CASES])
+def test_rule(rule, where, bad, good):
+    assert rule in rules_broken(*where, **bad)
+    assert rule not in rules_broken(*where, **good)
+
+
+def test_reasons_are_one_human_line():
+    for v in check(load_model("tiny-moe"), load_gpu("cpu"), 4, 512, Layout(tp=3, pp=3, precision="fp8")):
+        assert v.reason and "\n" not in v.reason and v.to_dict() == {"rule": v.rule, "reason": v.reason}
+
+
+@pytest.mark.parametrize("fields", [dict(precision="fp8"), dict(cuda_graphs="attn"), dict(optimizer_offload=0.5),
+                                    dict(cp=2, cp_comm_type="a2a")])
+def test_cpu_refuses_gpu_only_features(fields):
+    assert "gpu_only_feature" in rules_broken("tiny-moe", "cpu", 2, 512, **fields)
+
+
+def test_cpu_accepts_its_own_paths():
+    assert not rules_broken("tiny-moe", "cpu", 4, 512, tp=1, cp=2, ep=2, pp=2, gbs=2, precision="fp32")
+    assert not rules_broken("tiny-moe", "cpu", 2, 512, cp=2, cp_comm_type="allgather", gbs=1)
+
+
+def test_uneven_pipeline_splits_of_the_seed_recipes_are_legal():
+    # Qwen3-235B: 94 layers over PP4 x VPP12 (embedding and loss count as layers); DeepSeek-V3: 61 + MTP over PP8 x VPP4
+    assert "pipeline_split" not in rules_broken("qwen3-235b-a22b", "gb200", 256, 131072, tp=4, cp=4, ep=32, pp=4, vpp=12,
+                                                gbs=64)
+    assert "pipeline_split" not in rules_broken("deepseek-v3", "h100", 256, 131072, cp=32, ep=32, pp=8, vpp=4, gbs=128)

@@ -1,0 +1,73 @@
+"""The layout space: legal members only, `fixed` honoured, counts consistent, fast, rules of thumb on top."""
+
+import time
+
+import pytest
+
+from search_spaces.errors import SpecError
+from search_spaces.hardware import load_gpu
+from search_spaces.heuristics import rule_of_thumb_cp, seed_layouts
+from search_spaces.models import load_model
+from search_spaces.rules import check
+from search_spaces.space import candidate_layouts, count_space, explore
+
+TINY, CPU = load_model("tiny-moe"), load_gpu("cpu")
+
+
+def test_cpu_candidates_are_legal_and_honour_fixed_values():
+    layouts = candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8})
+    assert layouts and len({l.key() for l in layouts}) == len(layouts)
+    for layout in layouts:
+        assert not check(TINY, CPU, 4, 512, layout), layout.key()
+        assert layout.precision == "fp32" and layout.gbs == 8
+        assert not layout.cuda_graphs and layout.optimizer_offload == 0 and layout.dispatcher in ("alltoall", "allgather")
+    # the space explores the parallel dimensions, not just one of them
+    assert {l.pp for l in layouts} >= {1, 2, 4} and {l.ep for l in layouts} >= {1, 2, 4} and {l.cp for l in layouts} >= {1, 2}
+    assert len(layouts) == count_space(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8}).legal
+
+
+def test_fixed_parallel_fields_and_bad_fixed_values():
+    layouts = candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8, "pp": 2, "recompute": "none"})
+    assert layouts and all(l.pp == 2 and l.recompute == "none" for l in layouts)
+    with pytest.raises(SpecError):
+        candidate_layouts(TINY, CPU, 4, 512, fixed={"colour": "red"})
+    with pytest.raises(SpecError):
+        candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp7"})
+
+
+def test_counts_add_up():
+    c = count_space(TINY, CPU, 4, 512, fixed={"gbs": 8})
+    assert c.legal + sum(c.rejected_by_rule.values()) == c.total
+    assert c.rejected_by_rule.get("world_dense", 0) > 0
+
+
+@pytest.mark.timeout(60)
+def test_dsv3_1024_h100_space_is_fast_and_follows_the_rules_of_thumb():
+    started = time.perf_counter()
+    x = explore("deepseek-v3", "h100", 1024, 131072, top=5)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 10
+    d = x.to_dict()
+    assert d["legal_count"] > 0 and d["fitting_count"] > 0 and d["rejected_by_rule"]
+    assert d["legal_count"] + sum(d["rejected_by_rule"].values()) == d["total"]
+    assert len(d["top"]) == 5
+    speeds = [t["prediction"]["tokens_per_sec_per_gpu"] for t in d["top"]]
+    assert speeds == sorted(speeds, reverse=True)
+    for row in d["top"]:
+        lay = row["layout"]
+        assert row["prediction"]["fits"]
+        assert 2048 <= 131072 / (lay["cp"] * lay["tp"]) <= 8192  # rule 1: a ~4K shard per CP x TP rank
+        assert lay["pp"] > 1 and lay["recompute_granularity"] != "full"  # rule 3: selective or none
+
+
+def test_seed_layouts_follow_the_rules_of_thumb():
+    seeds = seed_layouts("deepseek-v3", "h100", 256, 131072, limit=4)
+    assert seeds
+    for s in seeds:
+        assert not check(load_model("deepseek-v3"), load_gpu("h100"), 256, 131072, s)
+        assert s.optimizer_offload == 1.0  # rule 7: DSV3-class at 128K offloads the optimizer
+        assert s.recompute_granularity == "selective" and "core_attn" not in s.recompute_modules
+        assert s.precision == "fp8-blockwise" and s.dispatcher == "deepep"
+    assert rule_of_thumb_cp(131072) == 32 and rule_of_thumb_cp(8192) == 1
+    tiny = seed_layouts(TINY, CPU, 4, 512, gbs=8)
+    assert tiny and all(s.precision == "fp32" and s.gbs == 8 for s in tiny)

@@ -1,0 +1,104 @@
+"""The study (analytic backend): storage contract, infeasible proposals, dedup, resume, leaderboard, status."""
+
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from orchestrator import study as studies
+from orchestrator.cli import main
+from orchestrator.driver import run_sweep
+from orchestrator.spec import load_spec, parse_spec
+from search_spaces.errors import SpecError
+from tests.sweep_helpers import prior_for, real_space_available
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _spec(tmp_path, **extra):
+    data = {"name": "analytic-small", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256,
+            "gbs": 8, "backend": "analytic", "budget": {"n_trials": 8}, "seed": 3,
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "workdir": str(tmp_path / "runs"), "fixed": {"precision": "fp32"}}
+    data.update(extra)
+    return parse_spec(data)
+
+
+@pytest.mark.timeout(300)
+def test_analytic_sweep_storage_contract(tmp_path):
+    spec = _spec(tmp_path)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    study = studies.load_study(spec.storage, spec.name)
+    for key in ("spec", "model", "seq_len", "gpu", "num_gpus", "backend", "mlflow_experiment_id",
+                "mlflow_parent_run_id", "tracking_uri"):
+        assert key in study.user_attrs, key
+    ran = studies.measured_trials(study)
+    assert out.n_measured == len(ran) == 8
+    keys = [t.user_attrs["layout_key"] for t in studies.finished_trials(study)]
+    assert len(keys) == len(set(keys)), "a layout was run twice"
+    for t in ran:
+        ua = t.user_attrs
+        assert {"layout", "layout_key", "status", "result", "prediction", "backend", "mlflow_run_id"} <= set(ua)
+        assert ua["status"] in ("ok", "oom", "invalid")
+    for t in studies.finished_trials(study):
+        if t.user_attrs["status"] == "infeasible":
+            assert t.user_attrs["reason"] and "result" not in t.user_attrs
+            assert max(t.constraints.values()) > 0
+    best = studies.best_fitting_trial(study)
+    assert best is not None and best.number == out.best.number
+    assert best.values[0] == max(t.values[0] for t in ran if studies.fits(t))
+    # the rules of thumb came first
+    first = study.trials[0]
+    assert first.user_attrs.get("proposed_by") == "rule-of-thumb"
+    assert all(studies.fits(t) for t in out.pareto)
+
+
+@pytest.mark.timeout(300)
+def test_existing_study_needs_resume_and_resume_adds_trials(tmp_path):
+    spec = _spec(tmp_path, budget={"n_trials": 4})
+    run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    with pytest.raises(SpecError, match="--resume"):
+        run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    bigger = _spec(tmp_path, budget={"n_trials": 6})
+    out = run_sweep(bigger, resume=True, prior=prior_for(bigger), show_progress=False)
+    assert out.n_measured == 6
+    keys = [t.user_attrs["layout_key"] for t in studies.measured_trials(out.study)]
+    assert len(keys) == len(set(keys)) == 6
+    with pytest.raises(SpecError, match="no study"):
+        run_sweep(_spec(tmp_path, name="never-ran"), resume=True, prior=prior_for(spec), show_progress=False)
+
+
+@pytest.mark.timeout(300)
+def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
+    spec = _spec(tmp_path, budget={"n_trials": 4})
+    run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    csv = tmp_path / "board.csv"
+    assert main(["status", spec.name, "--storage", spec.storage, "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "best that fits" in out and spec.name in out
+    frame = pd.read_csv(csv)
+    assert list(frame.columns[1:22]) == studies.TABLE_COLUMNS
+    assert (frame["status"] != "infeasible").sum() == 4
+    ok = frame[frame["status"] == "ok"]["tokens_per_sec_per_gpu"].tolist()
+    assert ok == sorted(ok, reverse=True)
+    assert main(["status", "nope", "--storage", spec.storage]) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not real_space_available(), reason="needs search_spaces.space/costmodel/heuristics")
+def test_deepseek_v3_1024_h100_analytic_200_trials_under_60s(tmp_path):
+    spec = load_spec(EXAMPLES / "deepseek-v3-128k-h100x1024.yaml", {
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    spec = spec.model_copy(update={"workdir": str(tmp_path / "runs")})
+    start = time.monotonic()
+    out = run_sweep(spec, show_progress=False)
+    elapsed = time.monotonic() - start
+    assert out.n_measured == 200
+    assert elapsed < 60, f"200 analytic trials took {elapsed:.1f} s"
+    seeds = [t for t in out.study.trials if t.user_attrs.get("proposed_by") == "rule-of-thumb"
+             and studies.fits(t)]
+    assert seeds, "no seed recipe fitted"
+    assert out.best.values[0] >= max(t.values[0] for t in seeds)
+    assert out.n_infeasible >= 1

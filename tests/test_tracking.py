@@ -1,0 +1,116 @@
+"""MLflow records checked through MlflowClient against a real `mlflow server` on 127.0.0.1."""
+
+import json
+import os
+
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator import study as studies
+from orchestrator.driver import run_sweep
+from orchestrator.spec import parse_spec
+from orchestrator.tracking import Tracker, safe_environment
+from search_spaces.errors import SpecError
+from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
+from tests.sweep_helpers import prior_for
+
+
+def _spec(tmp_path, tracking_uri, **extra):
+    data = {"name": "tracked", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
+            "backend": "analytic", "budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "workdir": str(tmp_path / "runs"),
+            "fixed": {"precision": "fp32"}}
+    data.update(extra)
+    return parse_spec(data)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("MOE_AUTOTUNE_API_TOKEN", "do-not-log-me")
+    monkeypatch.setenv("MOE_AUTOTUNE_NOTE", "visible")
+    spec = _spec(tmp_path, mlflow_server.uri)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name("tracked")
+    assert exp is not None
+    parent = client.get_run(out.study.user_attrs["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["best_layout_key"] == out.best.user_attrs["layout_key"]
+    assert parent.data.metrics["best_tokens_per_sec_per_gpu"] == pytest.approx(out.best.values[0])
+    parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"spec.json", "summary.json", "pareto.csv", "environment.json"} <= parent_files
+    env_text = json.dumps(client.load_dict(f"runs:/{parent.info.run_id}/environment.json")) \
+        if hasattr(client, "load_dict") else open(client.download_artifacts(parent.info.run_id, "environment.json")).read()
+    assert "do-not-log-me" not in env_text and "visible" in env_text
+
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    finished = studies.finished_trials(out.study)
+    assert len(children) == len(finished) >= 5
+    by_number = {int(r.data.tags["optuna_trial_number"]): r for r in children}
+    assert set(by_number) == {t.number for t in finished}
+    for t in finished:
+        run = by_number[t.number]
+        assert run.data.tags["status"] == t.user_attrs["status"]
+        assert run.data.tags["backend"] == "analytic"
+        assert "predicted_tokens_per_sec_per_gpu" in run.data.metrics
+        assert {"tp", "cp", "ep", "pp", "mbs", "recompute_granularity"} <= set(run.data.params)
+        if t.user_attrs["status"] == "ok":
+            assert t.user_attrs["mlflow_run_id"] == run.info.run_id
+            for name in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib", "step_time_s"):
+                assert name in run.data.metrics, name
+        if t.user_attrs["status"] == "infeasible":
+            assert run.data.tags["reason"]
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    spec = _spec(tmp_path, f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SpecError, match="cannot reach MLflow"):
+        run_sweep(spec, prior=prior_for(spec), show_progress=False)
+
+
+@pytest.mark.timeout(200)
+def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
+    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", budget={"n_trials": 4})
+    real = Tracker._record
+    calls = {"n": 0}
+
+    def flaky(self, number, payload):  # the first three deliveries fail: MLflow "down"
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            raise ConnectionError("mlflow down")
+        return real(self, number, payload)
+
+    monkeypatch.setattr(Tracker, "_record", flaky)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0 and out.mlflow_pending == 0
+    client = MlflowClient(spec.tracking_uri)
+    exp = client.get_experiment_by_name(spec.name)
+    parent_id = out.study.user_attrs["mlflow_parent_run_id"]
+    runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
+    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+    assert all(r.info.status == "FINISHED" for r in runs if "optuna_trial_number" in r.data.tags)
+
+    # never back: exit code says so and the spool keeps the records
+    monkeypatch.setattr(Tracker, "_record", lambda self, n, p: (_ for _ in ()).throw(ConnectionError("down")))
+    spec2 = _spec(tmp_path, spec.tracking_uri, name="tracked-down", budget={"n_trials": 2})
+    out2 = run_sweep(spec2, prior=prior_for(spec2), show_progress=False)
+    assert out2.exit_code == 3 and out2.mlflow_pending >= 2
+    spool = tmp_path / "runs" / "tracked-down" / "mlflow-spool.jsonl"
+    lines = [json.loads(x) for x in spool.read_text().splitlines()]
+    assert {r["trial_number"] for r in lines} >= {t.number for t in studies.measured_trials(out2.study)}
+    assert any("MLflow did not receive" in m for m in out2.messages)
+
+
+def test_safe_environment_drops_secret_names(monkeypatch):
+    monkeypatch.setenv("MOE_AUTOTUNE_SECRET_THING", "x")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "y")
+    monkeypatch.setenv("MOE_AUTOTUNE_FAULT", "oom@1")
+    env = safe_environment()
+    assert "MOE_AUTOTUNE_SECRET_THING" not in env and "MLFLOW_TRACKING_PASSWORD" not in env
+    assert env["MOE_AUTOTUNE_FAULT"] == "oom@1"

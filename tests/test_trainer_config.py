@@ -1,0 +1,156 @@
+"""Unit tests of the trainer's pure parts: Layout -> Megatron-Core config mapping, refusals, flags, faults,
+the CPU patch version pin and the CP chunk layout. No processes."""
+
+import pytest
+import torch
+
+from search_spaces.layout import Layout
+from search_spaces.models import load_model
+from trainers import config, cpu_compat, faults
+from trainers.megatron_moe import build_parser, layout_from_args
+
+TINY = load_model("tiny-moe")
+MLA = load_model("tiny-mla-moe")
+
+
+def L(**fields) -> Layout:
+    return Layout.from_dict(fields)
+
+
+def test_layout_maps_onto_transformer_config_fields():
+    layout = L(tp=2, cp=2, ep=2, etp=1, pp=2, vpp=2, mbs=1, gbs=8, recompute="moe_act,layernorm",
+                    dispatcher="allgather", precision="bf16")
+    kw = config.transformer_config_kwargs(TINY, layout, on_cpu=True)
+    assert (kw["tensor_model_parallel_size"], kw["context_parallel_size"], kw["pipeline_model_parallel_size"],
+            kw["virtual_pipeline_model_parallel_size"], kw["expert_model_parallel_size"],
+            kw["expert_tensor_parallel_size"]) == (2, 2, 2, 2, 2, 1)
+    assert kw["sequence_parallel"] is True  # TP > 1 with MoE
+    assert kw["moe_token_dispatcher_type"] == "allgather"
+    assert kw["recompute_granularity"] == "selective" and kw["recompute_modules"] == ["moe_act", "layernorm"]
+    assert kw["bf16"] and kw["params_dtype"] == torch.bfloat16
+    assert kw["batch_p2p_comm"] is False  # gloo + VPP is silently wrong otherwise
+    assert (kw["num_layers"], kw["hidden_size"], kw["num_moe_experts"], kw["moe_router_topk"]) == (4, 64, 4, 2)
+    assert kw["kv_channels"] == 16 and kw["num_query_groups"] == 4
+
+
+def test_gpu_features_map_to_megatron_names():
+    layout = Layout(precision="fp8-delayed", dispatcher="deepep", cuda_graphs="attn,moe_router",
+                    recompute_granularity="full", recompute_method="block", recompute_num_layers=2, cp=2,
+                    cp_comm_type="a2a+p2p", optimizer_offload=0.5)
+    kw = config.transformer_config_kwargs(TINY, layout, on_cpu=False)
+    assert (kw["fp8"], kw["fp8_recipe"]) == ("hybrid", "delayed")
+    assert (kw["moe_token_dispatcher_type"], kw["moe_flex_dispatcher_backend"]) == ("flex", "deepep")
+    assert kw["cuda_graph_impl"] == "local" and kw["cuda_graph_modules"] == ["attn", "moe_router"]
+    assert (kw["recompute_granularity"], kw["recompute_method"], kw["recompute_num_layers"]) == ("full", "block", 2)
+    assert kw["cp_comm_type"] == "a2a+p2p" and "batch_p2p_comm" not in kw
+    opt = config.optimizer_config_kwargs(layout)
+    assert opt["optimizer_cpu_offload"] and opt["optimizer_offload_fraction"] == 0.5
+    assert config.transformer_config_kwargs(TINY, L(cp=2, cp_comm_type="allgather"), on_cpu=False)[
+        "cp_comm_type"] == "all_gather"
+
+
+def test_megatron_accepts_the_mapped_configs():
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    layout = L(tp=2, ep=2, pp=2, mbs=1, gbs=4, recompute="full", precision="fp32")
+    cfg = TransformerConfig(**config.transformer_config_kwargs(TINY, layout, on_cpu=True))
+    assert cfg.sequence_parallel and cfg.recompute_granularity == "full"
+    mla = MLATransformerConfig(**config.transformer_config_kwargs(MLA, L(precision="fp32"), on_cpu=True))
+    assert mla.multi_latent_attention and mla.moe_layer_freq == [0, 1, 1, 1]
+    assert mla.moe_shared_expert_intermediate_size == MLA.shared_expert_ffn_hidden_size
+    DistributedDataParallelConfig(**config.ddp_config_kwargs(layout, on_cpu=True))
+    OptimizerConfig(**config.optimizer_config_kwargs(layout))
+
+
+def test_uneven_pipeline_counts_embedding_and_loss_as_layers():
+    both = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    assert config.pipeline_split_kwargs(4, L(pp=2)) == {}
+    assert config.pipeline_split_kwargs(4, L(pp=3)) == both
+    assert config.pipeline_split_kwargs(5, L(pp=2)) == {"account_for_loss_in_pipeline_split": True}
+    assert config.pipeline_split_kwargs(5, L(pp=4)) is None
+    assert "cannot be split" in config.refusal(TINY.with_overrides(num_layers=5), L(pp=4), world=4, seq_len=64,
+                                               on_cpu=True)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(precision="fp8"), "precision fp8-blockwise"),
+    (dict(dispatcher="hybridep"), "dispatcher hybridep"),
+    (dict(cuda_graphs="attn"), "CUDA graphs"),
+    (dict(optimizer_offload=0.5), "offload"),
+    (dict(cp=2, cp_comm_type="a2a"), "cp_comm_type a2a"),
+])
+def test_gpu_only_features_are_refused_on_cpu(fields, words):
+    layout = L(**fields)
+    reason = config.refusal(TINY, layout, world=layout.cp, seq_len=64, on_cpu=True)
+    assert reason and "GPU-only" in reason and words in reason
+    assert config.refusal(TINY, layout, world=layout.cp, seq_len=64, on_cpu=False) is None
+
+
+def test_illegal_shapes_are_refused():
+    assert "divisible" in config.refusal(TINY, L(tp=2), world=3, seq_len=64, on_cpu=True)
+    assert "experts" in config.refusal(TINY, L(ep=8, gbs=8), world=8, seq_len=64, on_cpu=True)
+    assert "gbs" in config.refusal(TINY, L(mbs=1, gbs=1), world=2, seq_len=64, on_cpu=True)
+    assert "seq_len" in config.refusal(TINY, L(cp=2, tp=2), world=4, seq_len=66, on_cpu=True)
+    assert config.refusal(TINY, L(ep=2, pp=2, mbs=1, gbs=2), world=4, seq_len=64, on_cpu=True) is None
+
+
+def test_flags_round_trip_through_the_trainer_parser(tmp_path):
+    layout = Layout(tp=2, cp=1, ep=2, pp=2, vpp=2, mbs=2, gbs=16, recompute_granularity="full",
+                    recompute_method="block", recompute_num_layers=2, precision="fp32", dispatcher="allgather",
+                    distributed_optimizer=False)
+    args = build_parser().parse_args(["--model", "tiny-moe", *layout.to_flags()])
+    assert layout_from_args(args, on_cpu=True) == layout
+    path = tmp_path / "layout.yaml"
+    path.write_text("tp: 2\nep: 2\nmbs: 1\ngbs: 4\nrecompute: full\nrecompute_method: block\nprecision: fp32\n")
+    from_file = layout_from_args(build_parser().parse_args(["--model", "tiny-moe", "--layout", str(path), "--gbs", "8"]),
+                                 on_cpu=True)
+    assert from_file == Layout(tp=2, ep=2, mbs=1, gbs=8, recompute_granularity="full", recompute_method="block",
+                               precision="fp32")
+
+
+def test_fault_spec_parsing():
+    assert faults.parse("oom@3") == faults.Fault("oom", 3)
+    assert faults.parse("slow@1:0.5", "2") == faults.Fault("slow", 1, 0.5, 2)
+    assert faults.parse(None) is None
+    for bad in ("oom", "boom@1", "slow@1", "hang@x"):
+        with pytest.raises(ValueError):
+            faults.parse(bad)
+    with pytest.raises(torch.OutOfMemoryError):
+        faults.parse("oom@2").fire(step=2, rank=0)
+    faults.parse("oom@2", "1").fire(step=2, rank=0)  # another rank's fault
+
+
+def test_cpu_patches_fail_loudly_on_another_megatron_version():
+    cpu_compat.check_version()  # the pinned version is the installed one
+    cpu_compat.check_version("0.19.2+local")
+    with pytest.raises(cpu_compat.CPUCompatError, match="pinned to megatron-core 0.19.2"):
+        cpu_compat.check_version("0.20.0")
+    cpu_compat.check_symbols()  # every private symbol the patches replace still exists
+
+
+def test_cp_chunks_cover_the_sequence_once_in_megatron_order(monkeypatch):
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from trainers.cp_attention import cp_chunk_positions
+
+    seq, cp = 16, 2
+    positions = torch.cat([cp_chunk_positions(r, cp, seq // cp) for r in range(cp)])
+    assert sorted(positions.tolist()) == list(range(seq))
+
+    class FakeGroup:  # get_batch_on_this_cp_rank only asks the group its size and our rank
+        def __init__(self, rank):
+            self._rank = rank
+
+        def size(self):
+            return cp
+
+        def rank(self):
+            return self._rank
+
+    for rank in range(cp):
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None, rank=rank: rank)
+        batch = get_batch_on_this_cp_rank({"position_ids": torch.arange(seq).unsqueeze(0)}, is_hybrid_cp=False,
+                                          cp_group=FakeGroup(rank))
+        assert batch["position_ids"][0].tolist() == cp_chunk_positions(rank, cp, seq // cp).tolist()

@@ -1,0 +1,99 @@
+"""The real Megatron-Core trainer on CPU: multi-process gloo runs of tiny MoE models.
+
+Every layout family runs once; CP2, TP2 and DP2 must reproduce the single-rank loss on the same data
+(same initialisation, same global batch); recompute must lower the saved activations without changing the
+loss; an injected OOM must come back as status oom with every rank gone.
+"""
+
+import pytest
+
+from tests.trainer_helpers import LAYOUTS, assert_ok, run_trainer, shared_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def single_rank(tmp_path_factory):
+    result, proc = shared_run(tmp_path_factory, "single")
+    assert_ok(result, proc)
+    return result
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", ["dp2", "tp2_sp", "cp2"])
+def test_layouts_that_keep_the_initialisation_reproduce_the_single_rank_loss(tmp_path_factory, single_rank, name):
+    result, proc = shared_run(tmp_path_factory, name)
+    assert_ok(result, proc)
+    assert result.loss == pytest.approx(single_rank.loss, rel=1e-4)
+    assert result.loss[-1] < result.loss[0]
+    applied = result.applied
+    assert (applied["tp"], applied["cp"], applied["dp"]) == {"dp2": (1, 1, 2), "tp2_sp": (2, 1, 1),
+                                                             "cp2": (1, 2, 1)}[name]
+    if name == "tp2_sp":
+        assert applied["sequence_parallel"] is True
+    if name == "cp2":
+        assert applied["core_attention"] == ["ContextParallelDotProductAttention"]
+    if name == "dp2":  # the distributed optimizer shards Adam's states over DP
+        assert result.memory_gib["optimizer_states"] == pytest.approx(single_rank.memory_gib["optimizer_states"] / 2,
+                                                                      rel=0.02)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name, expect", [
+    ("ep2_allgather", dict(ep=2, dp=2, edp=1, dispatcher=["MoEAllGatherTokenDispatcher"])),
+    ("pp2_uneven", dict(pp=2, layers_per_rank=[3, 2], pipeline_split={"account_for_loss_in_pipeline_split": True},
+                        schedule="forward_backward_pipelining_without_interleaving")),
+    ("pp2_vpp2", dict(pp=2, vpp=2, layers_per_rank=[2, 2], schedule="forward_backward_pipelining_with_interleaving")),
+    ("ep2_pp2_recompute", dict(ep=2, pp=2, dp=2, edp=1, dispatcher=["MoEAlltoAllTokenDispatcher"],
+                               layers_per_rank=[2, 2, 2, 2])),
+])
+def test_parallel_layouts_run_and_report_what_megatron_applied(tmp_path_factory, name, expect):
+    result, proc = shared_run(tmp_path_factory, name)
+    assert_ok(result, proc)
+    assert result.loss[-1] < result.loss[0]
+    for key, value in expect.items():
+        assert result.applied[key] == value, key
+    if name == "ep2_pp2_recompute":
+        assert result.applied["recompute"]["modules"] == ["moe_act", "layernorm"]
+    nproc = LAYOUTS[name][0]
+    assert len(result.peak_memory_gib_per_rank) == nproc
+    assert set(result.memory_gib) >= {"weights", "gradients", "optimizer_states", "activations_per_microbatch"}
+    assert all(v > 0 for v in result.memory_gib.values())
+    assert result.versions["megatron-core"].startswith("0.19.2")
+
+
+@pytest.mark.timeout(600)
+def test_each_recompute_choice_lowers_saved_activations_and_keeps_the_loss(tmp_path):
+    # tiny-mla-moe has every kind of module: MLA, a dense first layer, shared and routed experts.
+    def run(name, recompute):
+        result, proc = run_trainer(tmp_path / name, 1, "--mbs", "2", "--gbs", "2", "--recompute", recompute,
+                                   model="tiny-mla-moe")
+        assert_ok(result, proc)
+        return result
+
+    base = run("none", "none")
+    for choice in ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "full"):
+        result = run(choice, choice)
+        assert result.loss == pytest.approx(base.loss, rel=1e-5), choice
+        saved, before = result.memory_gib["activations_per_microbatch"], base.memory_gib["activations_per_microbatch"]
+        assert saved < before, f"{choice}: {saved} >= {before}"
+        expected = "full" if choice == "full" else "selective"
+        assert result.applied["recompute"]["granularity"] == expected
+
+
+@pytest.mark.timeout(180)
+def test_injected_oom_on_one_rank_is_reported_and_every_rank_exits(tmp_path):
+    result, proc = run_trainer(tmp_path, 2, "--mbs", "1", "--gbs", "2",
+                               env={"MOE_AUTOTUNE_FAULT": "oom@1", "MOE_AUTOTUNE_FAULT_RANK": "1"}, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert result.status == "oom"
+    assert result.error.startswith("rank 1: OutOfMemoryError")
+
+
+@pytest.mark.timeout(60)
+def test_gpu_only_features_on_cpu_are_invalid_before_megatron_starts(tmp_path):
+    result, proc = run_trainer(tmp_path, 1, "--precision", "fp8", "--dispatcher", "deepep")
+    assert proc.returncode == 0
+    assert result.status == "invalid"
+    assert "GPU-only" in result.error and "fp8" in result.error and "deepep" in result.error
+    assert not result.loss and result.applied == {}

@@ -1,0 +1,75 @@
+"""Run the real trainer (trainers.megatron_moe) as processes from tests: torchrun for several ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from search_spaces.result import TrialResult
+
+REPO = Path(__file__).resolve().parents[1]
+# Small enough for 2 shared cores: tiny model, short sequence, one warm-up and two measured steps.
+FAST = ["--seq-len", "64", "--warmup", "1", "--steps", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def trainer_command(nproc: int, flags: list[str]) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "trainers.megatron_moe", *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "-m", "trainers.megatron_moe", *flags]
+
+
+def run_trainer(tmp_path: Path, nproc: int, *flags: str, model: str = "tiny-moe", env: dict | None = None,
+                timeout: float = 240, fast: bool = True) -> tuple[TrialResult, subprocess.CompletedProcess]:
+    """Run one trial; return its result file and the finished process (stdout+stderr in .stdout)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    result_path = tmp_path / "result.json"
+    argv = ["--model", model, *(FAST if fast else []), *flags, "--result", str(result_path)]
+    proc_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run(trainer_command(nproc, argv), cwd=REPO, env=proc_env, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result_path.exists(), f"no result written (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
+    return TrialResult.read(result_path), proc
+
+
+def assert_ok(result: TrialResult, proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert result.status == "ok", result.error
+    assert result.loss_finite
+    assert result.tokens_per_sec_per_gpu and result.tokens_per_sec_per_gpu > 0
+
+
+# Runs shared between test modules (test_trainer_cpu and test_memory_match need the same layouts):
+# each distinct run happens once per pytest session.
+_SHARED: dict[tuple, tuple[TrialResult, subprocess.CompletedProcess]] = {}
+
+# The tiny-moe layouts every memory/parallelism test uses: name -> (ranks, flags).
+SAME_DATA = ["--mbs", "2", "--gbs", "4"]
+LAYOUTS = {
+    "single": (1, SAME_DATA),
+    "dp2": (2, ["--mbs", "1", "--gbs", "4"]),
+    "tp2_sp": (2, ["--tp", "2", *SAME_DATA]),
+    "cp2": (2, ["--cp", "2", *SAME_DATA]),
+    "ep2_allgather": (2, ["--ep", "2", "--dispatcher", "allgather", "--mbs", "1", "--gbs", "2"]),
+    # 5 layers over 2 stages: the loss counts as a layer (Megatron's account_for_loss_in_pipeline_split)
+    "pp2_uneven": (2, ["--pp", "2", "--num-layers", "5", "--mbs", "1", "--gbs", "4"]),
+    "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--mbs", "1", "--gbs", "4"]),
+    "ep2_pp2_recompute": (4, ["--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4", "--recompute", "moe_act,layernorm"]),
+}
+
+
+def shared_run(tmp_path_factory, name: str) -> tuple[TrialResult, subprocess.CompletedProcess]:
+    if name not in _SHARED:
+        nproc, flags = LAYOUTS[name]
+        _SHARED[name] = run_trainer(tmp_path_factory.mktemp(name), nproc, *flags)
+    return _SHARED[name]

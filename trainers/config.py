@@ -1,0 +1,263 @@
+"""Layout + model -> the keyword arguments of Megatron-Core's configs. Pure mapping: no processes, no state.
+
+`refusal()` says why a layout cannot run here (before anything is built); `transformer_config_kwargs()`,
+`ddp_config_kwargs()` and `optimizer_config_kwargs()` fill TransformerConfig (or MLATransformerConfig),
+DistributedDataParallelConfig and OptimizerConfig; `model_kwargs()` fills GPTModel's own arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from search_spaces.layout import Layout
+
+# Features that need CUDA, Transformer Engine or DeepEP: refused on CPU before any process group exists.
+FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
+               "mxfp8": "mxfp8"}
+FLEX_BACKENDS = {"deepep": "deepep", "hybridep": "hybridep"}
+# Layout spells it "allgather"; Megatron-Core/TE spell it "all_gather".
+CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
+LOCAL_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+
+ADAM_LR = 3e-3  # tiny proxy models learn visibly within a handful of steps
+
+
+def refusal(model, layout: Layout, world: int, seq_len: int, on_cpu: bool) -> str | None:
+    """Why this layout cannot run with this world size (and on this device), or None."""
+    if on_cpu:
+        gpu_only = []
+        if layout.optimizer_offload > 0:
+            gpu_only.append("optimizer CPU offload")
+        if layout.precision in FP8_RECIPES:
+            gpu_only.append(f"precision {layout.precision} (needs Transformer Engine)")
+        if layout.dispatcher in FLEX_BACKENDS:
+            gpu_only.append(f"dispatcher {layout.dispatcher} (needs the flex dispatcher on CUDA)")
+        if layout.cuda_graphs:
+            gpu_only.append("CUDA graphs")
+        if layout.cp > 1 and layout.cp_comm_type in ("a2a", "a2a+p2p"):
+            gpu_only.append(f"cp_comm_type {layout.cp_comm_type} (Transformer Engine attention; CPU runs all-gather CP)")
+        if gpu_only:
+            return "GPU-only feature on CPU: " + ", ".join(gpu_only)
+    if set(getattr(model, "attention_pattern", "F")) != {"F"}:
+        return f"attention pattern {model.attention_pattern!r}: this trainer builds full-attention layers only"
+    if "full_iteration" in layout.cuda_graphs:
+        return "full_iteration CUDA graphs are not supported by this trainer (per-module scopes are)"
+    for name, denom in (("TP·CP·PP", layout.tp * layout.cp * layout.pp), ("ETP·EP·PP", layout.etp * layout.ep * layout.pp)):
+        if world % denom:
+            return f"world size {world} is not divisible by {name} = {denom}"
+    if not layout.grad_accum(world):
+        return f"gbs {layout.gbs} is not a multiple of mbs·DP = {layout.mbs}·{layout.dp(world)}"
+    if model.num_attention_heads % layout.tp or model.num_kv_heads % layout.tp:
+        return f"attention heads ({model.num_attention_heads}, kv {model.num_kv_heads}) not divisible by TP {layout.tp}"
+    experts = model.num_experts or 0
+    if experts and experts % layout.ep:
+        return f"{experts} experts not divisible by EP {layout.ep}"
+    if not experts and (layout.ep > 1 or layout.etp > 1):
+        return "EP/ETP > 1 on a dense model"
+    if layout.tp > 1 and experts and not layout.sp:
+        return "MoE with TP > 1 needs sequence parallelism (Megatron-Core requires it)"
+    shard = 2 * layout.cp * (layout.tp if layout.sp else 1)
+    if seq_len % shard:
+        return f"seq_len {seq_len} is not divisible by 2·CP{'·TP' if layout.sp else ''} = {shard}"
+    if layout.vpp > 1 and layout.pp == 1:
+        return "VPP > 1 needs PP > 1"
+    if pipeline_split_kwargs(model.num_layers, layout) is None:
+        return (f"{model.num_layers} layers cannot be split over PP·VPP = {layout.pp * layout.vpp} stages "
+                "(even with the embedding and loss counted as layers)")
+    return None
+
+
+def pipeline_split_kwargs(num_layers: int, layout: Layout) -> dict[str, Any] | None:
+    """Layer placement over PP·VPP stages: even split, else count the embedding and/or loss as a layer
+    (Megatron's account_for_*_in_pipeline_split); None when neither divides."""
+    stages = layout.pp * layout.vpp
+    if num_layers % stages == 0:
+        return {}
+    if (num_layers + 2) % stages == 0:
+        return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    if (num_layers + 1) % stages == 0:
+        return {"account_for_loss_in_pipeline_split": True}
+    return None
+
+
+def _model_architecture_kwargs(model) -> dict[str, Any]:
+    hf = getattr(model, "hf_config", None) or {}
+    experts = model.num_experts or 0
+    moe_ffn = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    kwargs: dict[str, Any] = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_kv_heads,
+        kv_channels=model.head_dim,
+        ffn_hidden_size=model.ffn_hidden_size or moe_ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+        gated_linear_unit=bool(getattr(model, "gated_mlp", True)),
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=bool(hf.get("attention_bias", False)),
+        qk_layernorm=_uses_qk_norm(model),
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        init_method_std=float(hf.get("initializer_range", 0.02)),
+    )
+    if experts:
+        kwargs.update(
+            num_moe_experts=experts,
+            moe_ffn_hidden_size=moe_ffn,
+            moe_router_topk=model.topk,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=1e-3,
+            moe_grouped_gemm=True,  # the selective recompute of moe_act needs the grouped expert MLP
+            moe_router_dtype="fp32",
+        )
+        if model.num_shared_experts and model.shared_expert_ffn_hidden_size:
+            # ModelSpec gives the total width of the shared experts, as Megatron wants it.
+            kwargs["moe_shared_expert_intermediate_size"] = model.shared_expert_ffn_hidden_size
+        first_dense = int(getattr(model, "first_k_dense", 0) or 0)
+        if first_dense:
+            kwargs["moe_layer_freq"] = [0] * first_dense + [1] * (model.num_layers - first_dense)
+    if model.is_mla:
+        kwargs.update(
+            multi_latent_attention=True,
+            q_lora_rank=model.q_lora_rank,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_head_dim=model.qk_nope_head_dim,
+            qk_pos_emb_head_dim=model.qk_rope_head_dim,
+            v_head_dim=model.v_head_dim,
+            rope_type="rope",
+        )
+    return kwargs
+
+
+def _uses_qk_norm(model) -> bool:
+    explicit = getattr(model, "qk_layernorm", None)
+    if explicit is not None:
+        return bool(explicit)
+    model_type = str((getattr(model, "hf_config", None) or {}).get("model_type", ""))
+    return model_type.startswith("qwen3") and not model.is_mla
+
+
+def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        tensor_model_parallel_size=layout.tp,
+        context_parallel_size=layout.cp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        sequence_parallel=layout.sp,
+    )
+    if model.num_experts:
+        kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp)
+        if layout.dispatcher in FLEX_BACKENDS:
+            kwargs.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend=FLEX_BACKENDS[layout.dispatcher])
+        else:
+            kwargs["moe_token_dispatcher_type"] = layout.dispatcher
+    if layout.cp > 1 and not on_cpu:
+        kwargs["cp_comm_type"] = CP_COMM_TYPES[layout.cp_comm_type]
+    if on_cpu:
+        # gloo: batched isend/irecv silently corrupts interleaved (VPP) pipelines.
+        kwargs["batch_p2p_comm"] = False
+    kwargs.update(pipeline_split_kwargs(model.num_layers, layout) or {})
+    return kwargs
+
+
+def _recompute_kwargs(layout: Layout) -> dict[str, Any]:
+    if layout.recompute_granularity == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": list(layout.recompute_modules)}
+    if layout.recompute_granularity == "full":
+        return {"recompute_granularity": "full", "recompute_method": layout.recompute_method,
+                "recompute_num_layers": layout.recompute_num_layers}
+    return {}
+
+
+def params_dtype(layout: Layout) -> torch.dtype:
+    return torch.float32 if layout.precision == "fp32" else torch.bfloat16
+
+
+def _precision_kwargs(layout: Layout) -> dict[str, Any]:
+    dtype = params_dtype(layout)
+    kwargs: dict[str, Any] = dict(params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16)
+    if layout.precision in FP8_RECIPES:
+        recipe = FP8_RECIPES[layout.precision]
+        kwargs.update(fp8="hybrid" if recipe == "delayed" else "e4m3", fp8_recipe=recipe)
+    return kwargs
+
+
+def _cuda_graph_kwargs(layout: Layout) -> dict[str, Any]:
+    if not layout.cuda_graphs:
+        return {}
+    # Megatron-Core's own ("local") graphs: captured at the end of the first schedule run, no TE helper needed.
+    return {"cuda_graph_impl": "local", "cuda_graph_modules": [m for m in layout.cuda_graphs if m in LOCAL_GRAPH_MODULES],
+            "use_te_rng_tracker": True}
+
+
+def _kernel_kwargs(on_cpu: bool, have_te: bool) -> dict[str, Any]:
+    """Fused kernels exist only on CUDA (most only with Transformer Engine / Apex)."""
+    fused = not on_cpu and have_te
+    return dict(
+        use_cpu_initialization=on_cpu,
+        bias_activation_fusion=fused,
+        bias_dropout_fusion=fused,
+        masked_softmax_fusion=fused,
+        gradient_accumulation_fusion=fused,
+        persist_layer_norm=False,
+        apply_rope_fusion=fused,
+        moe_permute_fusion=fused,
+        cross_entropy_loss_fusion=fused,
+    )
+
+
+def transformer_config_kwargs(model, layout: Layout, on_cpu: bool, have_te: bool = False) -> dict[str, Any]:
+    kwargs = _model_architecture_kwargs(model)
+    kwargs.update(_parallel_kwargs(layout, model, on_cpu))
+    kwargs.update(_recompute_kwargs(layout))
+    kwargs.update(_precision_kwargs(layout))
+    kwargs.update(_cuda_graph_kwargs(layout))
+    kwargs.update(_kernel_kwargs(on_cpu, have_te))
+    return kwargs
+
+
+def padded_vocab_size(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128·TP (make-vocab-size-divisible-by)."""
+    multiple = 128 * tp
+    return -(-vocab // multiple) * multiple
+
+
+def model_kwargs(model, seq_len: int, tp: int = 1) -> dict[str, Any]:
+    """GPTModel's own arguments (besides config, spec and pipeline placement)."""
+    hf = getattr(model, "hf_config", None) or {}
+    return dict(
+        vocab_size=padded_vocab_size(model.vocab_size, tp),
+        max_sequence_length=seq_len,
+        position_embedding_type="rope",
+        rotary_base=int(hf.get("rope_theta", 10000)),
+        share_embeddings_and_output_weights=bool(getattr(model, "tie_embeddings", False)),
+    )
+
+
+def ddp_config_kwargs(layout: Layout, on_cpu: bool) -> dict[str, Any]:
+    overlap = not on_cpu
+    return dict(
+        # fp32 main_grad buffers only for fp32 runs: Megatron-Bridge's MoE recipes reduce in bf16
+        # (and the cost model counts 2 B gradients for them).
+        grad_reduce_in_fp32=layout.precision == "fp32",
+        overlap_grad_reduce=overlap,
+        overlap_param_gather=overlap and layout.distributed_optimizer,
+        use_distributed_optimizer=layout.distributed_optimizer,
+    )
+
+
+def optimizer_config_kwargs(layout: Layout) -> dict[str, Any]:
+    dtype = params_dtype(layout)
+    kwargs: dict[str, Any] = dict(
+        optimizer="adam", lr=ADAM_LR, weight_decay=0.0, clip_grad=1.0,
+        bf16=dtype == torch.bfloat16, params_dtype=dtype,
+        use_distributed_optimizer=layout.distributed_optimizer,
+    )
+    if layout.optimizer_offload > 0:
+        kwargs.update(optimizer_cpu_offload=True, optimizer_offload_fraction=layout.optimizer_offload,
+                      use_precision_aware_optimizer=True)
+    return kwargs

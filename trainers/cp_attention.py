@@ -1,0 +1,68 @@
+"""Context-parallel core attention for CPU runs.
+
+Megatron-Core's local DotProductAttention refuses CP (its CP lives in Transformer Engine). This module
+follows Megatron's CP semantics so CP layouts can be measured on CPU:
+- the sequence is cut into 2·CP chunks and CP rank r holds chunks r and 2·CP-1-r (load balancing for the
+  causal mask; `get_batch_on_this_cp_rank` does the cut);
+- K and V are all-gathered over the CP group with Megatron's own autograd mapping (the backward is a
+  reduce-scatter), which is the `all_gather` cp_comm_type;
+- the causal mask is built from global token positions, so the result equals the CP=1 attention.
+It also serves MLA on CPU at any CP: Megatron-Core 0.19.2's MLA passes k_channels/v_channels (query/key and
+value head widths differ), which the local DotProductAttention does not accept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer.module import MegatronModule
+
+
+def cp_chunk_positions(cp_rank: int, cp_size: int, local_len: int) -> torch.Tensor:
+    """Global positions of the tokens CP rank `cp_rank` holds (its two load-balanced chunks)."""
+    chunk = local_len // 2
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second = torch.arange((2 * cp_size - 1 - cp_rank) * chunk, (2 * cp_size - cp_rank) * chunk)
+    return torch.cat([first, second])
+
+
+class ContextParallelDotProductAttention(MegatronModule):
+    """Drop-in for the local spec's core_attention (same constructor and forward signature)."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
+                 softmax_scale=None, cp_comm_type=None, pg_collection=None, k_channels=None, v_channels=None):
+        super().__init__(config=config)
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.heads = config.num_attention_heads // tp
+        self.query_groups = (config.num_query_groups or config.num_attention_heads) // tp
+        self.softmax_scale = softmax_scale or 1.0 / math.sqrt(k_channels or config.kv_channels)
+        self.cp_group = parallel_state.get_context_parallel_group()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("CPU context-parallel attention supports neither packed sequences nor bias")
+        local_len, batch = query.shape[0], query.shape[1]
+        if self.cp_size > 1:
+            key = gather_from_sequence_parallel_region(key, True, self.cp_group)
+            value = gather_from_sequence_parallel_region(value, True, self.cp_group)
+            key_pos = torch.cat([cp_chunk_positions(r, self.cp_size, local_len) for r in range(self.cp_size)])
+            query_pos = cp_chunk_positions(self.cp_rank, self.cp_size, local_len)
+        else:
+            key_pos = query_pos = torch.arange(local_len)
+        if self.heads > self.query_groups:  # grouped-query attention
+            key = key.repeat_interleave(self.heads // self.query_groups, dim=2)
+            value = value.repeat_interleave(self.heads // self.query_groups, dim=2)
+        # [s, b, heads, dim] -> [b, heads, s, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
+        future = key_pos[None, :] > query_pos[:, None]
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        context = torch.matmul(probs, v)
+        return context.permute(2, 0, 1, 3).reshape(local_len, batch, -1)

@@ -1,0 +1,239 @@
+"""The profiling trainer: `torchrun ... -m trainers.megatron_moe --model M --seq-len S <layout flags> --result R`.
+
+Builds Megatron-Core's GPTModel (MoE layers, token dispatcher, pipeline schedule, DDP, optimizer) with the
+layout applied, runs warm-up steps then measured steps on synthetic tokens of fixed shape, and rank 0 writes
+one TrialResult JSON. Exit code 0 whenever the result was written, whatever its status.
+
+Failure protocol (no rank may hang): the first rank that fails claims `<result>.claim` (O_EXCL), writes
+the result (oom / error) and exits; its exit closes its gloo connections, so peers blocked on it fail too,
+find the claim taken and exit quietly. On NCCL the peers fall out at the process-group timeout at worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+T_START = time.time()
+
+from search_spaces.errors import SpecError  # noqa: E402
+from search_spaces.layout import Layout, parse_recompute  # noqa: E402
+from search_spaces.result import TrialResult  # noqa: E402
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainers.megatron_moe", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="catalog name or path to a Hugging Face config.json")
+    p.add_argument("--num-layers", type=int, default=None, help="override: fewer layers for a proxy run")
+    p.add_argument("--hidden-size", type=int, default=None, help="override: narrower model for a proxy run")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--steps", type=int, default=3, help="measured steps")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps before the measured ones")
+    p.add_argument("--result", default=None, help="where to write the TrialResult JSON (else printed)")
+    p.add_argument("--gpu", default="auto", help="GPU name for MFU (catalog name); auto: detect, cpu without CUDA")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--comm-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+    p.add_argument("--layout", default=None, help="JSON/YAML file of Layout.to_dict(); flags below override it")
+    layout = p.add_argument_group("layout (same flags as `moe-autotune estimate`)")
+    for name in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs"):
+        layout.add_argument(f"--{name}", type=int, default=None)
+    layout.add_argument("--recompute", default=None, help="none | full | comma list of modules")
+    layout.add_argument("--recompute-method", default=None, choices=("uniform", "block"))
+    layout.add_argument("--recompute-num-layers", type=int, default=None)
+    layout.add_argument("--cuda-graphs", default=None, help="none or comma list of scopes")
+    layout.add_argument("--precision", default=None)
+    layout.add_argument("--dispatcher", default=None)
+    layout.add_argument("--cp-comm-type", default=None)
+    layout.add_argument("--optimizer-offload", type=float, default=None)
+    layout.add_argument("--no-distributed-optimizer", action="store_true")
+    layout.add_argument("--sequence-parallel", default=None, choices=("on", "off"))
+    return p
+
+
+def layout_from_args(args: argparse.Namespace, on_cpu: bool) -> Layout:
+    data: dict = {}
+    if args.layout:
+        data.update(_read_layout_file(args.layout))
+        if "recompute" in data:  # keep the file's recompute_method / recompute_num_layers
+            data.update(parse_recompute(data.pop("recompute"), data.get("recompute_method", "uniform"),
+                                        data.get("recompute_num_layers", 1)))
+    elif on_cpu:
+        data["precision"] = "fp32"  # the Layout default (bf16) is ~6x slower on CPU
+    for name in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs", "precision", "dispatcher"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    if args.recompute is not None:
+        data.pop("recompute", None)
+        data.update(parse_recompute(args.recompute))
+    for flag, name in (("recompute_method", "recompute_method"), ("recompute_num_layers", "recompute_num_layers"),
+                       ("cuda_graphs", "cuda_graphs"), ("cp_comm_type", "cp_comm_type"),
+                       ("optimizer_offload", "optimizer_offload")):
+        if getattr(args, flag) is not None:
+            data[name] = getattr(args, flag)
+    if args.no_distributed_optimizer:
+        data["distributed_optimizer"] = False
+    if args.sequence_parallel is not None:
+        data["sequence_parallel"] = args.sequence_parallel == "on"
+    if "gbs" not in data:
+        data["gbs"] = data.get("mbs", 1)
+    return Layout.from_dict(data)
+
+
+def _read_layout_file(path: str) -> dict:
+    import yaml  # JSON is YAML
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read layout file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"layout file {path} must hold a mapping of layout fields")
+    return data
+
+
+def load_model_spec(args: argparse.Namespace):
+    from search_spaces.models import load_model
+
+    model = load_model(args.model)
+    if args.num_layers or args.hidden_size:
+        model = model.with_overrides(num_layers=args.num_layers, hidden_size=args.hidden_size)
+    return model
+
+
+# --- small helpers ----------------------------------------------------------------------------------
+
+def _gpu_name(requested: str, on_cpu: bool) -> str:
+    if requested != "auto":
+        return requested
+    if on_cpu:
+        return "cpu"
+    import torch
+
+    device = torch.cuda.get_device_name().lower()
+    for name in ("gb300", "gb200", "b300", "b200", "h200", "h100", "h800", "a100", "l40s"):
+        if name in device:
+            return name
+    return device.split()[-1]
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for package in ("megatron-core", "transformer-engine", "transformer_engine"):
+        try:
+            found[package.replace("_", "-")] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _claim(result_path: str | None) -> bool:
+    """The first failing rank claims the right to write the failure result."""
+    if not result_path:
+        return True
+    try:
+        os.close(os.open(f"{result_path}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def _emit(result: TrialResult, path: str | None) -> None:
+    if path:
+        result.write(path)
+    else:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=2, default=str), flush=True)
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not os.environ.get("MOE_AUTOTUNE_TRAINER_WARNINGS"):
+        # Megatron-Core warns about every missing optional kernel on each rank; keep logs readable.
+        warnings.filterwarnings("ignore")
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+
+    if rank == 0 and args.result:
+        # A previous run's result or failure claim must not be mistaken for this run's.
+        for stale in (Path(args.result), Path(f"{args.result}.claim")):
+            stale.unlink(missing_ok=True)
+
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    try:
+        layout = layout_from_args(args, on_cpu)
+        model = load_model_spec(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gpu = _gpu_name(args.gpu, on_cpu)
+    result = TrialResult(layout=layout.to_dict(), model=model.name, gpu=gpu, num_gpus=world,
+                         seq_len=args.seq_len, versions=_versions())
+
+    from trainers import config as trainer_config
+
+    reason = trainer_config.refusal(model, layout, world, args.seq_len, on_cpu)
+    if reason:
+        result.status, result.error = "invalid", reason
+        result.wall_time_s = time.time() - T_START
+        if rank == 0:
+            _emit(result, args.result)
+        return 0
+
+    try:
+        from trainers.run import run_trial
+
+        run_trial(args, layout, model, result, rank, world, on_cpu)
+        result.wall_time_s = time.time() - T_START
+        if rank == 0 and _claim(args.result):
+            _emit(result, args.result)
+        _finish()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 -- every failure must become a result, never a hang
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        if _claim(args.result):
+            result.status = "oom" if _is_oom(exc) else "error"
+            tail = traceback.format_exc()[-3000:]
+            result.error = f"rank {rank}: {type(exc).__name__}: {exc}\n{tail}"
+            result.wall_time_s = time.time() - T_START
+            _emit(result, args.result)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: destructors of process groups can block on dead peers.
+        os._exit(0)
+
+
+def _finish() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

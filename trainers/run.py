@@ -1,0 +1,366 @@
+"""One profiling run on Megatron-Core: build the model for the layout, train a few steps, measure.
+
+`run_trial` fills a TrialResult in place (on rank 0; other ranks return after the final gather).
+Everything parallel is Megatron-Core's own: parallel_state groups, GPTModel with MoE layers and token
+dispatchers, the 1F1B / interleaved schedules, DDP, the (distributed) optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from trainers import config as trainer_config
+from trainers import faults
+from trainers import measure
+
+
+def _init_process_group(on_cpu: bool, timeout_s: float) -> torch.device:
+    if not on_cpu:
+        # Megatron-Core needs ordered kernel launches for TP/SP comm overlap; set before the CUDA context.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if dist.is_initialized():
+        return device
+    if "MASTER_ADDR" not in os.environ:  # plain `python -m trainers.megatron_moe`: a world of one
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def _have_te() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _build_config(model, layout, on_cpu: bool, have_te: bool):
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    kwargs = trainer_config.transformer_config_kwargs(model, layout, on_cpu=on_cpu, have_te=have_te)
+    config_class = MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig
+    return config_class(**kwargs)
+
+
+def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bool):
+    """One GPTModel per virtual pipeline stage on this rank, with its layers placed by Megatron."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    chunks = []
+    for vp_stage in range(layout.vpp) if layout.vpp > 1 else [None]:
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=have_te and not on_cpu,
+                                          normalization=config.normalization, vp_stage=vp_stage)
+        if on_cpu and (layout.cp > 1 or config.multi_latent_attention):
+            from trainers.cp_attention import ContextParallelDotProductAttention
+
+            for layer_spec in spec.layer_specs:
+                layer_spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
+        chunk = GPTModel(
+            config=config, transformer_layer_spec=spec,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage, **trainer_config.model_kwargs(model, seq_len, layout.tp))
+        if config.bf16:
+            chunk.bfloat16()
+        if not on_cpu:
+            chunk.cuda()
+        chunks.append(chunk)
+    return chunks
+
+
+def _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu: bool):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp_config = DistributedDataParallelConfig(**trainer_config.ddp_config_kwargs(layout, on_cpu))
+    wrapped = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                       disable_bucketing=index > 0)
+               for index, chunk in enumerate(chunks)]
+    config.no_sync_func = [m.no_sync for m in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    optimizer = get_megatron_optimizer(OptimizerConfig(**trainer_config.optimizer_config_kwargs(layout)), wrapped)
+    return wrapped, optimizer
+
+
+class SyntheticTokens:
+    """Fixed-shape token batches with a learnable rule (next = 5·prev + 7 + noise mod vocab), so the loss
+    visibly falls within a few steps. Every layout sees the same global batch at a given step: DP rank d
+    takes its share of rows, CP ranks their load-balanced chunks."""
+
+    def __init__(self, vocab: int, seq_len: int, gbs: int, mbs: int, seed: int):
+        self.vocab, self.seq_len, self.gbs, self.mbs, self.seed = vocab, seq_len, gbs, mbs, seed
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + step)
+        tokens = torch.empty(self.gbs, self.seq_len + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, self.vocab, (self.gbs,), generator=gen)
+        noise = torch.randint(0, 2, (self.gbs, self.seq_len), generator=gen)
+        for t in range(self.seq_len):
+            tokens[:, t + 1] = (5 * tokens[:, t] + 7 + noise[:, t]) % self.vocab
+        return tokens
+
+    def microbatches(self, step: int, dp_rank: int, dp_size: int, device, cp_group=None):
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        rows = self.global_batch(step).chunk(dp_size)[dp_rank]
+        for start in range(0, rows.shape[0], self.mbs):
+            tokens = rows[start:start + self.mbs]
+            batch = {
+                "tokens": tokens[:, :-1].contiguous(),
+                "labels": tokens[:, 1:].contiguous(),
+                "loss_mask": torch.ones(tokens.shape[0], self.seq_len),
+                "position_ids": torch.arange(self.seq_len).unsqueeze(0).expand(tokens.shape[0], -1).contiguous(),
+            }
+            if cp_group is not None and cp_group.size() > 1:
+                batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp_group)
+            yield {k: v.to(device) for k, v in batch.items()}
+
+
+@dataclass
+class StepState:
+    """What forward_step needs to know about the running step."""
+    step: int = 0
+    first_call: bool = True
+    measure_step: int = 0
+    measured_chunks: set = field(default_factory=set)
+    activation_bytes: int = 0
+
+
+def _loss_func(loss_mask, output_tensor):
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    total = torch.sum(losses * mask)
+    tokens = mask.sum().to(torch.int)
+    return total, tokens, {"lm loss": torch.stack([total.detach().clone(), mask.sum().detach()])}
+
+
+def run_trial(args, layout, model, result, rank: int, world: int, on_cpu: bool) -> None:
+    if on_cpu:
+        from trainers import cpu_compat
+
+        cpu_compat.apply()
+    device = _init_process_group(on_cpu, args.comm_timeout)
+    have_te = _have_te() and not on_cpu
+
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    config = _build_config(model, layout, on_cpu, have_te)
+    chunks = _build_chunks(model, layout, config, args.seq_len, on_cpu, have_te)
+    wrapped, optimizer = _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu)
+    chunk_index = {id(m): i for i, m in enumerate(wrapped)}
+
+    fault = faults.from_env()
+    microbatches = layout.grad_accum(world)
+    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    cp_group = ps.get_context_parallel_group()
+    data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
+    state = StepState(measure_step=max(args.warmup - 1, 0))
+    saved = measure.SavedActivations(exclude=measure.param_storage_keys(wrapped))
+
+    def forward_step(data_iterator, chunk):
+        if state.first_call:
+            state.first_call = False
+            if fault:
+                fault.fire(state.step, rank)
+        batch = next(data_iterator)
+        index = chunk_index[id(chunk)]
+        record = state.step == state.measure_step and index not in state.measured_chunks
+        with saved.recording() if record else contextlib.nullcontext():
+            output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        if record:
+            state.measured_chunks.add(index)
+            state.activation_bytes += saved.bytes
+            saved.storages.clear()
+        return output, partial(_loss_func, batch["loss_mask"])
+
+    forward_backward = get_forward_backward_func()
+    step_times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        state.step, state.first_call = step, True
+        iterators = [data.microbatches(step, dp_rank, dp_size, device, cp_group) for _ in wrapped]
+        _sync(device)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        for m in wrapped:
+            m.zero_grad_buffer()
+        reduced = forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(wrapped) > 1 else iterators[0],
+            model=wrapped if len(wrapped) > 1 else wrapped[0],
+            num_microbatches=microbatches, seq_length=args.seq_len // layout.cp,
+            micro_batch_size=layout.mbs, forward_only=False)
+        optimizer.step()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if step >= args.warmup:
+            step_times.append(elapsed)
+        # (sum of token losses, tokens) on this rank; only last-stage ranks have them.
+        losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
+                      if reduced else None)
+
+    local = {
+        "rank": rank,
+        "pipeline_rank": ps.get_pipeline_model_parallel_rank(),
+        "losses": losses if ps.get_tensor_model_parallel_rank() == 0 else None,
+        "step_times": step_times,
+        "memory_bytes": {**measure.static_components(wrapped, optimizer),
+                         "activations_per_microbatch": state.activation_bytes},
+        "peak": measure.peak_memory_gib(device),
+        "layers": sum(len(c.decoder.layers) for c in chunks),
+        "dispatchers": sorted({type(m.token_dispatcher).__name__ for c in chunks for m in c.modules()
+                               if hasattr(m, "token_dispatcher")}),
+        "core_attention": sorted({type(m.core_attention).__name__ for c in chunks for m in c.modules()
+                                  if hasattr(m, "core_attention")}),
+        "graphs_captured": _graphs_captured(),
+    }
+    gathered = [None] * world
+    dist.all_gather_object(gathered, local)
+    applied = _applied(ps, config, layout, optimizer, forward_backward, microbatches, gathered, on_cpu, have_te)
+    if rank == 0:
+        _fill_result(result, args, layout, model, world, gathered, applied)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _graphs_captured() -> int:
+    try:
+        from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord
+    except ImportError:
+        return 0
+    return len(_CudagraphGlobalRecord.cudagraph_record) if _CudagraphGlobalRecord.cudagraph_created else 0
+
+
+def _applied(ps, config, layout, optimizer, forward_backward, microbatches, gathered, on_cpu, have_te) -> dict:
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "cp": ps.get_context_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "etp": ps.get_expert_tensor_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "vpp": ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        "dp": ps.get_data_parallel_world_size(),
+        "edp": ps.get_expert_data_parallel_world_size(),
+        "microbatches": microbatches,
+        "sequence_parallel": bool(config.sequence_parallel),
+        "dispatcher": sorted({d for g in gathered for d in g["dispatchers"]}),
+        "core_attention": sorted({a for g in gathered for a in g["core_attention"]}),
+        "cp_comm_type": ("allgather (CPU attention)" if on_cpu else config.cp_comm_type) if layout.cp > 1 else None,
+        "recompute": {"granularity": config.recompute_granularity or "none",
+                      "modules": list(config.recompute_modules or []) if config.recompute_granularity == "selective" else [],
+                      "method": config.recompute_method, "num_layers": config.recompute_num_layers},
+        "cuda_graphs": {"impl": config.cuda_graph_impl,
+                        "modules": [str(m) for m in (config.cuda_graph_modules or [])] if layout.cuda_graphs else [],
+                        "captured": max(g["graphs_captured"] for g in gathered)},
+        "precision": {"params_dtype": str(config.params_dtype).removeprefix("torch."),
+                      "fp8": config.fp8, "fp8_recipe": config.fp8_recipe if config.fp8 else None},
+        "distributed_optimizer": layout.distributed_optimizer,
+        "optimizer": type(optimizer).__name__,
+        "schedule": forward_backward.__name__,
+        "layers_per_rank": [g["layers"] for g in gathered],
+        "pipeline_split": trainer_config.pipeline_split_kwargs(config.num_layers, layout),
+        "backend": "gloo" if on_cpu else "nccl",
+        "transformer_engine": have_te,
+    }
+
+
+def _fill_result(result, args, layout, model, world, gathered, applied) -> None:
+    steps = args.warmup + args.steps
+    loss = []
+    for step in range(steps):
+        parts = [g["losses"][step] for g in gathered if g["losses"] and g["losses"][step]]
+        total, tokens = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        loss.append(total / tokens if tokens else float("nan"))
+    # Each step ends when the slowest rank finishes it.
+    step_times = [max(g["step_times"][i] for g in gathered) for i in range(args.steps)]
+    step_time = statistics.mean(step_times) if step_times else None
+
+    per_rank = [{k: v / measure.GIB for k, v in g["memory_bytes"].items()} for g in gathered]
+
+    def load(r: int) -> float:
+        """Static memory plus the activations of the microbatches this rank holds at once (the cost
+        model's "most loaded rank": under 1F1B the first pipeline stage holds the most)."""
+        m = per_rank[r]
+        inflight = measure.inflight_microbatches(gathered[r]["pipeline_rank"], layout.pp, layout.vpp,
+                                                 applied["microbatches"])
+        return m["weights"] + m["gradients"] + m["optimizer_states"] + inflight * m["activations_per_microbatch"]
+
+    heaviest = max(range(world), key=load)
+    peaks = [g["peak"]["allocated"] for g in gathered]
+
+    result.loss = loss
+    result.step_times_s = step_times
+    result.step_time_s = step_time
+    result.applied = applied
+    result.memory_gib = per_rank[heaviest]
+    result.peak_memory_gib_per_rank = peaks
+    result.peak_memory_gib = max(peaks)
+    result.extra.update(
+        memory_gib_rank=heaviest,
+        memory_gib_per_rank=per_rank,
+        pipeline_rank_per_rank=[g["pipeline_rank"] for g in gathered],
+        peak_reserved_gib_per_rank=[g["peak"]["reserved"] for g in gathered],
+        warmup=args.warmup,
+        model_overrides={"num_layers": args.num_layers, "hidden_size": args.hidden_size},
+        loss_includes_warmup=True,
+        tokens_per_step=layout.gbs * args.seq_len,
+    )
+    if step_time:
+        result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world
+        result.tflops_per_gpu, result.mfu = _tflops_and_mfu(model, args.seq_len, layout, step_time, world, result.gpu)
+
+    mismatch = [f"{k} {applied[k]} != {getattr(layout, k)}" for k in ("tp", "cp", "ep", "etp", "pp", "vpp")
+                if applied[k] != getattr(layout, k)]
+    if mismatch:
+        result.status, result.error = "invalid", "layout not in effect: " + ", ".join(mismatch)
+    elif not all(math.isfinite(x) for x in loss):
+        result.status, result.error = "invalid", "non-finite loss"
+    else:
+        result.status = "ok"
+
+
+def _tflops_and_mfu(model, seq_len, layout, step_time, world, gpu):
+    try:
+        from search_spaces.flops import flops_per_step
+    except ImportError:
+        return None, None
+    tflops = flops_per_step(model, seq_len, layout.gbs) / step_time / world / 1e12
+    try:
+        from search_spaces.hardware import load_gpu
+
+        peak = load_gpu(gpu).peak(layout.precision)
+    except Exception:  # noqa: BLE001 -- unknown GPU or precision: no MFU, still a valid measurement
+        return tflops, None
+    return tflops, (tflops / peak if peak else None)
