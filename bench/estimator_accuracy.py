@@ -4,7 +4,8 @@ Rows: tests/data/megatron_bridge_performance_summary.csv (Megatron-Bridge perfor
 release of each configuration) and tests/data/skill_card_measurements.csv (Megatron-Bridge MoE skill card),
 copied from ../shared/reference. Rows are skipped when the model is not in the catalog, the precision is
 not one of ours (NVFP4), FSDP is used, or routing is token-drop. Unknown dispatcher: DeepEP on 8-GPU
-NVLink systems, HybridEP on NVL72 (what Bridge's recipes use); unknown recompute / graphs: none.
+NVLink systems, HybridEP on NVL72; unknown recompute / graphs: none -- except for rows of releases 26.04.x
+and 26.06+, whose recipes were read from Megatron-Bridge's history (RECIPE_SETTINGS below).
 
     .venv/bin/python bench/estimator_accuracy.py          # table + MAPE per GPU family
 `run()` returns the figures as a dict (bench/run_all.py reuses it).
@@ -70,6 +71,43 @@ def _first_number(text: str) -> float:
     return float(text.split()[0])
 
 
+# Settings the summary table does not print (recompute, CUDA graphs, dispatcher), read from Megatron-Bridge:
+# rows of release 26.06+ from its perf recipes at the commit the summary was taken from (067f987,
+# src/megatron/bridge/perf_recipes/<model>/<gpu>/*.py); rows of release 26.04.x from the legacy configs of that
+# time (commit 0a21da4, 2026-05-20: scripts/performance/configs/*/*_workload_base_configs.py and the recipes'
+# default dispatcher). Other rows keep the defaults. (model, gpu, precision) -> (recompute, cuda_graphs, dispatcher)
+_TE_GRAPHS = "attn,moe_router,moe_preprocess"
+RECIPE_SETTINGS = {
+    "26.06+": {
+        ("deepseek-v3", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("deepseek-v3", "gb200", "mxfp8"): ("mla_up_proj", _TE_GRAPHS, "hybridep"),
+        ("gpt-oss-120b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("gpt-oss-120b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("gpt-oss-120b", "b300", "mxfp8"): ("none", _TE_GRAPHS, "hybridep"),
+        ("qwen3-30b-a3b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "b300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "h100", "fp8-tensorwise"): ("none", _TE_GRAPHS, "hybridep"),
+        ("qwen3-235b-a22b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-235b-a22b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("kimi-k2", "gb300", "mxfp8"): ("mla_up_proj", "none", "hybridep"),
+    },
+    "26.04": {
+        ("gpt-oss-120b", "gb300", "bf16"): ("none", _TE_GRAPHS, "alltoall"),
+        ("gpt-oss-120b", "gb200", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("gpt-oss-120b", "b300", "bf16"): ("none", _TE_GRAPHS, "hybridep"),
+        ("gpt-oss-120b", "b200", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("gpt-oss-120b", "h100", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("qwen3-235b-a22b", "b200", "mxfp8"): ("none", "none", "alltoall"),
+    },
+}
+
+
+def _recipe_settings(model: str, gpu: str, precision: str, release: str):
+    era = "26.06+" if _release(release) >= (26, 6) else "26.04" if _release(release)[:2] == (26, 4) else None
+    return RECIPE_SETTINGS.get(era, {}).get((model.replace("-no-mtp", ""), gpu, precision))
+
+
 def _dispatcher(gpu: str) -> str:
     return "hybridep" if load_gpu(gpu).nvlink_domain > 8 else "deepep"
 
@@ -97,6 +135,11 @@ def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") 
                 continue
             if not g.supports(precision):
                 continue
+            known = _recipe_settings(model, gpu, precision, r["release"])
+            if known:
+                rc, graphs, dispatcher = known
+                layout = Layout.from_dict({**layout.to_dict(), "recompute": rc, "cuda_graphs": graphs,
+                                           "dispatcher": dispatcher})
             key = (model, gpu, world, int(r["seq_len"]), precision)
             row = Row("summary " + r["release"], model, gpu, world, int(r["seq_len"]), layout, tflops, r["release"])
             old = newest.get(key)

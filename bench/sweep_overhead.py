@@ -24,7 +24,6 @@ def run(trials: int = 12) -> dict:
     from orchestrator import study as studies
     from orchestrator.driver import run_sweep
     from orchestrator.spec import parse_spec
-    from tests.sweep_helpers import prior_for
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -41,7 +40,7 @@ def run(trials: int = 12) -> dict:
         os.chdir(ROOT)  # the test trainer module is importable from the checkout
         try:
             start = time.monotonic()
-            out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+            out = run_sweep(spec, show_progress=False)
             total = time.monotonic() - start
         finally:
             os.chdir(cwd)

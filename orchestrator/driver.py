@@ -25,6 +25,7 @@ from search_spaces.result import TrialResult
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, make_backend
+from orchestrator.bulk_store import add_finished_trials
 from orchestrator.prior import Prediction, Prior
 from orchestrator.progress import SweepProgress
 from orchestrator.sampler import LayoutProposer, make_sampler
@@ -66,20 +67,33 @@ class Sweep:
         self.prior = prior or Prior(spec)
         self.show_progress = show_progress
         self.workdir = Path(spec.workdir) / spec.name
+        self._track_rejected = spec.track_rejected if spec.track_rejected is not None else spec.backend != "analytic"
 
     # ---- setup ---------------------------------------------------------------------------------
     def _open(self) -> None:
         spec = self.spec
         self.prior.model, self.prior.gpu  # bad model/GPU names fail here, before anything is stored
         self.proposer = LayoutProposer(self.prior, spec.free, seed=spec.seed)
-        self.study, existed = studies.create_or_resume(spec.storage, spec.name, make_sampler(spec.seed),
-                                                       self.resume)
+        real, existed = studies.create_or_resume(spec.storage, spec.name, make_sampler(spec.seed), self.resume)
         if not existed:
             for key, value in {"spec": spec.dump(), "model": spec.model, "seq_len": spec.seq_len,
                                "gpu": spec.gpu, "num_gpus": spec.num_gpus, "backend": spec.backend,
                                "memory_limit_gib": self.prior.memory_limit_gib,
                                "tracking_uri": spec.tracking_uri}.items():
+                real.set_user_attr(key, value)
+        self.real_study = real
+        if spec.backend == "analytic":
+            # What-if trials cost microseconds: run the study in memory, write it to the storage at the end
+            # (a SQLite round trip per suggest/attr would be most of the sweep).
+            self.study = optuna.create_study(sampler=make_sampler(spec.seed), directions=studies.DIRECTIONS,
+                                             study_name=spec.name)
+            for key, value in real.user_attrs.items():
                 self.study.set_user_attr(key, value)
+            self.study.add_trials([t for t in real.get_trials(deepcopy=False) if t.state.is_finished()])
+            self._copied = len(self.study.trials)
+        else:
+            self.study = real
+        if not existed:
             self.proposer.enqueue_seeds(self.study)
         self.tracker = None
         if spec.tracking_uri.lower() != "none":
@@ -89,8 +103,9 @@ class Sweep:
             except Exception as exc:
                 raise SpecError(f"cannot reach MLflow at {spec.tracking_uri!r}: {str(exc).splitlines()[0][:200]}"
                                 ) from None
-            self.study.set_user_attr("mlflow_experiment_id", self.tracker.experiment_id)
-            self.study.set_user_attr("mlflow_parent_run_id", parent)
+            for study in {id(self.study): self.study, id(self.real_study): self.real_study}.values():
+                study.set_user_attr("mlflow_experiment_id", self.tracker.experiment_id)
+                study.set_user_attr("mlflow_parent_run_id", parent)
         if existed:
             self._recover()
 
@@ -110,7 +125,8 @@ class Sweep:
         if self.tracker:
             self.tracker.flush()
             for t in studies.finished_trials(self.study):
-                if t.user_attrs.get("status") and not self.tracker.is_finished(t.number):
+                if t.user_attrs.get("status") and not self.tracker.is_finished(t.number) and (
+                        self._track_rejected or t.user_attrs["status"] != "infeasible"):
                     self.tracker.record(t.number, self._payload(t.number, t.user_attrs))
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -175,7 +191,16 @@ class Sweep:
             raise
         finally:
             backend.close()
+            self._write_back()
         return self._summarise(start, measured, infeasible, messages)
+
+    def _write_back(self) -> None:
+        """In-memory (analytic) studies: store the new finished trials, numbered as in memory."""
+        if self.study is self.real_study:
+            return
+        new = [t for t in self.study.get_trials(deepcopy=False)[self._copied:] if t.state.is_finished()]
+        add_finished_trials(self.real_study, new)
+        self._copied += len(self.study.get_trials(deepcopy=False)[self._copied:])
 
     def _propose(self, busy: set[str]) -> _Running | str:
         trial = self.study.ask()
@@ -190,10 +215,10 @@ class Sweep:
         if key in busy:
             trial.set_user_attr("reason", f"repeated proposal of {key}; proposing an untried layout instead")
             self.study.tell(trial, state=TrialState.FAIL)
-            alt = self.proposer.best_untried(busy)
+            alt, source = self.proposer.instead_of(layout, busy)
             if alt is None:
                 return "exhausted"
-            self.study.enqueue_trial(self.proposer.params_of(alt), user_attrs={"proposed_by": "cost-model"})
+            self.study.enqueue_trial(alt, user_attrs={"proposed_by": source})
             return "repeat"
         prediction = self.prior.predict(layout)
         trial.set_user_attr("layout", layout.to_dict())
@@ -206,7 +231,8 @@ class Sweep:
         request = self._request(trial.number, layout)
         if self.tracker:
             try:
-                run_id = self.tracker.child(trial.number, layout.to_dict(), self.spec.backend, self._run_name(trial.number, layout))
+                run_id, _ = self.tracker.child(trial.number, layout.to_dict(), self.spec.backend,
+                                               self._run_name(trial.number, layout))
                 trial.set_user_attr("mlflow_run_id", run_id)
             except Exception:
                 pass  # recorded later from the storage (sync on finish / resume)
@@ -229,7 +255,7 @@ class Sweep:
         trial.set_constraint("memory_over_limit_gib", max(memory - self.prior.memory_limit_gib, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
         self.study.tell(trial, [0.0, _finite(memory)])
-        if self.tracker:
+        if self.tracker and self._track_rejected:
             attrs = dict(trial.user_attrs)
             self.tracker.record(trial.number, self._payload(trial.number, attrs))
 
@@ -268,12 +294,19 @@ class Sweep:
                 "logs": sorted(str(p) for p in (self.workdir / f"trial-{number:04d}").glob("*.log"))}
 
     @staticmethod
+    def _rejections(frame) -> list[dict[str, Any]]:
+        """Rejected proposals as rows (for the parent run when they get no child runs)."""
+        rows = frame[frame["status"] == "infeasible"]
+        cols = ["trial", "tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute", "precision", "reason"]
+        return rows[cols].to_dict(orient="records") if not rows.empty else []
+
+    @staticmethod
     def _run_name(number: int, layout: Layout) -> str:
         return f"trial-{number}"
 
     # ---- the end -------------------------------------------------------------------------------
     def _summarise(self, start: float, measured: int, infeasible: int, messages: list[str]) -> SweepOutcome:
-        study = self.study
+        study = self.real_study
         best = studies.best_fitting_trial(study)
         pareto = studies.pareto_trials(study)
         pending = 0
@@ -291,6 +324,8 @@ class Sweep:
                 buf = io.StringIO()
                 frame = studies.leaderboard(study)
                 frame[frame["trial"].isin([t.number for t in pareto])].to_csv(buf, index=False)
+                if not self._track_rejected:
+                    summary["rejected_by_model"] = self._rejections(frame)
                 if not pending:
                     self.tracker.finish(summary, buf.getvalue())
             except Exception as exc:

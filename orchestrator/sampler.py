@@ -68,6 +68,25 @@ class LayoutProposer:
             study.enqueue_trial(self.params_of(seed), user_attrs={"proposed_by": "rule-of-thumb"},
                                 skip_if_exists=True)
 
+    def instead_of(self, repeated: Layout, tried: set[str], attempts: int = 50) -> tuple[dict | None, str]:
+        """Params to propose instead of a repeat: the best untried layout by the cost model, else a random
+        one-dimension mutation of the repeated layout (it may be illegal: then the cost model rejects it)."""
+        best = self.best_untried(tried)
+        if best is not None:
+            return self.params_of(best), "cost-model"
+        params = self.params_of(repeated)
+        for _ in range(attempts):
+            if not self.choices:
+                break
+            dim = self._rng.choice(sorted(self.choices))
+            trial = {**params, dim: self._rng.choice(self.choices[dim])}
+            try:
+                if self.layout_of(trial).key() not in tried:
+                    return trial, "mutation"
+            except SpecError:
+                return trial, "mutation"
+        return None, ""
+
     def best_untried(self, tried: set[str]) -> Layout | None:
         """The feasible layout with the highest predicted throughput not tried yet."""
         if self._ranked is None:

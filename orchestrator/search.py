@@ -2,11 +2,13 @@
 
 TPE over raw integers learns nothing from the cost model and wastes trials on the combinatorics. Here the
 cost model ranks the candidates, and each measurement corrects it: log(measured / predicted) is fitted as
-a sum of one effect per dimension value (ridge least squares in log space, the intercept penalised like the
-rest so that one slow trial lowers the layouts that share its values more than the others). The next
-proposal is the untried candidate with the best corrected prediction that is expected to fit: the memory
-prediction is scaled by the largest measured/predicted peak ratio, and an out-of-memory trial rules out
-every candidate predicted to need at least as much.
+a sum of one effect per dimension value (Bayesian ridge least squares in log space, the intercept penalised
+like the rest so that one slow trial lowers the layouts that share its values more than the others). The
+next proposal is the untried candidate with the best corrected prediction under one draw from the
+posterior of the effects (Thompson sampling: values not yet measured keep their uncertainty, so the search
+tries them when they could matter) that is expected to fit: the memory
+prediction is corrected the same way (per-value effects fitted to measured/predicted peak memory; an
+out-of-memory trial counts as a peak 2% above the GPU's memory).
 
     search = CalibratedSearch.from_prior(prior)         # candidates = prior.candidates
     layout = search.propose(tried_keys)                  # None when nothing is left
@@ -34,9 +36,12 @@ def _value(layout: Layout, dim: str) -> str:
 
 class CalibratedSearch:
     def __init__(self, candidates: Iterable[Layout], predict: Callable[[Layout], tuple[bool, float, float | None]],
-                 memory_limit_gib: float, ridge: float = 1.0, first: Iterable[Layout] = ()):
+                 memory_limit_gib: float, model_error: float = 0.10, noise: float = 0.03,
+                 seed: int | None = 0, first: Iterable[Layout] = ()):
         """`predict(layout) -> (legal, tokens_per_sec_per_gpu, peak_memory_gib)`; illegal ones are dropped.
 
+        model_error: prior standard deviation of each per-value effect (log space, ~relative error);
+        noise: relative measurement noise; seed: the posterior draws (same seed, same proposals);
         `first`: layouts to measure before trusting the ranking (e.g. rules of thumb); empty by default.
         """
         self.layouts: list[Layout] = []
@@ -52,7 +57,10 @@ class CalibratedSearch:
         self.log_pred = np.log(np.asarray(tokens, dtype=float)) if tokens else np.zeros(0)
         self.pred_mem = np.asarray(memory, dtype=float)
         self.limit = float(memory_limit_gib)
-        self.ridge = float(ridge)
+        self.prior_precision = 1.0 / model_error ** 2
+        self.noise_precision = 1.0 / noise ** 2
+        self.rng = np.random.default_rng(seed)
+        self._chol = None  # Cholesky factor of the posterior covariance (None: prior only)
         # one-hot design matrix: one column per (dimension, value) seen among the candidates, plus intercept
         columns: dict[tuple[str, str], int] = {}
         rows = []
@@ -66,12 +74,11 @@ class CalibratedSearch:
             self.X[i, row] = 1.0
         self.X[:, -1] = 1.0
         self.correction = np.zeros(len(self.layouts))
-        self.memory_scale = 1.0
+        self.memory_correction = np.zeros(len(self.layouts))
         self._obs_rows: list[int] = []
         self._obs_y: list[float] = []
-        self._mem_ratios: list[float] = []
-        self._oom_floor = 1.0 if len(self.layouts) else 0.0
-        self._oom_seen = False
+        self._mem_rows: list[int] = []
+        self._mem_y: list[float] = []
         self.first = [lay for lay in first if lay.key() in self.index]
 
     @classmethod
@@ -91,8 +98,8 @@ class CalibratedSearch:
                 return lay
         if not self.layouts:
             return None
-        score = self.log_pred + self.correction
-        fits = self.pred_mem * self.memory_scale <= self.limit
+        score = self.log_pred + self._draw()
+        fits = self.pred_mem * np.exp(self.memory_correction) <= self.limit
         untried = np.array([k not in tried for k in self.keys])
         should_fit = np.flatnonzero(fits & untried)
         if should_fit.size:
@@ -112,22 +119,39 @@ class CalibratedSearch:
             self._obs_rows.append(i)
             self._obs_y.append(float(np.log(tokens_per_sec_per_gpu) - self.log_pred[i]))
             self._refit()
-            if peak_memory_gib and pred_mem > 0:
-                self._mem_ratios.append(peak_memory_gib / pred_mem)
-        elif status == "oom" and pred_mem > 0:
-            # it needed more than the GPU has: whatever needs at least as much will not fit either
-            self._oom_floor = max(self._oom_floor, self.limit / pred_mem * 1.000001)
-            self._oom_seen = True
-        scale = max(self._mem_ratios) if self._mem_ratios else 1.0
-        self.memory_scale = max(scale, self._oom_floor) if self._oom_seen else scale
+        if pred_mem > 0 and (status == "oom" or (status == "ok" and peak_memory_gib)):
+            # an OOM says "more than the GPU has": counted as 2% over
+            peak = self.limit * 1.02 if status == "oom" else peak_memory_gib
+            if status == "oom" and peak_memory_gib:
+                peak = max(peak, peak_memory_gib)
+            self._mem_rows.append(i)
+            self._mem_y.append(float(np.log(peak / pred_mem)))
+            self.memory_correction = self.X @ self._posterior_mean(self._mem_rows, self._mem_y, noise=0.01)
+
+    def _posterior_mean(self, rows: list[int], y: list[float], noise: float) -> np.ndarray:
+        X = self.X[rows]
+        A = X.T @ X / noise ** 2 + self.prior_precision * np.eye(X.shape[1])
+        return np.linalg.solve(A, X.T @ np.asarray(y) / noise ** 2)
 
     def _refit(self) -> None:
         X = self.X[self._obs_rows]
         y = np.asarray(self._obs_y)
-        # ridge: (X'X + λI) w = X'y ; every column (intercept too) shrunk towards "the model is right"
-        A = X.T @ X + self.ridge * np.eye(X.shape[1])
-        w = np.linalg.solve(A, X.T @ y)
-        self.correction = self.X @ w
+        # posterior of the effects: precision A = X'X/s^2 + I/tau^2, mean A^-1 X'y/s^2
+        A = self.noise_precision * X.T @ X + self.prior_precision * np.eye(X.shape[1])
+        cov = np.linalg.inv(A)
+        self.mean = cov @ (self.noise_precision * X.T @ y)
+        self.correction = self.X @ self.mean
+        self._chol = np.linalg.cholesky((cov + cov.T) / 2)
+
+    def _draw(self) -> np.ndarray:
+        """Corrections under one posterior draw of the effects."""
+        k = self.X.shape[1]
+        z = self.rng.standard_normal(k)
+        if self._chol is None:
+            w = z / np.sqrt(self.prior_precision)
+        else:
+            w = self.mean + self._chol @ z
+        return self.X @ w
 
     def predicted(self, layout: Layout) -> float | None:
         """The corrected tokens/s/GPU prediction of a candidate."""

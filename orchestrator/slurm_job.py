@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -213,22 +214,27 @@ def render(settings: SlurmSettings, driver: list[str], link: list[str] | None = 
 
 
 def submit(script: str, workdir: str | Path, job_name: str = "moe-autotune", wait: bool = False,
-           sbatch: str = "sbatch") -> tuple[str, Path]:
-    """Write the script under WORKDIR/runs/slurm/ and sbatch it; returns (job id, script path)."""
+           sbatch: str = "sbatch") -> tuple[str, Path, int]:
+    """Write the script under WORKDIR/runs/slurm/ and sbatch it.
+
+    Returns (job id, script path, exit code): with wait, sbatch blocks until the job ends and the exit code
+    is the job's; otherwise 0.
+    """
     exe = shutil.which(sbatch)
     if exe is None:
         raise SpecError("sbatch not found on PATH: run this on a Slurm login node")
     jobs_dir = Path(workdir) / "runs" / "slurm"
     jobs_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the --output directory
-    fd_path = jobs_dir / f"{job_name}-{os.getpid()}-{len(list(jobs_dir.glob('*.sbatch')))}.sbatch"
-    fd_path.write_text(script)
-    argv = [exe, "--parsable", *(["--wait"] if wait else []), str(fd_path)]
-    proc = subprocess.run(argv, cwd=workdir, capture_output=True, text=True)
-    job_id = proc.stdout.strip().split(";")[0]
+    path = jobs_dir / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch"
+    path.write_text(script)
+    argv = [exe, "--parsable", *(["--wait"] if wait else []), str(path)]
+    proc = subprocess.run(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+    job_id = first.split(";")[0]  # --parsable prints "id" or "id;cluster"
     if not job_id.isdigit():
-        # --wait returns the job's exit code, but the id is printed first either way
-        raise SpecError(f"sbatch failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-    return job_id, fd_path
+        last = (proc.stderr or proc.stdout).strip().splitlines()
+        raise SpecError(f"sbatch failed: {last[-1] if last else f'exit code {proc.returncode}'}")
+    return job_id, path, proc.returncode if wait else 0
 
 
 def job_tags(env: dict[str, str] | None = None) -> dict[str, str]:

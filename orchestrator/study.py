@@ -17,6 +17,8 @@ import pandas as pd
 
 from search_spaces.errors import SpecError
 
+from orchestrator import sqlite_tuning
+
 DIRECTIONS = ["maximize", "minimize"]
 MEASURED = ("ok", "oom", "error", "invalid", "timeout", "interrupted")  # statuses of trials that ran
 # replay-table columns (issue 8), in order
@@ -28,6 +30,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
+    sqlite_tuning.install()
     try:
         if url.startswith("sqlite:///"):
             # several processes (resume, status) may touch the file: wait instead of failing on locks

@@ -22,6 +22,8 @@ import logging
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from orchestrator import sqlite_tuning
+
 for _name in ("mlflow", "alembic"):  # table-creation chatter would break the live view
     logging.getLogger(_name).setLevel(logging.WARNING)
 
@@ -45,6 +47,7 @@ class TrackingUnavailable(RuntimeError):
 
 class Tracker:
     def __init__(self, tracking_uri: str, experiment_name: str, spool_path: Path):
+        sqlite_tuning.install()
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
@@ -97,6 +100,8 @@ class Tracker:
         tags = [RunTag(f"best.{k}", str(v)) for k, v in (best.get("layout") or {}).items()]
         tags += [RunTag("best_layout_key", str(best.get("layout_key", ""))),
                  RunTag("n_trials", str(summary.get("n_trials", "")))]
+        if "rejected_by_model" in summary:
+            metrics.append(Metric("rejected_by_model", float(len(summary["rejected_by_model"])), _now(), 0))
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
         self.client.log_dict(run_id, summary, "summary.json")
         if pareto_csv is not None:
@@ -104,17 +109,23 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
     # ---- children ----------------------------------------------------------------------------------
-    def child(self, number: int, layout: dict[str, Any], backend: str, run_name: str) -> str:
-        """The run of trial `number`: reused if it exists (resume), created otherwise."""
+    def child(self, number: int, layout: dict[str, Any], backend: str, run_name: str,
+              log_params: bool = True) -> tuple[str, list[Param]]:
+        """The run of trial `number`: reused if it exists (resume), created otherwise.
+
+        Returns the run id and the layout params still to log (none when log_params did it)."""
         run = self._children.get(number)
-        if run is None:
-            params = [Param(k, _param(v)) for k, v in sorted(layout.items())]
-            run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
-                "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
-                STUDY_TAG: self.experiment_name, "status": "running"})
+        if run is not None:
+            return run.info.run_id, []
+        params = [Param(k, _param(v)) for k, v in sorted(layout.items())]
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
+            "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
+            STUDY_TAG: self.experiment_name, "status": "running"})
+        self._children[number] = run
+        if log_params:
             self.client.log_batch(run.info.run_id, params=params)
-            self._children[number] = run
-        return run.info.run_id
+            params = []
+        return run.info.run_id, params
 
     def is_finished(self, number: int) -> bool:
         run = self._children.get(number)
@@ -130,8 +141,8 @@ class Tracker:
             return False
 
     def _record(self, number: int, payload: dict[str, Any]) -> None:
-        run_id = self.child(number, payload.get("layout") or {}, payload.get("backend", ""),
-                            payload.get("run_name") or f"trial-{number}")
+        run_id, params = self.child(number, payload.get("layout") or {}, payload.get("backend", ""),
+                                    payload.get("run_name") or f"trial-{number}", log_params=False)
         result = payload.get("result") or {}
         pred = payload.get("prediction") or {}
         t = _now()
@@ -147,8 +158,9 @@ class Tracker:
                 RunTag(TRIAL_TAG, str(number))]
         if payload.get("reason"):
             tags.append(RunTag("reason", str(payload["reason"])[:4000]))
-        self.client.log_batch(run_id, metrics=metrics, tags=tags)
-        if payload.get("status") != "infeasible":  # measured trials keep their evidence
+        self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
+        if payload.get("status") != "infeasible" and payload.get("backend") != "analytic":
             self.client.log_dict(run_id, {k: payload.get(k) for k in ("result", "prediction", "layout")},
                                  "trial.json")
             if payload.get("command"):

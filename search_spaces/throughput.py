@@ -1,8 +1,13 @@
 """Throughput model: step time of the most loaded pipeline rank, with a breakdown.
 
-compute     = GEMM FLOPs (Bridge accounting + recompute) / (peak(precision) x GEMM efficiency)
+compute     = GEMM FLOPs (Bridge accounting + recompute) / (peak(precision) x GEMM efficiency x shape factor)
+              (shape factor: the GEMM's operand traffic over HBM at its m x k x n -- small experts, few tokens
+              per expert and narrow TP slices lose more; grouped expert GEMMs have their own efficiency)
             + core-attention FLOPs / (BF16 peak x attention efficiency)   # flash attention runs in bf16
             + element-wise passes over the activations / HBM bandwidth
+            + passes over the routed token copies (permute, activation, un-permute) / HBM bandwidth
+            + fp8 only: casting every GEMM input to fp8 (and its transposed copy) / HBM bandwidth
+            Blackwell Ultra (B300, GB300) runs these at a measured `sustained_rate` over B200/GB200
 tp_comm     = sequence-parallel all-gather/reduce-scatter, 8 per layer per microbatch, partly overlapped
 cp_comm     = ring p2p of K/V (3(CP-1) chunk transfers per layer) overlapped with the layer's attention,
               or all-gather / all-to-all per cp_comm_type
@@ -10,6 +15,7 @@ ep_comm     = dispatch + combine all-to-all, fwd and bwd, split into NVLink-doma
 pp_comm     = activations sent between stages; bubble = (PP-1)/(VPP*m) of the compute
 dp_comm     = gradient reduce-scatter + parameter all-gather over DP*CP (dense) and EDP (experts), overlapped
 optimizer   = Adam step over the local shard (HBM bound) + offloaded share over the host link and CPU Adam
+launch      = host launch overhead per layer per microbatch, removed by the CUDA graph scopes that cover it
 The few efficiency constants are fitted on ../shared/reference (search_spaces/calibration.json, CALIBRATION.md).
 """
 
@@ -34,13 +40,15 @@ DEFAULT_CALIBRATION = {
     "grouped_gemm_efficiency": {"hopper": 0.8, "blackwell": 0.8, "cpu": 0.8},  # relative to dense GEMMs
     "attention_efficiency": {"hopper": 0.45, "blackwell": 0.5, "cpu": 0.3},
     "elementwise_passes": 8.0,  # reads+writes of the saved activations, fwd+bwd
+    "sustained_rate": {},  # per GPU: achieved rate relative to the family's (Blackwell Ultra > 1)
+    "routed_passes": 2.0,  # HBM passes over each routed token copy (permute, activation, unpermute), fwd+bwd
+    "fp8_cast_bytes": 4.0,  # HBM bytes per GEMM-input element to cast it to fp8 (read 2, write 1, transposed copy 1)
     "ep_exposed": 0.5,  # fraction of the EP all-to-all not hidden by overlap
     "tp_exposed": 0.5,
     "dp_exposed": 0.2,
     "launch_overhead_s": 2.0e-4,  # per layer per microbatch, removed by CUDA graphs as they cover it
     "comm_efficiency": 0.7,  # achieved / datasheet bandwidth
     "dispatcher_efficiency": {"alltoall": 0.6, "allgather": 0.6, "deepep": 0.85, "hybridep": 0.9},
-    "small_width_exponent": 0.0,  # GEMM efficiency x (min(hidden, 8192) / 8192) ** this
 }
 GRAPH_COVERAGE = {"attn": 0.35, "mlp": 0.3, "moe": 0.4, "moe_router": 0.1, "moe_preprocess": 0.1,
                   "full_iteration": 1.0}
@@ -70,22 +78,61 @@ def precision_class(precision: str) -> str:
 CALIBRATION_ALIASES = {"h200": "h100"}
 
 
+def sustained_factor(gpu: GPUSpec, cal: dict) -> float:
+    """Blackwell Ultra (B300, GB300) runs faster than its datasheet twin at the same dense peak: a higher power
+    limit keeps the tensor cores at higher clocks, and its doubled SFU rate speeds up softmax. Measured on the
+    reference rows that ran the same layout and release on both chips (see CALIBRATION.md)."""
+    return cal["sustained_rate"].get(gpu.name, 1.0)
+
+
 def gemm_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
     table = cal["gemm_efficiency"]
     per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu_family(gpu)]
     eff = per.get(precision_class(precision), 0.5)
-    return gpu.peak(precision) * 1e12 * eff
+    return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal)
 
 
 def attention_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
     base = "fp32" if precision == "fp32" else "bf16"
-    return gpu.peak(base) * 1e12 * cal["attention_efficiency"][gpu_family(gpu)]
+    return gpu.peak(base) * 1e12 * cal["attention_efficiency"][gpu_family(gpu)] * sustained_factor(gpu, cal)
 
 
 def _bw(gpu: GPUSpec, span: int, cal: dict) -> float:
     """Bytes/s per GPU for a group of `span` consecutive ranks: NVLink inside a domain, else scale-out."""
     gbps = gpu.nvlink_gbps if span <= gpu.nvlink_domain else gpu.scaleout_gbps
     return gbps * 1e9 * cal["comm_efficiency"]
+
+
+def _shape_factor(m: float, k: float, n: float, precision: str, rate: float, hbm: float, cpu: bool) -> float:
+    """Share of the GEMM rate left once the operand traffic is added: 1 / (1 + rate / (HBM x intensity)).
+
+    Intensity = 2mkn / (bytes x (mk + kn + mn)): small experts (Qwen3-30B's 768-wide FFN), few tokens per expert
+    or a narrow TP slice make a GEMM memory-bound; big square GEMMs lose a few per cent.
+    """
+    if cpu or min(m, k, n) <= 0:
+        return 1.0
+    b = 4 if precision == "fp32" else (1 if precision_class(precision) == "fp8" else 2)
+    intensity = 2 * m * k * n / (b * (m * k + k * n + m * n))
+    return 1.0 / (1.0 + rate / (hbm * intensity))
+
+
+def _gemm_input_width(model: ModelSpec, units) -> float:
+    """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts)."""
+    h = model.hidden_size
+    total = 0.0
+    for u in units:
+        if u[0] not in "tm":
+            continue
+        idx = int(u[1:]) if u[0] == "t" else model.num_layers
+        q = model.num_attention_heads * (model.value_head_dim if model.is_mla else model.head_dim)
+        total += h + q  # QKV projection and output projection inputs
+        if model.layer_is_moe(idx):
+            total += model.topk * (h + model.moe_ffn_hidden_size)
+            if model.shared_expert_ffn_hidden_size:
+                total += h + model.shared_expert_ffn_hidden_size
+        else:
+            total += h + model.ffn_hidden_size
+    return total
 
 
 def _unit_flops(model: ModelSpec, seq_len: int, unit: str, layout: Layout) -> tuple[float, float, float, float]:
@@ -140,14 +187,24 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
     edp = max(L.edp(num_gpus), 1)
     tokens_mb = L.mbs * seq_len  # tokens of one microbatch (whole sequence)
     stage_gpus = L.tp * L.cp  # GPUs sharing one microbatch's dense work
-    g_rate = gemm_rate(gpu, L.precision, cal) * (min(model.hidden_size, 8192) / 8192) ** cal["small_width_exponent"]
-    a_rate = attention_rate(gpu, L.precision, cal)
-    grouped = cal["grouped_gemm_efficiency"][gpu_family(gpu)] * min(1.0, (model.moe_ffn_hidden_size / 2048) ** 0.3) \
-        if model.is_moe else 1.0
     hbm = gpu.hbm_tbps * 1e12
     fam = gpu_family(gpu)
     e = act_bytes(L)
     h = model.hidden_size
+    peak_rate = gemm_rate(gpu, L.precision, cal)
+    a_rate = attention_rate(gpu, L.precision, cal)
+    # GEMM shapes: dense GEMMs see this rank's tokens of the microbatch (after the SP all-gather) and a
+    # TP-split width; each local expert sees its share of the tokens of all EP ranks
+    t_rank = L.mbs * seq_len / L.cp
+    n_dense = (model.ffn_hidden_size if not model.is_moe else
+               model.num_attention_heads * (model.q_head_dim if model.is_mla else model.head_dim)) / L.tp
+    g_rate = peak_rate * _shape_factor(t_rank, h, n_dense, L.precision, peak_rate, hbm, gpu.is_cpu)
+    grouped = 1.0
+    if model.is_moe:
+        m_expert = t_rank / (L.tp if L.sp else 1) * L.ep * model.topk / model.num_experts
+        grouped = cal["grouped_gemm_efficiency"][fam] * _shape_factor(
+            m_expert, h, model.moe_ffn_hidden_size / L.etp, L.precision, peak_rate, hbm, gpu.is_cpu) \
+            / _shape_factor(t_rank, h, n_dense, L.precision, peak_rate, hbm, gpu.is_cpu)
 
     # ---- compute per microbatch on each pipeline rank; the slowest rank sets the pace
     plain = L.replace(recompute="none")
@@ -167,6 +224,18 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
         acts = sum(chunk_activations(model, plain, seq_len, c, gpu.is_cpu)
                    for c in place.rank_stages(rank))
         t_elem = cal["elementwise_passes"] * acts / hbm
+        n_moe = sum(1 for u in units if u[0] in "tm" and model.layer_is_moe(
+            int(u[1:]) if u[0] == "t" else model.num_layers))
+        if n_moe and not gpu.is_cpu:
+            # every routed copy of a token is permuted, scattered, put through the activation and the
+            # probability scaling and un-permuted (fwd and bwd): passes over topk x (hidden + intermediate)
+            glu = 2 if model.gated_mlp else 1
+            routed = model.topk * (2 * h + (glu + 1) * model.moe_ffn_hidden_size / L.etp)
+            t_elem += cal["routed_passes"] * n_moe * per_gpu * routed * e / hbm
+        if precision_class(L.precision) == "fp8" and not gpu.is_cpu:
+            # every GEMM input (activation fwd, output gradient bwd) is cast to fp8 first: read 2 B, write 1 B,
+            # plus a column-wise (transposed) copy for the weight gradient
+            t_elem += per_gpu * _gemm_input_width(model, units) * 2 * cal["fp8_cast_bytes"] / hbm
         total = t_gemm + t_attn + t_elem
         if worst is None or total > worst["compute_mb"]:
             worst = {"compute_mb": total, "gemm": t_gemm, "attention": t_attn, "elementwise": t_elem,

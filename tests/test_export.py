@@ -175,16 +175,34 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
                 assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
 
 
-def test_sbatch_script_is_valid_bash_and_carries_the_flags():
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_sbatch_script_runs_torchrun_with_the_flags(tmp_path):
+    """Run the script with stand-ins for scontrol/srun/torchrun that record what pretrain_gpt.py would get."""
     layout = LAYOUTS[1]
     model = load_model("tiny-mla-moe")
     script = export.sbatch_script(layout, model, 4096, num_gpus=16, gpus_per_node=8)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "--nproc-per-node 8" in script
-    if shutil.which("bash"):
-        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    body = script.split('"$MEGATRON_LM/pretrain_gpt.py" \\\n', 1)[1].split("$DATA_ARGS", 1)[0]
-    assert export.layout_from_megatron_args(body.replace("\\\n", " ")) == layout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {"scontrol": 'echo node-a; echo node-b',
+             "srun": 'while [[ "$1" == --* ]]; do shift; done; exec "$@"',
+             "torchrun": 'printf "%s\\n" "$@" > "$RECORD"'}
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "launch.sbatch").write_text(script)
+    record = tmp_path / "argv.txt"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MEGATRON_LM": "/opt/megatron-lm", "RECORD": str(record),
+           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "42"}
+    subprocess.run(["bash", str(tmp_path / "launch.sbatch"), "--exit-interval", "5"], env=env, check=True,
+                   timeout=60)
+    argv = record.read_text().splitlines()
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--nproc-per-node") + 1] == "8"
+    assert "node-a:29500" in argv[argv.index("--rdzv-endpoint") + 1]
+    script_args = argv[argv.index("/opt/megatron-lm/pretrain_gpt.py") + 1:]
+    assert export.layout_from_megatron_args(script_args) == layout
+    assert script_args[-2:] == ["--exit-interval", "5"]  # extra arguments pass through
+    assert "--mock-data" in script_args and script_args[script_args.index("--vocab-size") + 1] == "256"
     with pytest.raises(SpecError, match="do not fill nodes"):
         export.sbatch_script(layout, model, 4096, num_gpus=12, gpus_per_node=8)
 

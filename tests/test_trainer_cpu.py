@@ -7,7 +7,7 @@ loss; an injected OOM must come back as status oom with every rank gone.
 
 import pytest
 
-from tests.trainer_helpers import LAYOUTS, assert_ok, run_trainer, shared_run
+from tests.trainer_helpers import LAYOUTS, RECOMPUTE_CHOICES, assert_ok, run_trainer, shared_run
 
 pytestmark = pytest.mark.slow
 
@@ -62,23 +62,22 @@ def test_parallel_layouts_run_and_report_what_megatron_applied(tmp_path_factory,
     assert result.versions["megatron-core"].startswith("0.19.2")
 
 
-@pytest.mark.timeout(600)
-def test_each_recompute_choice_lowers_saved_activations_and_keeps_the_loss(tmp_path):
-    # tiny-mla-moe has every kind of module: MLA, a dense first layer, shared and routed experts.
-    def run(name, recompute):
-        result, proc = run_trainer(tmp_path / name, 1, "--mbs", "2", "--gbs", "2", "--recompute", recompute,
-                                   model="tiny-mla-moe")
+@pytest.mark.timeout(900)
+def test_each_recompute_choice_lowers_saved_activations_and_keeps_the_loss(tmp_path_factory):
+    def run(choice):
+        result, proc = shared_run(tmp_path_factory, f"mla_recompute_{choice}")
         assert_ok(result, proc)
         return result
 
-    base = run("none", "none")
-    for choice in ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "full"):
-        result = run(choice, choice)
+    base = run("none")
+    for choice in RECOMPUTE_CHOICES[1:]:
+        result = run(choice)
         assert result.loss == pytest.approx(base.loss, rel=1e-5), choice
         saved, before = result.memory_gib["activations_per_microbatch"], base.memory_gib["activations_per_microbatch"]
         assert saved < before, f"{choice}: {saved} >= {before}"
         expected = "full" if choice == "full" else "selective"
         assert result.applied["recompute"]["granularity"] == expected
+    assert run("moe_act").applied["experts"] == ["TEGroupedMLP"]  # SequentialMLP would ignore moe_act
 
 
 @pytest.mark.timeout(180)

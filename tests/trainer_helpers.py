@@ -53,23 +53,29 @@ def assert_ok(result: TrialResult, proc: subprocess.CompletedProcess) -> None:
 # each distinct run happens once per pytest session.
 _SHARED: dict[tuple, tuple[TrialResult, subprocess.CompletedProcess]] = {}
 
-# The tiny-moe layouts every memory/parallelism test uses: name -> (ranks, flags).
+# The layouts the memory and parallelism tests share: name -> (ranks, flags, model).
 SAME_DATA = ["--mbs", "2", "--gbs", "4"]
 LAYOUTS = {
-    "single": (1, SAME_DATA),
-    "dp2": (2, ["--mbs", "1", "--gbs", "4"]),
-    "tp2_sp": (2, ["--tp", "2", *SAME_DATA]),
-    "cp2": (2, ["--cp", "2", *SAME_DATA]),
-    "ep2_allgather": (2, ["--ep", "2", "--dispatcher", "allgather", "--mbs", "1", "--gbs", "2"]),
+    "single": (1, SAME_DATA, "tiny-moe"),
+    "dp2": (2, ["--mbs", "1", "--gbs", "4"], "tiny-moe"),
+    "tp2_sp": (2, ["--tp", "2", *SAME_DATA], "tiny-moe"),
+    "cp2": (2, ["--cp", "2", *SAME_DATA], "tiny-moe"),
+    "ep2_allgather": (2, ["--ep", "2", "--dispatcher", "allgather", "--mbs", "1", "--gbs", "2"], "tiny-moe"),
     # 5 layers over 2 stages: the loss counts as a layer (Megatron's account_for_loss_in_pipeline_split)
-    "pp2_uneven": (2, ["--pp", "2", "--num-layers", "5", "--mbs", "1", "--gbs", "4"]),
-    "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--mbs", "1", "--gbs", "4"]),
-    "ep2_pp2_recompute": (4, ["--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4", "--recompute", "moe_act,layernorm"]),
+    "pp2_uneven": (2, ["--pp", "2", "--num-layers", "5", "--mbs", "1", "--gbs", "4"], "tiny-moe"),
+    "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--mbs", "1", "--gbs", "4"], "tiny-moe"),
+    "ep2_pp2_recompute": (4, ["--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4", "--recompute", "moe_act,layernorm"],
+                          "tiny-moe"),
 }
+# tiny-mla-moe has every kind of module (MLA, a dense first layer, shared and routed experts): one single-rank
+# run per recompute choice.
+RECOMPUTE_CHOICES = ("none", "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "full")
+LAYOUTS.update({f"mla_recompute_{choice}": (1, ["--mbs", "2", "--gbs", "2", "--recompute", choice], "tiny-mla-moe")
+                for choice in RECOMPUTE_CHOICES})
 
 
 def shared_run(tmp_path_factory, name: str) -> tuple[TrialResult, subprocess.CompletedProcess]:
     if name not in _SHARED:
-        nproc, flags = LAYOUTS[name]
-        _SHARED[name] = run_trainer(tmp_path_factory.mktemp(name), nproc, *flags)
+        nproc, flags, model = LAYOUTS[name]
+        _SHARED[name] = run_trainer(tmp_path_factory.mktemp(name), nproc, *flags, model=model)
     return _SHARED[name]

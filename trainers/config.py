@@ -190,8 +190,7 @@ def _cuda_graph_kwargs(layout: Layout) -> dict[str, Any]:
     if not layout.cuda_graphs:
         return {}
     # Megatron-Core's own ("local") graphs: captured at the end of the first schedule run, no TE helper needed.
-    return {"cuda_graph_impl": "local", "cuda_graph_modules": [m for m in layout.cuda_graphs if m in LOCAL_GRAPH_MODULES],
-            "use_te_rng_tracker": True}
+    return {"cuda_graph_impl": "local", "cuda_graph_modules": [m for m in layout.cuda_graphs if m in LOCAL_GRAPH_MODULES]}
 
 
 def _kernel_kwargs(on_cpu: bool, have_te: bool) -> dict[str, Any]:
@@ -216,6 +215,8 @@ def transformer_config_kwargs(model, layout: Layout, on_cpu: bool, have_te: bool
     kwargs.update(_recompute_kwargs(layout))
     kwargs.update(_precision_kwargs(layout))
     kwargs.update(_cuda_graph_kwargs(layout))
+    if layout.cuda_graphs and have_te:
+        kwargs["use_te_rng_tracker"] = True  # TE's RNG tracker is capturable
     kwargs.update(_kernel_kwargs(on_cpu, have_te))
     return kwargs
 

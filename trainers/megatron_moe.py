@@ -12,13 +12,11 @@ find the claim taken and exit quietly. On NCCL the peers fall out at the process
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 import traceback
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 T_START = time.time()

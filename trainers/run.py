@@ -70,11 +70,8 @@ def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bo
     for vp_stage in range(layout.vpp) if layout.vpp > 1 else [None]:
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=have_te and not on_cpu,
                                           normalization=config.normalization, vp_stage=vp_stage)
-        if on_cpu and (layout.cp > 1 or config.multi_latent_attention):
-            from trainers.cp_attention import ContextParallelDotProductAttention
-
-            for layer_spec in spec.layer_specs:
-                layer_spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
+        if on_cpu:
+            _use_cpu_modules(spec, config, layout)
         chunk = GPTModel(
             config=config, transformer_layer_spec=spec,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -86,6 +83,22 @@ def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bo
             chunk.cuda()
         chunks.append(chunk)
     return chunks
+
+
+def _use_cpu_modules(spec, config, layout) -> None:
+    """CPU stand-ins inside Megatron's layer specs: grouped experts (so moe_act recompute applies, as with TE)
+    and, for CP or MLA, the CPU core attention."""
+    from trainers.cp_attention import ContextParallelDotProductAttention
+    from trainers.cpu_experts import grouped_experts_builder
+
+    for layer_spec in spec.layer_specs:
+        mlp = layer_spec.submodules.mlp
+        # The MoE spec is a ModuleSpec or a functools.partial(MoELayer, submodules=MoESubmodules(...)).
+        moe_submodules = getattr(mlp, "submodules", None) or getattr(mlp, "keywords", {}).get("submodules")
+        if hasattr(moe_submodules, "experts"):
+            moe_submodules.experts = grouped_experts_builder()
+        if layout.cp > 1 or config.multi_latent_attention:
+            layer_spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
 
 
 def _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu: bool):
@@ -171,10 +184,11 @@ def run_trial(args, layout, model, result, rank: int, world: int, on_cpu: bool) 
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
         context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp)
-    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
-    torch.manual_seed(args.seed)
-
     config = _build_config(model, layout, on_cpu, have_te)
+    # CUDA graphs need a capturable RNG tracker (TE's, or Megatron's graph-safe one).
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed, te_rng_tracker=config.use_te_rng_tracker,
+                                                    use_cudagraphable_rng=config.cuda_graph_impl != "none")
+    torch.manual_seed(args.seed)
     chunks = _build_chunks(model, layout, config, args.seq_len, on_cpu, have_te)
     wrapped, optimizer = _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu)
     chunk_index = {id(m): i for i, m in enumerate(wrapped)}
@@ -241,6 +255,8 @@ def run_trial(args, layout, model, result, rank: int, world: int, on_cpu: bool) 
                                if hasattr(m, "token_dispatcher")}),
         "core_attention": sorted({type(m.core_attention).__name__ for c in chunks for m in c.modules()
                                   if hasattr(m, "core_attention")}),
+        "experts": sorted({type(m.experts).__name__ for c in chunks for m in c.modules()
+                           if getattr(m, "experts", None) is not None}),
         "graphs_captured": _graphs_captured(),
     }
     gathered = [None] * world
@@ -277,6 +293,7 @@ def _applied(ps, config, layout, optimizer, forward_backward, microbatches, gath
         "sequence_parallel": bool(config.sequence_parallel),
         "dispatcher": sorted({d for g in gathered for d in g["dispatchers"]}),
         "core_attention": sorted({a for g in gathered for a in g["core_attention"]}),
+        "experts": sorted({e for g in gathered for e in g["experts"]}),
         "cp_comm_type": ("allgather (CPU attention)" if on_cpu else config.cp_comm_type) if layout.cp > 1 else None,
         "recompute": {"granularity": config.recompute_granularity or "none",
                       "modules": list(config.recompute_modules or []) if config.recompute_granularity == "selective" else [],

@@ -139,7 +139,7 @@ class LocalRayBackend:
         else:
             # CPU ranks mostly wait on gloo: advertise enough logical CPUs for max_concurrent trials
             need = self.spec.gpus_per_node * self.spec.budget.max_concurrent
-            ray.init(num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False,
+            ray.init(address="local", num_cpus=max(need, os.cpu_count() or 1), include_dashboard=False,
                      _node_ip_address="127.0.0.1", **common)
         self._started_ray = True
 

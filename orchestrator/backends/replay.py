@@ -30,7 +30,7 @@ LAYOUT_COLUMNS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs", "recompute
 NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
 # what `status --csv` writes besides the table columns; read past, not used
 EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "reason",
-                 "mlflow_run_id", "cp_comm_type")
+                 "mlflow_run_id", "cp_comm_type", "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
 
@@ -198,6 +198,7 @@ class ReplayPrior(Prior):
     def __init__(self, spec, table: ReplayTable | None = None):
         super().__init__(spec)
         self.table = table or table_for(spec)
+        self._seeds: dict[int, list[Layout]] = {}
 
     @cached_property
     def candidates(self) -> list[Layout]:
@@ -216,6 +217,11 @@ class ReplayPrior(Prior):
         return out
 
     def seeds(self, limit: int = 8) -> list[Layout]:
+        if limit not in self._seeds:
+            self._seeds[limit] = self._nearest_seeds(limit)
+        return list(self._seeds[limit])
+
+    def _nearest_seeds(self, limit: int) -> list[Layout]:
         try:
             wanted = super().seeds(limit=limit)
         except SpecError:

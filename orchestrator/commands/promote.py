@@ -49,7 +49,7 @@ def promote(
         if name:
             registry.use_tracking_uri(tracking_uri)
         else:
-            study, ctx = _study_and_tracking(study_name, storage, tracking_uri)
+            _, ctx = _study_and_tracking(study_name, storage, tracking_uri)
             name = registry.registered_model_name(ctx["model"], ctx["seq_len"])
         done = registry.rollback(name)
         typer.echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "

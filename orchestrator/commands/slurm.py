@@ -94,25 +94,12 @@ def _command(submit: bool):
         if not submit:
             typer.echo(script, nl=False)
             return 0
-        job_id, path = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
+        job_id, path, rc = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
         typer.echo(job_id)
         typer.echo(f"submitted {path} as job {job_id}", err=True)
-        if wait:
-            return _job_exit_code(job_id)
-        return 0
+        return rc
 
     return command
-
-
-def _job_exit_code(job_id: str) -> int:
-    """`sbatch --wait` returned; the job's own exit code is what matters."""
-    import subprocess
-
-    proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
-    for field in proc.stdout.split():
-        if field.startswith("ExitCode="):
-            return int(field.split("=")[1].split(":")[0])
-    return 0
 
 
 slurm_app.command("render", help="Print the batch script for SPEC without submitting it.")(_command(False))

@@ -1,0 +1,58 @@
+"""Grouped expert linears for CPU, so CPU runs use Megatron-Core's grouped-expert MLP (TEGroupedMLP).
+
+The local (no-TE) spec builds routed experts as SequentialMLP, which ignores selective recompute of
+`moe_act`; TEGroupedMLP implements it but needs grouped linear layers from Transformer Engine. This module
+supplies them in plain torch (one weight per local expert, sharded over expert-TP like TE's column/row
+grouped linears with explicit expert communication: the token dispatcher does the ETP gather/scatter).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+
+
+class CPUGroupedLinear(torch.nn.Module):
+    """`forward(x, tokens_per_expert)`: rows of x grouped by expert, each through its own weight."""
+
+    def __init__(self, num_local_experts, input_size, output_size, /, *, config, init_method, bias, skip_bias_add,
+                 is_expert, tp_comm_buffer_name, pg_collection, name=None, parallel_mode="column"):
+        super().__init__()
+        if bias:
+            raise NotImplementedError("CPU grouped expert linears have no bias (add_bias_linear=False)")
+        etp = parallel_state.get_expert_tensor_parallel_world_size()
+        if parallel_mode == "column":
+            shape, partition_dim = (output_size // etp, input_size), 0
+        else:
+            shape, partition_dim = (output_size, input_size // etp), 1
+        self.num_local_experts = num_local_experts
+        for index in range(num_local_experts):
+            weight = torch.nn.Parameter(torch.empty(*shape, dtype=config.params_dtype))
+            if config.perform_initialization:
+                init_method(weight)
+            # Megatron's DDP and optimizer tell expert parameters by allreduce=False.
+            weight.allreduce = False
+            weight.tensor_model_parallel = etp > 1
+            weight.partition_dim = partition_dim
+            weight.partition_stride = 1
+            self.register_parameter(f"weight{index}", weight)
+
+    def forward(self, x, tokens_per_expert):
+        counts = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
+        outputs = [F.linear(rows, getattr(self, f"weight{i}")) for i, rows in enumerate(torch.split(x, counts))]
+        return torch.cat(outputs, dim=0), None
+
+    def backward_dw(self):
+        pass
+
+
+def grouped_experts_builder():
+    """What MoESubmodules.experts should be on CPU: Megatron's TEGroupedMLP over CPUGroupedLinear."""
+    from megatron.core.transformer.moe.experts import GroupedMLPSubmodules, TEGroupedMLP
+
+    return partial(TEGroupedMLP, submodules=GroupedMLPSubmodules(
+        linear_fc1=partial(CPUGroupedLinear, parallel_mode="column"),
+        linear_fc2=partial(CPUGroupedLinear, parallel_mode="row")))
