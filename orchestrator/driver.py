@@ -24,13 +24,17 @@ from search_spaces.layout import Layout
 from search_spaces.result import TrialResult
 
 from orchestrator import study as studies
-from orchestrator.backends import TrialRequest, make_backend
+from orchestrator.backends import TrialRequest, make_backend, make_prior
 from orchestrator.bulk_store import add_finished_trials
 from orchestrator.prior import Prediction, Prior
 from orchestrator.progress import SweepProgress
 from orchestrator.sampler import LayoutProposer, make_sampler
 from orchestrator.spec import SweepSpec
 from orchestrator.tracking import Tracker
+
+
+# backends whose trials take microseconds: the study runs in memory and is stored at the end
+INSTANT_BACKENDS = ("analytic", "replay")
 
 
 @dataclass
@@ -64,10 +68,11 @@ class Sweep:
                  show_progress: bool = True):
         self.spec = spec
         self.resume = resume
-        self.prior = prior or Prior(spec)
+        self.prior = prior or make_prior(spec)
         self.show_progress = show_progress
         self.workdir = Path(spec.workdir) / spec.name
-        self._track_rejected = spec.track_rejected if spec.track_rejected is not None else spec.backend != "analytic"
+        self._track_rejected = (spec.track_rejected if spec.track_rejected is not None
+                                else spec.backend not in INSTANT_BACKENDS)
 
     # ---- setup ---------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -82,7 +87,7 @@ class Sweep:
                                "tracking_uri": spec.tracking_uri}.items():
                 real.set_user_attr(key, value)
         self.real_study = real
-        if spec.backend == "analytic":
+        if spec.backend in INSTANT_BACKENDS:
             # What-if trials cost microseconds: run the study in memory, write it to the storage at the end
             # (a SQLite round trip per suggest/attr would be most of the sweep).
             self.study = optuna.create_study(sampler=make_sampler(spec.seed), directions=studies.DIRECTIONS,

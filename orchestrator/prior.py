@@ -53,25 +53,55 @@ class Prior:
     def memory_limit_gib(self) -> float:
         return float(self.gpu.memory_gib)
 
+    # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
+    SMALL_SPACE = 50_000
+
     @cached_property
     def dimensions(self) -> dict[str, list[Any]]:
-        """The values each layout field takes in the space (after the spec's fixed values)."""
+        """The values each layout field takes in the space (after the spec's fixed values).
+
+        A subclass with its own `candidates` (e.g. replay: the table's layouts) gets their values."""
+        if type(self).candidates is not Prior.candidates:
+            values: dict[str, list[Any]] = {}
+            for lay in self.candidates:
+                for name, value in lay.to_dict().items():
+                    value = tuple(value) if isinstance(value, list) else value
+                    values.setdefault(name, [])
+                    if value not in values[name]:
+                        values[name].append(value)
+                values.setdefault("recompute", [])
+                if lay.recompute not in values["recompute"]:
+                    values["recompute"].append(lay.recompute)
+            return values
         from search_spaces.space import dimensions
         return dict(dimensions(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
                                fixed=dict(self.spec.fixed) or None, gbs=self.spec.gbs).values)
 
+    @cached_property
+    def small_space(self) -> bool:
+        return math.prod(len(v) for v in self.dimensions.values()) <= self.SMALL_SPACE
+
+    @cached_property
+    def candidates(self) -> list[Layout]:
+        """Legal layouts: all of a small space; of a large one (millions) the cost model's top 512."""
+        from search_spaces.space import candidate_layouts
+        if self.small_space:
+            return candidate_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
+                                     fixed=dict(self.spec.fixed) or None, gbs=self.spec.gbs)
+        return self._explore_top(512)
+
     def ranked(self, limit: int = 64) -> list[Layout]:
         """Legal layouts the cost model expects to fit, fastest first (all of a small space, else the top)."""
-        from search_spaces.space import candidate_layouts, explore
-        fixed = dict(self.spec.fixed) or None
-        if math.prod(len(v) for v in self.dimensions.values()) <= 50_000:
-            pool = candidate_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=fixed,
-                                     gbs=self.spec.gbs)
-            scored = [(self.predict(lay), lay) for lay in pool]
+        if self.small_space or type(self).candidates is not Prior.candidates:
+            scored = [(self.predict(lay), lay) for lay in self.candidates]
             return [lay for pred, lay in sorted(scored, key=lambda x: -x[0].tokens_per_sec_per_gpu)
                     if pred.feasible]
-        found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=fixed,
-                        gbs=self.spec.gbs, top=limit)
+        return self._explore_top(limit)
+
+    def _explore_top(self, limit: int) -> list[Layout]:
+        from search_spaces.space import explore
+        found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
+                        fixed=dict(self.spec.fixed) or None, gbs=self.spec.gbs, top=limit)
         return [Layout.from_dict(row["layout"]) for row in found.top]
 
     def seeds(self, limit: int = 8) -> list[Layout]:

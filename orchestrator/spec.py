@@ -68,8 +68,8 @@ class SweepSpec(_Strict):
     # torchrun for the real trainer; python runs the module as one process (test trainers)
     launcher: Literal["torchrun", "python"] = "torchrun"
     replay_table: str | None = None
-    # a child run for each proposal the cost model rejected; default: yes, except for what-if (analytic)
-    # sweeps, where rejections outnumber trials and go to one table on the parent run instead
+    # a child run for each proposal the cost model rejected; default: yes, except for what-if (analytic,
+    # replay) sweeps, where rejections outnumber trials and go to one table on the parent run instead
     track_rejected: bool | None = None
 
     @model_validator(mode="before")

@@ -162,7 +162,8 @@ class Layout:
         data = dict(data)
         names = {f.name for f in dataclasses.fields(cls)}
         if "recompute" in data:
-            data.update(parse_recompute(data.pop("recompute")))
+            data.update(parse_recompute(data.pop("recompute"), data.get("recompute_method", "uniform"),
+                                        data.get("recompute_num_layers", 1)))
         unknown = sorted(set(data) - names)
         if unknown:
             raise SpecError(f"unknown layout field {unknown[0]!r}; allowed: {', '.join(sorted(names | {'recompute'}))}")
@@ -170,7 +171,9 @@ class Layout:
 
     def replace(self, **changes: Any) -> "Layout":
         if "recompute" in changes:
-            changes.update(parse_recompute(changes.pop("recompute")))
+            changes.update(parse_recompute(changes.pop("recompute"),
+                                           changes.get("recompute_method", self.recompute_method),
+                                           changes.get("recompute_num_layers", self.recompute_num_layers)))
         return dataclasses.replace(self, **changes)
 
     def to_flags(self) -> list[str]:

@@ -143,11 +143,13 @@ def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, 
     f = model.moe_ffn_hidden_size / L.etp
     routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
     if cpu:
-        # measured on the CPU trainer: fp32 router input copy, expert input, SwiGLU halves + silu output +
-        # product, fc2 input, and the expert output with its probability-weighted copy in the unpermute
+        # measured on the CPU trainer (grouped experts): fp32 router input copy, expert input, fc2 input and
+        # the expert output with its probability-weighted copy in the unpermute; the activation function keeps
+        # four token-copy x ffn tensors (both SwiGLU halves, silu output, product) - all freed by moe_act
+        # recompute (measured: 4 such tensors per layer on tiny-moe and tiny-mla-moe)
         out = {"router": tsp * h * e + tsp * model.num_experts * 4 * 2,
-               "moe": routed * h * e + 4 * routed * f * e + 2 * routed * h * e,
-               "moe_act": routed * f * e}
+               "moe": routed * h * e + routed * f * e + 2 * routed * h * e,
+               "moe_act": 4 * routed * f * e}
     else:
         # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
         # unpermute, so the expert output is not kept)
@@ -166,7 +168,8 @@ _SELECTIVE_FREES = {
     "mla_up_proj": ("mla_up_proj",),
     "mlp": ("mlp",),
     "moe_act": ("moe_act",),
-    "moe": ("moe", "moe_act", "router"),
+    # whole-MoE-layer recompute checkpoints the shared experts too (they run inside MoELayer.forward)
+    "moe": ("moe", "moe_act", "router", "shared_experts"),
     "shared_experts": ("shared_experts",),
 }
 

@@ -50,3 +50,12 @@ def test_to_flags_round_trips_through_estimate(layout, capsys):
     out = json.loads(capsys.readouterr().out)
     assert Layout.from_dict(out["layout"]) == layout
     assert rc == (0 if out["legal"] else 2)
+
+
+def test_full_recompute_keeps_method_and_layer_count():
+    from search_spaces.layout import Layout
+
+    layout = Layout.from_dict({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 2})
+    assert (layout.recompute_method, layout.recompute_num_layers) == ("block", 2)
+    assert Layout.from_dict(layout.to_dict()) == layout
+    assert layout.replace(recompute="full").recompute_method == "block"

@@ -25,19 +25,8 @@ def predicted_memory(result):
     return est.breakdown["memory_gib"]
 
 
-# Known disagreements, reported to the cost model's owner (search_spaces/memory.py, CPU activation terms): since
-# CPU runs use Megatron's grouped experts (TEGroupedMLP, as on GPU with TE), moe_act / moe recompute free more
-# than the model predicts. Remove an entry once the model is fixed (xfail is not strict, so fixed ones show XPASS).
-KNOWN_MISMATCH = {
-    "ep2_pp2_recompute": "activations_per_microbatch: moe_act recompute frees more than predicted on CPU",
-    "mla_recompute_moe_act": "activations_per_microbatch: moe_act recompute frees more than predicted on CPU",
-    "mla_recompute_moe": "activations_per_microbatch: moe recompute frees more than predicted on CPU",
-}
-
-
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_MISMATCH[n], strict=False))
-                                  if n in KNOWN_MISMATCH else n for n in LAYOUTS])
+@pytest.mark.parametrize("name", LAYOUTS)
 def test_predicted_memory_components_match_the_measured_ones(tmp_path_factory, name):
     result, proc = shared_run(tmp_path_factory, name)
     assert_ok(result, proc)
@@ -47,4 +36,4 @@ def test_predicted_memory_components_match_the_measured_ones(tmp_path_factory, n
 
 
 def test_at_least_eight_layouts_must_match():
-    assert len(set(LAYOUTS) - set(KNOWN_MISMATCH)) >= 8
+    assert len(set(LAYOUTS)) >= 8

@@ -135,26 +135,22 @@ def test_calibrated_search_finds_the_best_row_reproducibly(tmp_path):
     assert _calibrated_sweep(tmp_path, seed=5) == first
 
 
-def _driver_sweep(tmp_path: Path, seed: int, name: str, monkeypatch) -> list:
-    """A sweep through orchestrator.driver with the replay prior and backend."""
-    from orchestrator import driver
-    from orchestrator.backends import make_backend
+def _driver_sweep(tmp_path: Path, seed: int, name: str) -> tuple[list[str], object]:
+    """A sweep through orchestrator.driver (make_prior/make_backend pick the replay prior and backend)."""
+    from orchestrator.driver import run_sweep
 
     spec = _spec(tmp_path, seed=seed, name=name, n_trials=DRIVER_BUDGET)
-    try:
-        make_backend(spec, None)
-    except SpecError:  # replay not wired into make_backend yet: plug it in for this test
-        monkeypatch.setattr(driver, "make_backend", lambda s, p: ReplayBackend.from_spec(s))
-    outcome = driver.run_sweep(spec, prior=ReplayPrior(spec), show_progress=False)
+    outcome = run_sweep(spec, show_progress=False)
     ran = sorted(studies.measured_trials(outcome.study), key=lambda t: t.number)
     return [t.user_attrs["layout_key"] for t in ran], outcome
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(tmp_path, monkeypatch):
+def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(tmp_path):
     table = load_table(TABLE)
-    keys, outcome = _driver_sweep(tmp_path, 11, "replay-a", monkeypatch)
-    again, _ = _driver_sweep(tmp_path, 11, "replay-b", monkeypatch)
+    keys, outcome = _driver_sweep(tmp_path, 11, "replay-a")
+    again, _ = _driver_sweep(tmp_path, 11, "replay-b")
     assert keys and set(keys) <= set(table.rows)
     assert len(keys) <= DRIVER_BUDGET
     assert _table_best_key() in keys
@@ -165,19 +161,8 @@ def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(tmp_pa
     assert best.values[0] == pytest.approx(table.rows[best.user_attrs["layout_key"]].tokens_per_sec_per_gpu)
 
 
-def _cli_wired() -> bool:
-    try:
-        import inspect
-
-        from orchestrator import driver
-        return "replay" in inspect.getsource(driver) and "replay" in inspect.getsource(
-            __import__("orchestrator.backends", fromlist=["make_backend"]).make_backend)
-    except Exception:
-        return False
-
-
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not _cli_wired(), reason="`sweep --backend replay` is not wired into the driver yet")
 def test_cli_replay_sweep_finds_the_best_row(tmp_path):
     from orchestrator.cli import main
 
