@@ -100,8 +100,7 @@ def search_section(outcome: dict) -> list[str]:
     e = r["errors"]
     lines = [f"## {title}", "",
              f"Trials until a measured layout is within {100 - 100 * r['target']:.0f}% of the exhaustive optimum, "
-             f"over {r['seeds']} seeds (the sweep's TPE loop: {se.FEWER_SEEDS.get('ours (TPE sweep)', r['seeds'])} "
-             f"seeds, it is slow), budget {r['budget']} trials (\">{r['budget']}\" = not reached). Landscapes "
+             f"over {r['seeds']} seeds{''.join(f' ({k}: {v} seeds)' for k, v in se.FEWER_SEEDS.items())}, budget {r['budget']} trials (\">{r['budget']}\" = not reached). Landscapes "
              f"from the cost model with deliberate model error (per dimension value: throughput "
              f"x exp(N(0, {e['tokens_sigma']})), memory x exp(N(0, {e['memory_sigma']}))) and "
              f"{e['noise_sigma']:.0%} measurement noise. GPU-hours = trials x num_gpus x "

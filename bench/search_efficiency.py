@@ -12,10 +12,11 @@ The target is 98% of the exhaustive optimum of the truth (best truly fitting lay
 at the first trial that measures a layout whose true throughput is at least that. Each run stops there or
 after BUDGET trials (then it counts as "> BUDGET"). Strategies:
 
-  ours (calibrated)  orchestrator/search.py: rank by the cost model, correct it online from measurements
+  ours (calibrated)  orchestrator/search.py: rank by the cost model, correct throughput and memory online
+                     from measurements (Thompson sampling over per-value effects); no fixed memory screen
   ours (TPE sweep)   the sweep's current proposer: rules of thumb, then multivariate TPE over the dimensions,
-                     cost-model screening (free), best untried prediction on repeats (orchestrator/sampler.py);
-                     slow, so FEWER_SEEDS seeds and 10 proposals per trial allowed
+                     cost-model screening (free), `instead_of` on repeats (orchestrator/sampler.py),
+                     20 proposals allowed per trial (the sweep's default)
   plain TPE          Optuna TPE over the same dimensions with no prior; combinations that are not legal
                      layouts are told as failures without costing a trial (generous to it)
   random             legal layouts in random order
@@ -52,7 +53,6 @@ from search_spaces.models import load_model  # noqa: E402
 from search_spaces.space import candidate_layouts  # noqa: E402
 
 from orchestrator.backends.replay import ReplayPrior, ReplayRow, ReplayTable  # noqa: E402
-from orchestrator.prior import Prediction  # noqa: E402
 from orchestrator.sampler import LayoutProposer, make_sampler, param_value  # noqa: E402
 from orchestrator.search import DIMENSIONS, CalibratedSearch, _value  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
@@ -64,10 +64,9 @@ BUDGET = 60
 STARTUP_S = 300.0  # job start, model build, first compile: paid by every trial
 STEPS = 20
 TOKEN_ERROR, MEMORY_ERROR, NOISE = 0.10, 0.03, 0.02
-# the sweep's TPE loop costs ~20-60 s per run on 2 cores (TPE's ask grows with every screened proposal):
-# it gets fewer seeds and half the driver's proposal allowance (10 per trial instead of 20)
-FEWER_SEEDS = {"ours (TPE sweep)": 4}
-TPE_SWEEP_PROPOSALS_PER_TRIAL = 10
+# strategies too slow for every seed would be listed here with their seed count (none now)
+FEWER_SEEDS: dict[str, int] = {}
+TPE_SWEEP_PROPOSALS_PER_TRIAL = 20  # the sweep's default budget.max_proposals_per_trial
 SIMPLE = {"cuda_graphs": "none", "dispatcher": "alltoall", "cp_comm_type": "p2p", "optimizer_offload": 0.0}
 
 
@@ -195,18 +194,15 @@ def grid_order(land: Landscape) -> list[Layout]:
 
 class Calibrated:
     def __init__(self, land: Landscape, seed: int):
-        predict = land.prior.predict
-        self.search = CalibratedSearch(land.layouts, lambda lay: _triple(predict(lay)), land.limit_gib, seed=seed)
+        # as the sweep would build it: legal layouts predicted to need <= 1.15 x the GPU memory; it only
+        # proposes those its corrected memory prediction expects to fit
+        self.search = CalibratedSearch.from_prior(land.prior, seed=seed)
 
     def propose(self, tried):
         return self.search.propose(tried)
 
     def observe(self, layout, status, tokens, memory):
         self.search.observe(layout, status, tokens, memory)
-
-
-def _triple(p: Prediction):
-    return p.legal, p.tokens_per_sec_per_gpu, p.peak_memory_gib
 
 
 class TPESweep:
@@ -232,10 +228,10 @@ class TPESweep:
                 continue
             if layout.key() in tried:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                alt = self.proposer.best_untried(tried)
+                alt, _ = self.proposer.instead_of(layout, tried)
                 if alt is None:
                     return None
-                self.study.enqueue_trial(self.proposer.params_of(alt))
+                self.study.enqueue_trial(alt)
                 continue
             pred = self.prior.predict(layout)
             if not pred.feasible:  # screened by the cost model: free
@@ -299,8 +295,8 @@ STRATEGIES: dict[str, Callable[[Landscape, int], Any]] = {
 }
 
 
-def run_one(land: Landscape, truth: Truth, strategy) -> tuple[int | None, float]:
-    """(trials to reach the target or None, GPU-hours spent until then / in the budget)."""
+def run_one(land: Landscape, truth: Truth, strategy) -> tuple[int | None, float, int]:
+    """(trials to reach the target or None, GPU-hours spent until then / in the budget, trials run)."""
     position = {k: i for i, k in enumerate(land.keys)}
     tried: set[str] = set()
     hours = 0.0
@@ -315,8 +311,8 @@ def run_one(land: Landscape, truth: Truth, strategy) -> tuple[int | None, float]
         hours += trial_gpu_hours(land, truth, i)
         strategy.observe(layout, status, tokens, memory)
         if status == "ok" and truth.tokens[i] >= truth.target:
-            return n, hours
-    return None, hours
+            return n, hours, n
+    return None, hours, len(tried)
 
 
 def _rank(values: list[float], q: float) -> float:
@@ -325,10 +321,13 @@ def _rank(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def _summary(trials: list[int | None], hours: list[float]) -> dict[str, Any]:
+def _summary(trials: list[int | None], hours: list[float], ran: list[int]) -> dict[str, Any]:
     t = [math.inf if x is None else float(x) for x in trials]
     h = [hh if x is not None else math.inf for x, hh in zip(trials, hours)]
+    failed = [r for x, r in zip(trials, ran) if x is None]
     return {"runs": len(t), "reached": sum(x is not None for x in trials),
+            # trials a run that missed the target got through before the budget or its proposals ran out
+            "missed_ran_median": _rank(failed, 0.5) if failed else None,
             "trials_median": _rank(t, 0.5), "trials_p90": _rank(t, 0.9),
             "gpu_hours_median": _rank(h, 0.5), "gpu_hours_p90": _rank(h, 0.9)}
 
@@ -341,7 +340,7 @@ def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, v
     out: dict[str, Any] = {"target": TARGET, "budget": BUDGET, "seeds": seeds, "cap": cap,
                            "errors": {"tokens_sigma": TOKEN_ERROR, "memory_sigma": MEMORY_ERROR, "noise_sigma": NOISE},
                            "startup_s": STARTUP_S, "steps": STEPS, "cases": [], "overall": {}}
-    pooled: dict[str, tuple[list, list]] = {name: ([], []) for name in STRATEGIES}
+    pooled: dict[str, tuple[list, list, list]] = {name: ([], [], []) for name in STRATEGIES}
     for case in cases:
         t0 = time.monotonic()
         land = build_landscape(case, cap)
@@ -349,17 +348,18 @@ def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, v
                                "predicted_fit": int((land.pred_memory <= land.limit_gib).sum()), "strategies": {}}
         exhaustive = []
         for name, make in STRATEGIES.items():
-            trials, hours = [], []
+            trials, hours, ran = [], [], []
             for seed in range(min(seeds, FEWER_SEEDS.get(name, seeds))):
                 truth = draw_truth(land, 1000 * seed + 17)
-                n, h = run_one(land, truth, make(land, seed))
+                n, h, r = run_one(land, truth, make(land, seed))
                 trials.append(n)
                 hours.append(h)
+                ran.append(r)
                 if name == next(iter(STRATEGIES)):
                     exhaustive.append(sum(trial_gpu_hours(land, truth, i) for i in range(len(land.layouts))))
-            row["strategies"][name] = _summary(trials, hours)
-            pooled[name][0].extend(trials)
-            pooled[name][1].extend(hours)
+            row["strategies"][name] = _summary(trials, hours, ran)
+            for acc, values in zip(pooled[name], (trials, hours, ran)):
+                acc.extend(values)
         row["exhaustive_gpu_hours_median"] = _rank(exhaustive, 0.5)
         row["seconds"] = round(time.monotonic() - t0, 1)
         out["cases"].append(row)
@@ -378,18 +378,25 @@ def _fmt(value: float, digits: int = 0) -> str:
 
 def table(result: dict) -> str:
     """Markdown table of run()'s figures."""
-    lines = ["| case | strategy | reached | trials median | trials p90 | GPU-h median | GPU-h p90 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| case | strategy | reached | trials median | trials p90 | GPU-h median | GPU-h p90 | missed: trials run |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["cases"]:
         label = f"{row['case']} ({row['layouts']} layouts, exhaustive {row['exhaustive_gpu_hours_median']:,.0f} GPU-h)"
         for name, s in row["strategies"].items():
             lines.append(f"| {label} | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
-                         f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} |")
+                         f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} | "
+                         f"{_missed(s)} |")
             label = ""
     for name, s in result["overall"].items():
         lines.append(f"| **all cases** | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
-                     f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} |")
+                     f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} | "
+                     f"{_missed(s)} |")
     return "\n".join(lines)
+
+
+def _missed(s: dict) -> str:
+    """Median trials run by the runs that missed (below the budget: the strategy stopped proposing)."""
+    return "-" if s["missed_ran_median"] is None else f"{s['missed_ran_median']:.0f}"
 
 
 def main() -> None:

@@ -37,6 +37,10 @@ from orchestrator.tracking import Tracker
 INSTANT_BACKENDS = ("analytic", "replay")
 
 
+# why a trial that was running when the sweep was stopped (Ctrl-C, SIGTERM from scancel) was failed
+INTERRUPTED = "sweep interrupted"
+
+
 @dataclass
 class SweepOutcome:
     study: optuna.Study
@@ -127,6 +131,11 @@ class Sweep:
                     pass
             if t.params:
                 self.study.enqueue_trial(t.params, user_attrs={"proposed_by": "resume", "retry_of": t.number})
+        # trials an interrupted sweep (Ctrl-C, scancel) failed on its way out: run their layouts again, once
+        retried = {t.user_attrs.get("retry_of") for t in self.study.get_trials(deepcopy=False)}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if t.user_attrs.get("reason") == INTERRUPTED and t.number not in retried and t.params:
+                self.study.enqueue_trial(t.params, user_attrs={"proposed_by": "resume", "retry_of": t.number})
         if self.tracker:
             self.tracker.flush()
             for t in studies.finished_trials(self.study):
@@ -187,10 +196,13 @@ class Sweep:
                         row = self._finish(item, result)
                         view.advance(row, len(running), measured)
         except BaseException:
-            for item in running.values():  # Ctrl-C / crash: say what happened to what was running
+            for item in running.values():  # Ctrl-C / scancel / crash: say what happened to what was running
                 try:
-                    item.trial.set_user_attr("reason", "sweep interrupted")
+                    item.trial.set_user_attr("reason", INTERRUPTED)
+                    item.trial.set_user_attr("status", "interrupted")
                     self.study.tell(item.trial, state=TrialState.FAIL)
+                    if self.tracker:
+                        self.tracker.mark_failed(item.trial.number, INTERRUPTED)
                 except Exception:
                     pass
             raise

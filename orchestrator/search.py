@@ -10,7 +10,7 @@ tries them when they could matter) that is expected to fit: the memory
 prediction is corrected the same way (per-value effects fitted to measured/predicted peak memory; an
 out-of-memory trial counts as a peak 2% above the GPU's memory).
 
-    search = CalibratedSearch.from_prior(prior)         # candidates = prior.candidates
+    search = CalibratedSearch.from_prior(prior, seed=0)  # the prior's legal layouts, near misses included
     layout = search.propose(tried_keys)                  # None when nothing is left
     search.observe(layout, result.status, result.tokens_per_sec_per_gpu, result.peak_memory_gib)
 """
@@ -82,12 +82,19 @@ class CalibratedSearch:
         self.first = [lay for lay in first if lay.key() in self.index]
 
     @classmethod
-    def from_prior(cls, prior, first: Iterable[Layout] = (), **kwargs) -> "CalibratedSearch":
-        """From an orchestrator Prior (its candidates and cost-model predictions)."""
+    def from_prior(cls, prior, candidates: Iterable[Layout] | None = None, limit: int = 50_000,
+                   memory_margin: float = 1.15, **kwargs) -> "CalibratedSearch":
+        """From an orchestrator Prior: its candidates (the whole space when it is small, else the cost
+        model's favourites; a replay table's layouts) predicted to need at most `memory_margin` x the GPU's
+        memory: near misses stay in, because measured peaks may show that the memory model is pessimistic."""
         def predict(lay: Layout):
             p = prior.predict(lay)
             return p.legal, p.tokens_per_sec_per_gpu, p.peak_memory_gib
-        return cls(prior.candidates, predict, prior.memory_limit_gib, first=first, **kwargs)
+        if candidates is None:
+            candidates = list(prior.candidates)[:limit]
+        ceiling = memory_margin * prior.memory_limit_gib
+        pool = [lay for lay in candidates if (prior.predict(lay).peak_memory_gib or 0.0) <= ceiling]
+        return cls(pool, predict, prior.memory_limit_gib, **kwargs)
 
     # ---- the two calls -------------------------------------------------------------------------------
     def propose(self, tried: set[str] | Iterable[str] = ()) -> Layout | None:

@@ -23,6 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from orchestrator import sqlite_tuning
+from orchestrator.slurm_job import job_tags
 
 for _name in ("mlflow", "alembic"):  # table-creation chatter would break the live view
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -76,6 +77,9 @@ class Tracker:
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_run_id = parent.info.run_id
+        # link the run to the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
+        for key, value in job_tags().items():
+            self.client.set_tag(self.parent_run_id, key, value)
         self._load_children()
         return self.parent_run_id
 

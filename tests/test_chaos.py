@@ -390,13 +390,16 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
 
     port = free_port()
     server = MlflowServer(tmp_path / "mlflow", port=port).start()
-    env = _env(FAKE_TRAINER_SECONDS="3")
+    # bounded HTTP retries: with MLflow's defaults (7 retries, exponential backoff) each call to a dead server
+    # blocks for minutes; the tracker's own spool is what keeps the records
+    env = _env(FAKE_TRAINER_SECONDS="6")
 
     def children_of(name):
         client = MlflowClient(server.uri)
         exp = client.get_experiment_by_name(name)
-        runs = client.search_runs([exp.experiment_id], "tags.`moe_autotune.role` != 'parent'", max_results=1000)
-        return [r for r in runs if "optuna_trial_number" in r.data.tags]
+        runs = client.search_runs([exp.experiment_id], max_results=1000)
+        return [r for r in runs if "optuna_trial_number" in r.data.tags
+                and r.data.tags.get("moe_autotune.role") != "parent"]
 
     def check_all_delivered(name, storage):
         study = _load(storage, name)
@@ -412,7 +415,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
 
     try:
         # (a) down while trials 2-3 run, back before the sweep ends
-        data = _spec_data(tmp_path, name="flaky-mlflow", tracking_uri=server.uri, budget={"n_trials": 5})
+        data = _spec_data(tmp_path, name="flaky-mlflow", tracking_uri=server.uri, budget={"n_trials": 6})
         (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
         proc = subprocess.Popen(_cli("sweep", str(tmp_path / "a.yaml"), "--quiet"), cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -422,15 +425,17 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, "sweep (a) made no progress"
                 time.sleep(0.3)
             server.stop()
-            while _count(data["storage"], "flaky-mlflow") < 3:
+            while _count(data["storage"], "flaky-mlflow") < 2:
                 assert proc.poll() is None and time.monotonic() < deadline, "sweep (a) stalled without MLflow"
                 time.sleep(0.3)
             server = MlflowServer(tmp_path / "mlflow", port=port).start()
+            assert proc.poll() is None and _count(data["storage"], "flaky-mlflow") < 6, \
+                "test precondition: MLflow must be back before the sweep ends (machine too slow?)"
             out, err = proc.communicate(timeout=400)
         finally:
             _kill_group(proc)
         assert proc.returncode == 0, err[-3000:]
-        assert _count(data["storage"], "flaky-mlflow") == 5
+        assert _count(data["storage"], "flaky-mlflow") == 6
         check_all_delivered("flaky-mlflow", data["storage"])
 
         # (b) down until the end: loud, kept, delivered by --resume

@@ -50,7 +50,10 @@ def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path:
         run += ["--standalone", "--nnodes", "1"]
     else:
         run += ["--nnodes", str(request.nodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", rdzv, "--rdzv-id", f"trial-{request.trial_number}"]
+                "--rdzv-endpoint", rdzv, "--rdzv-id", f"trial-{request.trial_number}",
+                # the first node hosts the rendezvous store even when its hostname does not resolve to
+                # the address Ray advertises (torchrun would otherwise guess from the hostname and wait)
+                "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
     return [*run, "-m", module, *args]
 
 

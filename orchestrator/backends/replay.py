@@ -173,14 +173,15 @@ def _number(raw: dict[str, str], col: str, path: Path, line: int) -> float | Non
     return value if math.isfinite(value) else None
 
 
-_TABLES: dict[str, ReplayTable] = {}
+_TABLES: dict[str, ReplayTable] = {}  # prior and backend of one sweep share one parse
 
 
 def table_for(spec) -> ReplayTable:
     """The spec's replay table, loaded once per process and checked against the spec's situation."""
     if not spec.replay_table:
         raise SpecError("backend replay needs replay_table (--replay-table PATH)")
-    key = str(Path(spec.replay_table).resolve())
+    path = Path(spec.replay_table)
+    key = f"{path.resolve()}@{path.stat().st_mtime_ns if path.is_file() else 0}"  # reread an edited file
     if key not in _TABLES:
         _TABLES[key] = load_table(spec.replay_table)
     table = _TABLES[key]

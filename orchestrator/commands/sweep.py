@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +37,8 @@ def sweep(
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                                  "ray_address": ray_address, "seed": seed, "replay_table": replay_table})
+    # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
+    signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet)
     console = Console()
     console.print(f"sweep {spec.name}: {outcome.n_measured} trials run, {outcome.n_infeasible} proposals "
@@ -107,3 +110,7 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:,.1f}"
     return str(value)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
