@@ -115,8 +115,21 @@ class Sweep:
             for study in {id(self.study): self.study, id(self.real_study): self.real_study}.values():
                 study.set_user_attr("mlflow_experiment_id", self.tracker.experiment_id)
                 study.set_user_attr("mlflow_parent_run_id", parent)
+        self.search = self._make_search() if spec.search == "calibrated" else None
         if existed:
             self._recover()
+
+    def _make_search(self):
+        """The calibrated search, taught what an earlier run of this study measured (on --resume)."""
+        from orchestrator.search import CalibratedSearch
+
+        search = CalibratedSearch.from_prior(self.prior, seed=self.spec.seed or 0)
+        for t in studies.measured_trials(self.study):
+            if t.user_attrs.get("layout"):
+                res = t.user_attrs.get("result") or {}
+                search.observe(Layout.from_dict(t.user_attrs["layout"]), t.user_attrs["status"],
+                               res.get("tokens_per_sec_per_gpu"), res.get("peak_memory_gib"))
+        return search
 
     def _recover(self) -> None:
         """Fail trials a dead orchestrator left RUNNING (re-proposing them) and replay MLflow gaps."""
@@ -220,14 +233,24 @@ class Sweep:
         self._copied += len(self.study.get_trials(deepcopy=False)[self._copied:])
 
     def _propose(self, busy: set[str]) -> _Running | str:
+        searched = None
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if self.search is not None and not waiting:  # enqueued ones (rules of thumb, retries) go first
+            searched = self.search.propose(busy)
+            if searched is None:
+                return "exhausted"
+            self.study.enqueue_trial(self.proposer.params_of(searched), user_attrs={"proposed_by": "calibrated"})
         trial = self.study.ask()
         params = self.proposer.suggest(trial)
-        try:
-            layout = self.proposer.layout_of(params)
-        except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
-            trial.set_user_attr("layout", {**self.proposer.base.to_dict(), **params})
-            self._tell_infeasible(trial, None, str(exc))
-            return "infeasible"
+        if searched is not None:
+            layout = searched  # as proposed: layout_of() would take the non-free fields from the base
+        else:
+            try:
+                layout = self.proposer.layout_of(params)
+            except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
+                trial.set_user_attr("layout", {**self.proposer.base.to_dict(), **params})
+                self._tell_infeasible(trial, None, str(exc))
+                return "infeasible"
         key = layout.key()
         if key in busy:
             trial.set_user_attr("reason", f"repeated proposal of {key}; proposing an untried layout instead")
@@ -242,7 +265,8 @@ class Sweep:
         trial.set_user_attr("layout_key", key)
         trial.set_user_attr("prediction", prediction.data)
         trial.set_user_attr("backend", self.spec.backend)
-        if not prediction.feasible:
+        # the calibrated search deliberately tries near misses (the model's memory may be pessimistic)
+        if not prediction.legal or (not prediction.fits and searched is None):
             self._tell_infeasible(trial, prediction, prediction.reason or "rejected by the cost model")
             return "infeasible"
         request = self._request(trial.number, layout)
@@ -294,6 +318,8 @@ class Sweep:
         trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
         values = [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)]
         self.study.tell(trial, values)
+        if self.search is not None:  # correct the model's prediction from what was measured
+            self.search.observe(item.layout, result.status, result.tokens_per_sec_per_gpu, result.peak_memory_gib)
         if self.tracker:
             payload = self._payload(trial.number, dict(trial.user_attrs))
             payload["logs"] = sorted(str(p) for p in Path(item.request.workdir).glob("*.log"))

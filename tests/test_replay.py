@@ -183,3 +183,40 @@ def test_cli_replay_sweep_finds_the_best_row(tmp_path):
         assert set(runs[-1]) <= set(load_table(table).rows)
         assert studies.best_fitting_trial(study).user_attrs["layout_key"] == _table_best_key()
     assert runs[0] == runs[1]
+
+
+# ---- the calibration itself ------------------------------------------------------------------------------
+
+def _toy(memory_limit: float = 10.0):
+    """Layouts tp x pp; the model predicts tokens 100 for all and memory 8/tp (+1 at pp 1)."""
+    from search_spaces.layout import Layout
+
+    layouts = [Layout(tp=tp, pp=pp, gbs=8) for tp in (1, 2, 4) for pp in (1, 2, 4)]
+
+    def predict(lay):
+        return True, 100.0, 8.0 / lay.tp + (1.0 if lay.pp == 1 else 0.0)
+    return layouts, predict
+
+
+def test_calibration_learns_a_dimension_the_model_gets_wrong():
+    layouts, predict = _toy()
+    search = CalibratedSearch(layouts, predict, memory_limit_gib=10.0, seed=0)
+    # truth: tp=4 runs at half the predicted speed; measure two tp=4 layouts and one tp=1 layout
+    for lay in (layouts[6], layouts[7], layouts[0]):
+        search.observe(lay, "ok", 50.0 if lay.tp == 4 else 100.0, 1.0)
+    untried_tp4, untried_tp1 = layouts[8], layouts[2]
+    assert search.predicted(untried_tp4) < 0.8 * search.predicted(untried_tp1)
+    proposals = {search.propose({lay.key() for lay in (layouts[6], layouts[7], layouts[0])}).tp
+                 for _ in range(10)}
+    assert 4 not in proposals
+
+
+def test_an_oom_raises_the_memory_correction_of_what_shares_its_values():
+    layouts, predict = _toy()
+    search = CalibratedSearch(layouts, predict, memory_limit_gib=8.5, seed=0)
+    tp1_pp2 = layouts[1]  # predicted 8 GiB: fits the 8.5 GiB limit on paper
+    search.observe(tp1_pp2, "oom", None, None)
+    tried = {tp1_pp2.key()}
+    for _ in range(10):
+        lay = search.propose(tried)
+        assert lay.tp != 1  # the other tp=1 layouts are predicted to need as much: not proposed

@@ -28,6 +28,7 @@ def sweep(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
     seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
     replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
+    search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe"),
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
@@ -36,7 +37,8 @@ def sweep(
 
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
-                                 "ray_address": ray_address, "seed": seed, "replay_table": replay_table})
+                                 "ray_address": ray_address, "seed": seed, "replay_table": replay_table,
+                                 "search": search})
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet)
