@@ -36,6 +36,16 @@ def fail(message: str) -> "typer.Exit":
     raise typer.Exit(2)
 
 
+def _vendored(name: str) -> tuple[type, ...]:
+    """typer >= 0.29 ships its own copy of click: its exception classes are not click's."""
+    return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_USAGE_ERRORS = (click.ClickException, *_vendored("ClickException"))
+_EXITS = (click.exceptions.Exit, typer.Exit)
+_ABORTS = (click.exceptions.Abort, typer.Abort)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry (setuptools wraps it in sys.exit); tests call main([...]) directly."""
     try:
@@ -44,14 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except _EXITS as exc:
+        return getattr(exc, "exit_code", 0)
+    except _ABORTS:
         typer.echo("aborted", err=True)
         return 130
-    except click.ClickException as exc:
-        # usage errors: one line, not Click's three-line box
-        typer.echo(f"error: {exc.format_message()}", err=True)
+    except _USAGE_ERRORS as exc:
+        # usage errors: one line, not Click's three-line box (no-args help has already been printed)
+        if exc.format_message():
+            typer.echo(f"error: {exc.format_message()}", err=True)
         return 2
 
 

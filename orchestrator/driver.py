@@ -31,6 +31,7 @@ from orchestrator.progress import SweepProgress
 from orchestrator.sampler import LayoutProposer, make_sampler
 from orchestrator.spec import SweepSpec
 from orchestrator.tracking import Tracker
+from orchestrator.validate import validate
 
 
 # backends whose trials take microseconds: the study runs in memory and is stored at the end
@@ -82,6 +83,8 @@ class Sweep:
     def _open(self) -> None:
         spec = self.spec
         self.prior.model, self.prior.gpu  # bad model/GPU names fail here, before anything is stored
+        if not self.resume:
+            self._check_something_fits()
         self.proposer = LayoutProposer(self.prior, spec.free, seed=spec.seed)
         real, existed = studies.create_or_resume(spec.storage, spec.name, make_sampler(spec.seed), self.resume)
         if not existed:
@@ -118,6 +121,26 @@ class Sweep:
         self.search = self._make_search() if spec.search == "calibrated" else None
         if existed:
             self._recover()
+
+    def _check_something_fits(self) -> None:
+        """Refuse, before anything is stored, a sweep in which the cost model says nothing can run,
+        naming the constraint that binds."""
+        if self.prior.ranked(limit=1):
+            return
+        from search_spaces.space import explore
+
+        spec = self.spec
+        where = f"{spec.model} at seq_len {spec.seq_len} on {spec.num_gpus} x {spec.gpu}"
+        fixed = f" with fixed {dict(spec.fixed)}" if spec.fixed else ""
+        found = explore(self.prior.model, self.prior.gpu, spec.num_gpus, spec.seq_len,
+                        fixed=dict(spec.fixed) or None, gbs=spec.gbs, top=1)
+        if found.legal_count == 0:
+            rule, count = max(found.rejected_by_rule.items(), key=lambda kv: kv[1], default=("?", 0))
+            raise SpecError(f"no legal layout of {where}{fixed}: rule {rule!r} binds "
+                            f"(rejects {count} of {found.total} combinations)")
+        raise SpecError(f"nothing fits in memory: none of the {found.legal_count} legal layouts of {where}{fixed} "
+                        f"fits the {self.prior.memory_limit_gib:.1f} GiB per GPU (memory binds; try more GPUs, "
+                        f"a shorter seq_len, or free recompute/offload/precision)")
 
     def _make_search(self):
         """The calibrated search, taught what an earlier run of this study measured (on --resume)."""
@@ -302,6 +325,8 @@ class Sweep:
 
     def _finish(self, item: _Running, result: TrialResult) -> dict[str, Any]:
         trial = item.trial
+        # numbers that cannot be trusted (above peak, CP/EP not in effect, NaN loss) become status invalid
+        result = validate(result, item.layout, self.prior.gpu)
         limit = self.prior.memory_limit_gib
         memory = result.peak_memory_gib if result.peak_memory_gib is not None else item.prediction.peak_memory_gib
         ok = result.status == "ok" and result.tokens_per_sec_per_gpu is not None

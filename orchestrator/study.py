@@ -10,10 +10,12 @@ Objectives: [tokens/s/GPU (maximize), peak memory GiB (minimize)]; constraints (
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import optuna
 import pandas as pd
+import sqlalchemy.exc
 
 from search_spaces.errors import SpecError
 
@@ -29,28 +31,42 @@ TABLE_COLUMNS = ["model", "gpu", "num_gpus", "seq_len", "tp", "cp", "ep", "etp",
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str, attempts: int = 10) -> optuna.storages.BaseStorage:
     sqlite_tuning.install()
-    try:
-        if url.startswith("sqlite:///"):
-            # several processes (resume, status) may touch the file: wait instead of failing on locks
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-        return optuna.storages.RDBStorage(url)
-    except Exception as exc:
-        raise SpecError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+    for attempt in range(attempts):
+        try:
+            if url.startswith("sqlite:///"):
+                # several processes (resume, status) may touch the file: wait instead of failing on locks
+                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+            return optuna.storages.RDBStorage(url)
+        except Exception as exc:
+            text = str(exc)
+            # two sweeps creating one new storage at once race on the schema: the loser retries
+            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or (
+                isinstance(exc, sqlalchemy.exc.OperationalError) and ("already exists" in text or "locked" in text))
+            if racing and attempt + 1 < attempts:
+                time.sleep(0.2 + 0.1 * attempt)
+                continue
+            raise SpecError(f"cannot open storage {url!r}: {text.splitlines()[0] if text else type(exc).__name__}"
+                            ) from None
+    raise AssertionError("unreachable")
 
 
 def create_or_resume(storage_url: str, name: str, sampler, resume: bool) -> tuple[optuna.Study, bool]:
     """Returns (study, existed). Without --resume an existing study is refused (nothing is overwritten)."""
     storage = open_storage(storage_url)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    already = (f"study {name!r} already exists in {storage_url}; pass --resume to continue it "
+               f"or --study-name for a new one")
     if name in existing and not resume:
-        raise SpecError(f"study {name!r} already exists in {storage_url}; pass --resume to continue it "
-                        f"or --study-name for a new one")
+        raise SpecError(already)
     if name not in existing and resume:
         raise SpecError(f"no study {name!r} in {storage_url} to resume")
-    study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS,
-                                load_if_exists=True)
+    try:  # a second sweep creating the same name at the same moment loses here, not by sharing the study
+        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS,
+                                    load_if_exists=resume)
+    except optuna.exceptions.DuplicatedStudyError:
+        raise SpecError(already) from None
     return study, name in existing
 
 

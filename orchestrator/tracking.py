@@ -49,6 +49,10 @@ class TrackingUnavailable(RuntimeError):
 class Tracker:
     def __init__(self, tracking_uri: str, experiment_name: str, spool_path: Path):
         sqlite_tuning.install()
+        # MLflow's default HTTP retries (7, with backoff) would block a trial's record for minutes while a
+        # server is down; the spool keeps records anyway, so fail fast unless the user chose otherwise
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name

@@ -216,6 +216,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if _claim(args.result):
             result.status = "oom" if _is_oom(exc) else "error"
+            try:  # the memory the failing rank had reached: an OOM's "how far it got"
+                import torch
+
+                from trainers.measure import peak_memory_gib
+
+                device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+                    else torch.device("cpu")
+                peak = peak_memory_gib(device)["allocated"]
+                result.peak_memory_gib = peak
+                result.peak_memory_gib_per_rank = result.peak_memory_gib_per_rank or [peak]
+                result.extra["peak_memory_rank"] = rank
+            except Exception:  # noqa: BLE001 -- the failure itself is what must be reported
+                pass
             tail = traceback.format_exc()[-3000:]
             result.error = f"rank {rank}: {type(exc).__name__}: {exc}\n{tail}"
             result.wall_time_s = time.time() - T_START

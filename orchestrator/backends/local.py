@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from search_spaces.result import TrialResult
 
 from orchestrator.backends.base import TrialRequest, stamp
@@ -70,16 +72,31 @@ def run_process_tree(argv: list[str], env: dict[str, str], cwd: str, log_path: s
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc.pid)
+            _kill_tree(proc.pid)
             rc = proc.wait()
         finally:
             if proc.poll() is None:
-                _kill_group(proc.pid)
+                _kill_tree(proc.pid)
                 proc.wait()
             # ranks that escaped torchrun's wait still belong to the group
-            _kill_group(proc.pid)
+            _kill_tree(proc.pid)
     return {"returncode": rc, "timed_out": timed_out, "wall_time_s": time.monotonic() - start,
             "log_tail": _tail(log_path), "host": socket.gethostname()}
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill the launcher's process group and every descendant: torchrun starts each rank in a session of its
+    own, so killing the group alone would leave hung ranks behind as orphans."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    _kill_group(pid)
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _kill_group(pgid: int) -> None:
