@@ -349,12 +349,15 @@ class Exploration:
 
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
-            gbs: int | None = None, top: int = 10, budget_s: float = 6.0) -> Exploration:
+            gbs: int | None = None, top: int = 10, budget_s: float = 30.0,
+            max_grids: int | None = 1200) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
     Ranking is greedy per grid: the fastest precision and each dispatcher / cp_comm_type are tried with the
     lightest recompute and offload that fit; `fitting_count` counts the layouts estimated to fit (a lower bound
-    of all fitting members: the full space is counted, not fully estimated). Stops estimating after budget_s.
+    of all fitting members: the full space is counted, not fully estimated). Estimates the first `max_grids`
+    grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed), with
+    budget_s as a safety net.
     """
     started = time.perf_counter()
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
@@ -373,8 +376,8 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     fitting = 0
     estimated = 0
     seen: set[str] = set()
-    for grid in scored:
-        if time.perf_counter() - started > budget_s:
+    for n, grid in enumerate(scored):
+        if time.perf_counter() - started > budget_s or (max_grids is not None and n >= max_grids):
             break
         legal = table.get(grid)[0]
         for feats in _greedy_features(legal, dims, grid, gpu):

@@ -130,7 +130,8 @@ def space(
     top: int = typer.Option(10, help="how many fitting layouts to list"),
     gbs: Optional[int] = typer.Option(None, help="global batch (default ~16M tokens per step)"),
     fix: list[str] = typer.Option([], "--fix", help="FIELD=VALUE, keep a layout field fixed (repeatable)"),
-    budget: float = typer.Option(6.0, help="seconds to spend estimating layouts"),
+    budget: float = typer.Option(30.0, help="at most this many seconds estimating layouts (a safety net)"),
+    max_grids: int = typer.Option(1200, "--max-grids", help="parallel grids to estimate, in rule-of-thumb order"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers"),
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -145,7 +146,8 @@ def space(
             raise SpecError(f"--fix wants FIELD=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         fixed[key.strip().replace("-", "_")] = _parse_value(value.strip())
-    result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget)
+    result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget,
+                     max_grids=max_grids)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return 0
