@@ -21,7 +21,7 @@ from search_spaces.flops import padded_vocab_size
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
-from search_spaces.pipeline import Placement, placement
+from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 
 GIB = float(1 << 30)
 # Fixed buffers (bytes): DeepEP/HybridEP pre-allocate NVL + RDMA buffers; TE-scoped CUDA graphs keep static
@@ -208,32 +208,31 @@ class RankParams:
     expert: float
 
 
-def rank_params(model: ModelSpec, layout: Layout, units: list[str]) -> RankParams:
+def rank_params(model: ModelSpec, layout: Layout, units: list[Unit]) -> RankParams:
     """Dense (TP-sharded) and expert (EP*ETP-sharded) parameters held by the rank that holds `units`."""
     return _rank_params(model, layout.tp, layout.ep, layout.etp, tuple(units))
 
 
 @lru_cache(maxsize=65536)
-def _rank_params(model: ModelSpec, tp: int, ep: int, etp: int, units: tuple[str, ...]) -> RankParams:
+def _rank_params(model: ModelSpec, tp: int, ep: int, etp: int, units: tuple[Unit, ...]) -> RankParams:
     h = model.hidden_size
     vocab = padded_vocab_size(model.vocab_size, tp)
     dense = expert = 0.0
     has_embedding = False
     for u in units:
-        if u == "E":
+        if u == EMBEDDING:
             dense += vocab * h / tp
             has_embedding = True
-        elif u == "L":
+        elif u == LOSS:
             dense += h + (0 if model.tie_embeddings and has_embedding else vocab * h / tp)
         else:
-            idx = int(u[1:]) if u[0] == "t" else model.num_layers + int(u[1:])
-            norms = 2 * h + (h * model.num_experts if model.layer_is_moe(idx) else 0)
-            dense += (model.dense_params_per_layer(idx) - norms) / tp + norms
-            if model.layer_is_moe(idx):
+            norms = 2 * h + (h * model.num_experts if model.layer_is_moe(u.layer) else 0)
+            dense += (model.dense_params_per_layer(u.layer) - norms) / tp + norms
+            if model.layer_is_moe(u.layer):
                 expert += model.expert_params_per_layer() / (ep * etp)
-            if u[0] == "m":
+            if u.is_mtp:
                 dense += model.mtp_extra_params() / tp
-    if any(u[0] == "m" for u in units) and not has_embedding:
+    if any(u.is_mtp for u in units) and not has_embedding:
         dense += vocab * h / tp  # MTP needs the embedding on its stage
     return RankParams(dense, expert)
 
@@ -260,10 +259,10 @@ def inflight_per_chunk(layout: Layout, rank: int, microbatches: int) -> list[int
     return counts
 
 
-def chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[str, ...], cpu: bool) -> float:
+def chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...], cpu: bool) -> float:
     """Saved bytes of one microbatch through one model chunk, after recompute."""
     total = 0.0
-    layer_units = [u for u in units if u[0] in "tm"]
+    layer_units = [u for u in units if u.is_layer]
     full = layout.recompute_granularity == "full"
     t = layout.mbs * seq_len / layout.cp
     tsp = t / layout.tp if layout.sp else t
@@ -278,13 +277,12 @@ def chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, units: tup
             recomputed = min(n, len(layer_units))
             total += recomputed * layer_input
     for i, u in enumerate(layer_units):
-        idx = int(u[1:]) if u[0] == "t" else model.num_layers + int(u[1:])
         if i >= recomputed:
-            total += layer_saved_bytes(layer_activations(model, layout, seq_len, idx, cpu), layout)
-            if u[0] == "m":
+            total += layer_saved_bytes(layer_activations(model, layout, seq_len, u.layer, cpu), layout)
+            if u.is_mtp:
                 total += mtp_activations(model, layout, seq_len)
-    if "L" in units:
-        total += head_activations(model, layout, seq_len, cpu) * (1 + sum(1 for u in units if u[0] == "m"))
+    if LOSS in units:
+        total += head_activations(model, layout, seq_len, cpu) * (1 + sum(1 for u in units if u.is_mtp))
     return total
 
 
@@ -344,7 +342,7 @@ def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> dict[str
         biggest = max((layer_saved_bytes(layer_activations(model, layout, seq_len, i, cpu), layout)
                        for i in range(min(model.num_layers, 4))), default=0.0)
         activations += biggest * min(layout.recompute_num_layers, 4)
-    head = head_activations(model, layout, seq_len, cpu) if any("L" in c for c in chunks) else 0.0
+    head = head_activations(model, layout, seq_len, cpu) if any(LOSS in c for c in chunks) else 0.0
     t = layout.mbs * seq_len / layout.cp
     tsp = t / layout.tp if layout.sp else t
     dispatcher = 0.0

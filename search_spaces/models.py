@@ -85,7 +85,10 @@ class ModelSpec:
         return self.is_moe and index >= self.first_k_dense
 
     def attention_kind(self, index: int) -> str:
-        """full | sliding | linear for decoder layer `index`."""
+        """full | sliding | linear for decoder layer `index`; MTP layers (index >= num_layers) are full
+        attention (Megatron builds an MTP block's layer from the full-attention layer spec)."""
+        if index >= self.num_layers:
+            return "full"
         return ATTENTION_KINDS[self.attention_pattern[index % len(self.attention_pattern)]]
 
     def attention_kinds(self) -> tuple[str, ...]:

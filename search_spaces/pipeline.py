@@ -1,6 +1,7 @@
 """Placement of the model's pieces on pipeline stages (PP x VPP virtual stages).
 
-Units: "E" (embedding), "t" decoder layer, "m" MTP layer, "L" (final norm, output layer and loss).
+Units (`Unit`): the embedding (E), a decoder layer (t), an MTP layer (m), the final norm, output layer and
+loss (L); the letters are Megatron's pipeline_model_parallel_layout alphabet.
 Three placements, tried in Megatron's order:
 1. even: decoder layers divide over PP*VPP and there is no MTP: E on the first stage, L (and nothing else) on
    the last, not counted as layers (Megatron's default).
@@ -16,8 +17,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from search_spaces.models import ModelSpec
+
+
+class Unit(NamedTuple):
+    """One piece of the model on a pipeline stage.
+
+    `layer` numbers decoder and MTP layers in one sequence (MTP layer j is layer num_layers + j), the index
+    the model's per-layer questions (`layer_is_moe`, `attention_kind`) take; -1 for E and L.
+    """
+    kind: str  # "E" embedding | "t" decoder layer | "m" MTP layer | "L" final norm, output layer and loss
+    layer: int = -1
+
+    @property
+    def is_layer(self) -> bool:
+        """A transformer layer (decoder or MTP), the pieces that hold attention and an MLP/MoE."""
+        return self.kind in ("t", "m")
+
+    @property
+    def is_mtp(self) -> bool:
+        return self.kind == "m"
+
+    def __str__(self) -> str:
+        return self.kind if self.layer < 0 else f"{self.kind}{self.layer}"
+
+
+EMBEDDING = Unit("E")
+LOSS = Unit("L")
+
+
+def model_units(num_layers: int, mtp_layers: int) -> list[Unit]:
+    """Every piece of the model in pipeline order."""
+    return ([EMBEDDING] + [Unit("t", i) for i in range(num_layers)]
+            + [Unit("m", num_layers + j) for j in range(mtp_layers)] + [LOSS])
 
 
 @dataclass(frozen=True)
@@ -25,28 +59,24 @@ class Placement:
     pp: int
     vpp: int
     method: str  # even | counted | explicit
-    stages: tuple[tuple[str, ...], ...]  # per virtual stage, units like "E", "t3", "m0", "L"
+    stages: tuple[tuple[Unit, ...], ...]  # per virtual stage, in pipeline order
 
-    def rank_stages(self, rank: int) -> list[tuple[str, ...]]:
+    def rank_stages(self, rank: int) -> list[tuple[Unit, ...]]:
         """The VPP model chunks held by pipeline rank `rank`."""
         return [self.stages[c * self.pp + rank] for c in range(self.vpp)]
 
-    def rank_units(self, rank: int) -> list[str]:
+    def rank_units(self, rank: int) -> list[Unit]:
         return [u for stage in self.rank_stages(rank) for u in stage]
 
     def layout_string(self) -> str:
         """Megatron's pipeline_model_parallel_layout syntax (E, t, m, L; '|' between virtual stages)."""
-        return "|".join("".join(u[0] for u in stage) for stage in self.stages)
+        return "|".join("".join(u.kind for u in stage) for stage in self.stages)
 
     def max_layers_per_stage(self) -> int:
-        return max(sum(1 for u in s if u[0] in "tm") for s in self.stages)
+        return max(sum(1 for u in s if u.is_layer) for s in self.stages)
 
 
-def _units(model: ModelSpec) -> list[str]:
-    return ["E"] + [f"t{i}" for i in range(model.num_layers)] + [f"m{j}" for j in range(model.mtp_layers)] + ["L"]
-
-
-def _split(units: list[str], stages: int) -> list[tuple[str, ...]]:
+def _split(units: list[Unit], stages: int) -> list[tuple[Unit, ...]]:
     """Contiguous split into `stages` parts of (nearly) equal unit counts."""
     n = len(units)
     base, extra = divmod(n, stages)
@@ -63,12 +93,12 @@ def _split(units: list[str], stages: int) -> list[tuple[str, ...]]:
 _WEIGHT = {"E": 0.5, "t": 1.0, "m": 2.0, "L": 2.0}
 
 
-def _balanced_split(units: list[str], stages: int) -> list[tuple[str, ...]]:
+def _balanced_split(units: list[Unit], stages: int) -> list[tuple[Unit, ...]]:
     """Contiguous split into exactly `stages` non-empty parts minimising the heaviest part (dynamic program)."""
     n = len(units)
     prefix = [0.0]
     for u in units:
-        prefix.append(prefix[-1] + _WEIGHT[u[0]])
+        prefix.append(prefix[-1] + _WEIGHT[u.kind])
     inf = float("inf")
     # best[k][i]: heaviest part when the first i units fill k stages; cut[k][i]: where the k-th stage starts
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
@@ -93,14 +123,14 @@ def _balanced_split(units: list[str], stages: int) -> list[tuple[str, ...]]:
 @lru_cache(maxsize=4096)
 def _placement(num_layers: int, mtp: int, pp: int, vpp: int) -> Placement | None:
     stages = pp * vpp
-    layers = [f"t{i}" for i in range(num_layers)]
+    units = model_units(num_layers, mtp)
     if mtp == 0 and num_layers % stages == 0:
         per = num_layers // stages
+        layers = units[1:-1]
         parts = [tuple(layers[i * per:(i + 1) * per]) for i in range(stages)]
-        parts[0] = ("E",) + parts[0]
-        parts[-1] = parts[-1] + ("L",)
+        parts[0] = (EMBEDDING,) + parts[0]
+        parts[-1] = parts[-1] + (LOSS,)
         return Placement(pp, vpp, "even", tuple(parts))
-    units = ["E"] + layers + [f"m{j}" for j in range(mtp)] + ["L"]
     if len(units) < stages:
         return None
     if len(units) % stages == 0 and mtp == 0:

@@ -30,7 +30,7 @@ from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.memory import act_bytes, chunk_activations, rank_params, weight_bytes
 from search_spaces.models import ModelSpec
-from search_spaces.pipeline import placement
+from search_spaces.pipeline import EMBEDDING, LOSS, Unit, model_units, placement
 
 CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
 DEFAULT_CALIBRATION = {
@@ -121,9 +121,9 @@ def _gemm_input_width(model: ModelSpec, units) -> float:
     h = model.hidden_size
     total = 0.0
     for u in units:
-        if u[0] not in "tm":
+        if not u.is_layer:
             continue
-        idx = int(u[1:]) if u[0] == "t" else model.num_layers
+        idx = u.layer
         q = model.num_attention_heads * (model.value_head_dim if model.is_mla else model.head_dim)
         total += h + q  # QKV projection and output projection inputs
         if model.layer_is_moe(idx):
@@ -135,15 +135,15 @@ def _gemm_input_width(model: ModelSpec, units) -> float:
     return total
 
 
-def _unit_flops(model: ModelSpec, seq_len: int, unit: str, layout: Layout) -> tuple[float, float, float, float]:
+def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout) -> tuple[float, float, float, float]:
     """Per-token forward+backward FLOPs of one pipeline unit: (dense GEMM, expert GEMM, core attention, recompute)."""
     h = model.hidden_size
     glu = 3 if model.gated_mlp else 2
-    if unit == "E":
+    if unit == EMBEDDING:
         return 0.0, 0.0, 0.0, 0.0
-    if unit == "L":
+    if unit == LOSS:
         return 6.0 * h * padded_vocab_size(model.vocab_size) * (1 + model.mtp_layers), 0.0, 0.0, 0.0
-    idx = int(unit[1:]) if unit[0] == "t" else model.num_layers + int(unit[1:])
+    idx = unit.layer
     kind = model.attention_kind(idx)
     proj = 6.0 * _attention_proj_per_token(model, kind)
     core = 6.0 * _attention_core_per_token(model, kind, seq_len)
@@ -152,7 +152,7 @@ def _unit_flops(model: ModelSpec, seq_len: int, unit: str, layout: Layout) -> tu
         mlp = 6.0 * h * model.shared_expert_ffn_hidden_size * glu
     else:
         expert, mlp = 0.0, 6.0 * h * model.ffn_hidden_size * glu
-    if unit[0] == "m":
+    if unit.is_mtp:
         mlp += 6.0 * (3 * h + 2 * h * h)
     # recompute repeats (part of) the forward: one third of the fwd+bwd count
     rc = 0.0
@@ -217,15 +217,14 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
         for u in units:
             d_, x_, c_, r_ = _unit_flops(model, seq_len, u, L)
             dense, expert, core, rc = dense + d_, expert + x_, core + c_, rc + r_
-            layers += u[0] in "tm"
+            layers += u.is_layer
         per_gpu = tokens_mb / stage_gpus
         t_gemm = per_gpu * (dense + rc) / g_rate + per_gpu * expert / (g_rate * grouped)
         t_attn = per_gpu * core / a_rate
         acts = sum(chunk_activations(model, plain, seq_len, c, gpu.is_cpu)
                    for c in place.rank_stages(rank))
         t_elem = cal["elementwise_passes"] * acts / hbm
-        n_moe = sum(1 for u in units if u[0] in "tm" and model.layer_is_moe(
-            int(u[1:]) if u[0] == "t" else model.num_layers))
+        n_moe = sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer))
         if n_moe and not gpu.is_cpu:
             # every routed copy of a token is permuted, scattered, put through the activation and the
             # probability scaling and un-permuted (fwd and bwd): passes over topk x (hidden + intermediate)
@@ -243,10 +242,8 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
     assert worst is not None
     layers = worst["layers"]
     units = worst["units"]
-    moe_layers = sum(1 for u in units if u[0] in "tm" and model.layer_is_moe(
-        int(u[1:]) if u[0] == "t" else model.num_layers))
-    attn_layers = [u for u in units if u[0] in "tm"
-                   and model.attention_kind(int(u[1:]) if u[0] == "t" else model.num_layers) != "linear"]
+    moe_layers = sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer))
+    attn_layers = [u for u in units if u.is_layer and model.attention_kind(u.layer) != "linear"]
 
     t_local = tokens_mb / L.cp
     # ---- tensor parallel (sequence parallel AG/RS), per microbatch
@@ -284,8 +281,7 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
             ring = 3 * (outer - 1) * chunk / so_bw
             exposed = vol / nv_bw + max(0.0, ring - 0.9 * attn_per_layer) + 3 * (outer - 1) * 2e-5
         cp_comm = exposed * len(attn_layers)
-    linear_layers = sum(1 for u in units if u[0] in "tm"
-                        and model.attention_kind(int(u[1:]) if u[0] == "t" else model.num_layers) == "linear")
+    linear_layers = sum(1 for u in units if u.is_layer and model.attention_kind(u.layer) == "linear")
     if L.cp > 1 and linear_layers:
         # gated delta-net is sequential along the sequence: under CP its inputs are re-sharded from sequence to
         # heads and back with all-to-alls (q, k, v, gates in; output out), fwd and bwd, not overlapped
@@ -358,5 +354,5 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
 
 def recompute_flops_per_step(model: ModelSpec, seq_len: int, layout: Layout) -> float:
     """Extra FLOPs the recompute choice adds over a whole step (for hardware-FLOP figures)."""
-    units = ["E"] + [f"t{i}" for i in range(model.num_layers)] + [f"m{j}" for j in range(model.mtp_layers)] + ["L"]
+    units = model_units(model.num_layers, model.mtp_layers)
     return sum(_unit_flops(model, seq_len, u, layout)[3] for u in units) * seq_len * layout.gbs
