@@ -31,7 +31,7 @@ from orchestrator.progress import SweepProgress
 from orchestrator.sampler import LayoutProposer, make_sampler
 from orchestrator.spec import SweepSpec
 from orchestrator.tracking import Tracker
-from orchestrator.validate import validate
+from search_spaces.validation import validate
 
 
 # backends whose trials take microseconds: the study runs in memory and is stored at the end

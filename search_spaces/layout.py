@@ -3,127 +3,111 @@
 A Layout says how one training job is split and run. It knows nothing of the model or the cluster:
 whether it is *legal* for a given model and world size is the job of `search_spaces.rules`.
 Derived sizes (DP, EDP, gradient accumulation) need the world size, so they are methods.
+
+Every field is a dimension declared once, below, with its doc, flag, Megatron names and legal values
+(`search_spaces.dimensions`); `DIMENSIONS` lists them and everything that spells a layout out (spec keys,
+search parameters, CSV columns, MLflow params, trainer and estimate flags, exports) derives from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
+from search_spaces.dimensions import Dimension, Primitive, dimension, dimensions_of
 from search_spaces.errors import SpecError
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 # The seed recipes call mla_up_proj "up_proj" and layernorm "norm".
 RECOMPUTE_ALIASES = {"up_proj": "mla_up_proj", "norm": "layernorm"}
-RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 # fp32 exists for CPU runs only; the fp8 names follow Megatron-Core's fp8_recipe values.
 PRECISIONS = ("fp32", "bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise", "mxfp8")
-PRECISION_ALIASES = {
-    "fp8": "fp8-blockwise",
-    "fp8-block": "fp8-blockwise",
-    "fp8-cs": "fp8-tensorwise",
-    "fp8-mx": "mxfp8",
-}
+PRECISION_ALIASES = {"fp8": "fp8-blockwise", "fp8-block": "fp8-blockwise", "fp8-cs": "fp8-tensorwise",
+                     "fp8-mx": "mxfp8"}
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 
-_INT_FIELDS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs")
 
-
-def _as_tuple(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [v for v in value.replace(";", ",").split(",")]
-    items = tuple(str(v).strip() for v in value if str(v).strip())
-    return () if items in ((), ("none",)) else items
+def _size(doc: str, flag: str, megatron: str, megatron_lm: str, searchable: bool = True,
+          parallel: bool = True) -> Any:
+    return dimension(1, doc, kind="int", flag=flag, megatron=megatron, megatron_lm=megatron_lm,
+                     searchable=searchable, parallel=parallel, minimum=1)
 
 
 @dataclass(frozen=True)
 class Layout:
-    tp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    mbs: int = 1
-    gbs: int = 1
-    recompute_granularity: str = "none"
-    recompute_modules: tuple[str, ...] = ()
-    recompute_method: str = "uniform"
-    recompute_num_layers: int = 1
-    cuda_graphs: tuple[str, ...] = ()
-    precision: str = "bf16"
-    dispatcher: str = "alltoall"
-    cp_comm_type: str = "p2p"
-    optimizer_offload: float = 0.0
-    distributed_optimizer: bool = True
-    # None means "what Megatron requires": on whenever TP > 1.
-    sequence_parallel: bool | None = None
+    """How one training job is split and run. Each field is one dimension (see the module docstring)."""
+
+    tp: int = _size("tensor-parallel size: attention and dense MLP weights split over TP GPUs of one NVLink domain",
+                    "--tp", "tensor_model_parallel_size", "--tensor-model-parallel-size")
+    cp: int = _size("context-parallel size: each sequence split into 2*CP load-balanced chunks over CP GPUs",
+                    "--cp", "context_parallel_size", "--context-parallel-size")
+    ep: int = _size("expert-parallel size: routed experts spread over EP GPUs (token all-to-all)",
+                    "--ep", "expert_model_parallel_size", "--expert-model-parallel-size")
+    etp: int = _size("expert tensor-parallel size: each expert's FFN split over ETP GPUs",
+                     "--etp", "expert_tensor_parallel_size", "--expert-tensor-parallel-size")
+    pp: int = _size("pipeline-parallel size: layers split into PP stages",
+                    "--pp", "pipeline_model_parallel_size", "--pipeline-model-parallel-size")
+    vpp: int = _size("virtual pipeline stages per pipeline rank (interleaved schedule); 1 = none",
+                     "--vpp", "virtual_pipeline_model_parallel_size", "--num-virtual-stages-per-pipeline-rank")
+    mbs: int = _size("micro-batch size in sequences", "--mbs", "micro_batch_size", "--micro-batch-size",
+                     parallel=False)
+    gbs: int = _size("global batch size in sequences per optimizer step (a multiple of MBS*DP)", "--gbs",
+                     "global_batch_size", "--global-batch-size", searchable=False, parallel=False)
+    precision: str = dimension(
+        "bf16", "GEMM precision: fp32 (CPU only), bf16, an fp8 recipe or mxfp8 (Blackwell)", kind="choice",
+        flag="--precision", megatron="fp8_recipe", megatron_lm="--fp8-recipe", searchable=True,
+        choices=PRECISIONS, aliases=PRECISION_ALIASES)
+    recompute: str = dimension(
+        "none", "activation recompute: none, full (whole layers) or the modules recomputed selectively",
+        kind="recompute", flag="--recompute", megatron="recompute_modules", megatron_lm="--recompute-modules",
+        searchable=True, choices=RECOMPUTE_MODULES, aliases=RECOMPUTE_ALIASES)
+    recompute_method: str = dimension(
+        "uniform", "full recompute: uniform (every group of N layers) or block (the first N layers per stage)",
+        kind="choice", flag="--recompute-method", megatron="recompute_method", megatron_lm="--recompute-method",
+        choices=RECOMPUTE_METHODS)
+    recompute_num_layers: int = dimension(
+        1, "full recompute: the N of recompute_method", kind="int", flag="--recompute-num-layers",
+        megatron="recompute_num_layers", megatron_lm="--recompute-num-layers", minimum=1)
+    cuda_graphs: tuple[str, ...] = dimension(
+        (), "CUDA-graph scopes captured (none, per-layer scopes, or full_iteration alone)", kind="modules",
+        flag="--cuda-graphs", megatron="cuda_graph_modules", megatron_lm="--cuda-graph-modules", searchable=True,
+        choices=CUDA_GRAPH_SCOPES)
+    dispatcher: str = dimension(
+        "alltoall", "MoE token dispatcher: alltoall, allgather, or the flex dispatcher with DeepEP / HybridEP",
+        kind="choice", flag="--dispatcher", megatron="moe_token_dispatcher_type",
+        megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS)
+    cp_comm_type: str = dimension(
+        "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
+        "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="cp_comm_type",
+        megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES)
+    optimizer_offload: float = dimension(
+        0.0, "fraction of the optimizer states kept and stepped on the host (0..1)", kind="float",
+        flag="--optimizer-offload", megatron="optimizer_offload_fraction",
+        megatron_lm="--optimizer-offload-fraction", searchable=True, minimum=0.0, maximum=1.0)
+    distributed_optimizer: bool = dimension(
+        True, "shard the optimizer states over data-parallel ranks (ZeRO-1)", kind="bool",
+        flag="--distributed-optimizer", megatron="use_distributed_optimizer",
+        megatron_lm="--use-distributed-optimizer")
+    sequence_parallel: bool | None = dimension(
+        None, "sequence parallelism in the TP regions; auto = what Megatron requires (on whenever TP > 1)",
+        kind="bool", flag="--sequence-parallel", megatron="sequence_parallel", megatron_lm="--sequence-parallel",
+        optional=True)
 
     def __post_init__(self) -> None:
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                try:
-                    value = int(value)
-                except (TypeError, ValueError):
-                    raise SpecError(f"layout field {name} must be an integer, got {value!r}") from None
-                object.__setattr__(self, name, value)
-            if value < 1:
-                raise SpecError(f"layout field {name} must be >= 1, got {value}")
+        for dim in DIMENSIONS:
+            object.__setattr__(self, dim.name, dim.parse(getattr(self, dim.name)))
         if self.gbs % self.mbs:
             raise SpecError(f"gbs ({self.gbs}) must be a multiple of mbs ({self.mbs})")
 
-        modules = tuple(RECOMPUTE_ALIASES.get(m, m) for m in _as_tuple(self.recompute_modules))
-        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
-        if bad:
-            raise SpecError(f"unknown recompute module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"
-                            f" (aliases: {', '.join(RECOMPUTE_ALIASES)})")
-        object.__setattr__(self, "recompute_modules", tuple(dict.fromkeys(modules)))
-        gran = self.recompute_granularity
-        if gran not in RECOMPUTE_GRANULARITIES:
-            raise SpecError(f"recompute granularity {gran!r}; allowed: {', '.join(RECOMPUTE_GRANULARITIES)}")
-        if gran == "selective" and not self.recompute_modules:
-            raise SpecError("selective recompute needs at least one module")
-        if gran != "selective" and self.recompute_modules:
-            raise SpecError(f"recompute modules are only for selective recompute, not {gran!r}")
-        if self.recompute_method not in RECOMPUTE_METHODS:
-            raise SpecError(f"recompute method {self.recompute_method!r}; allowed: {', '.join(RECOMPUTE_METHODS)}")
-        if int(self.recompute_num_layers) < 1:
-            raise SpecError("recompute_num_layers must be >= 1")
-
-        graphs = _as_tuple(self.cuda_graphs)
-        bad = [g for g in graphs if g not in CUDA_GRAPH_SCOPES]
-        if bad:
-            raise SpecError(f"unknown CUDA-graph scope {bad[0]!r}; allowed: none, {', '.join(CUDA_GRAPH_SCOPES)}")
-        object.__setattr__(self, "cuda_graphs", tuple(dict.fromkeys(graphs)))
-
-        precision = PRECISION_ALIASES.get(str(self.precision).lower(), str(self.precision).lower())
-        if precision not in PRECISIONS:
-            raise SpecError(f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
-        object.__setattr__(self, "precision", precision)
-        if self.dispatcher not in DISPATCHERS:
-            raise SpecError(f"unknown dispatcher {self.dispatcher!r}; allowed: {', '.join(DISPATCHERS)}")
-        if self.cp_comm_type not in CP_COMM_TYPES:
-            raise SpecError(f"unknown cp_comm_type {self.cp_comm_type!r}; allowed: {', '.join(CP_COMM_TYPES)}")
-        try:
-            offload = float(self.optimizer_offload)
-        except (TypeError, ValueError):
-            raise SpecError(f"optimizer_offload must be a number in [0, 1], got {self.optimizer_offload!r}") from None
-        if not 0.0 <= offload <= 1.0:
-            raise SpecError(f"optimizer_offload must be in [0, 1], got {offload}")
-        object.__setattr__(self, "optimizer_offload", offload)
-
-    # ---- derived sizes -------------------------------------------------------------------------
+    # ---- derived ---------------------------------------------------------------------------------
     @property
     def sp(self) -> bool:
         """Sequence parallel in effect (Megatron requires it for MoE with TP > 1)."""
-        return self.tp > 1 if self.sequence_parallel is None else bool(self.sequence_parallel)
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
 
     def dp(self, world: int) -> int:
         """Data-parallel size of the dense part: world / (TP·CP·PP). 0 if it does not divide."""
@@ -143,83 +127,88 @@ class Layout:
         return self.gbs // (self.mbs * dp)
 
     @property
-    def recompute(self) -> str:
-        """The --recompute flag value: none, full, or a comma list of modules."""
-        if self.recompute_granularity == "selective":
-            return ",".join(self.recompute_modules)
-        return self.recompute_granularity
+    def recompute_granularity(self) -> str:
+        """none | selective | full (Megatron's recompute_granularity)."""
+        return self.recompute if self.recompute in ("none", "full") else "selective"
 
-    # ---- (de)serialisation ---------------------------------------------------------------------
+    @property
+    def recompute_modules(self) -> tuple[str, ...]:
+        """The selectively recomputed modules (empty unless selective)."""
+        return tuple(self.recompute.split(",")) if self.recompute_granularity == "selective" else ()
+
+    # ---- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["recompute_modules"] = list(self.recompute_modules)
         d["cuda_graphs"] = list(self.cuda_graphs)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Layout":
-        """Build from a dict; accepts the flag spellings (`recompute`, `cuda_graphs` as strings)."""
-        data = dict(data)
-        names = {f.name for f in dataclasses.fields(cls)}
-        if "recompute" in data:
-            data.update(parse_recompute(data.pop("recompute"), data.get("recompute_method", "uniform"),
-                                        data.get("recompute_num_layers", 1)))
-        unknown = sorted(set(data) - names)
+        """Build from a dict of field values (the spellings `parse` accepts; legacy recompute_granularity /
+        recompute_modules keys of older records are read too)."""
+        data = _legacy_recompute(dict(data))
+        unknown = sorted(set(data) - set(FIELD_NAMES))
         if unknown:
-            raise SpecError(f"unknown layout field {unknown[0]!r}; allowed: {', '.join(sorted(names | {'recompute'}))}")
+            raise SpecError(f"unknown layout field {unknown[0]!r}; allowed: {', '.join(FIELD_NAMES)}")
         return cls(**data)
 
+    @classmethod
+    def from_params(cls, params: dict[str, Any], base: "Layout | None" = None) -> "Layout":
+        """Decode encoded values (Optuna params, CSV cells, MLflow params, flag text) over `base`."""
+        unknown = sorted(set(params) - set(FIELD_NAMES))
+        if unknown:
+            raise SpecError(f"unknown layout field {unknown[0]!r}; allowed: {', '.join(FIELD_NAMES)}")
+        decoded = {name: BY_NAME[name].decode(value) for name, value in params.items()}
+        return (base or cls()).replace(**decoded)
+
+    def params(self, names: Iterable[str] | None = None) -> dict[str, Primitive]:
+        """Encoded values of the named dimensions (all by default), e.g. as Optuna params or MLflow params."""
+        return {name: BY_NAME[name].encode(getattr(self, name)) for name in (names or FIELD_NAMES)}
+
     def replace(self, **changes: Any) -> "Layout":
-        if "recompute" in changes:
-            changes.update(parse_recompute(changes.pop("recompute"),
-                                           changes.get("recompute_method", self.recompute_method),
-                                           changes.get("recompute_num_layers", self.recompute_num_layers)))
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_legacy_recompute(changes))
 
     def to_flags(self) -> list[str]:
-        """argv for `moe-autotune estimate` and `python -m trainers.megatron_moe` (same flags)."""
-        argv = []
-        for name in _INT_FIELDS:
-            argv += [f"--{name}", str(getattr(self, name))]
-        argv += ["--recompute", self.recompute]
-        if self.recompute_granularity == "full":
-            argv += ["--recompute-method", self.recompute_method,
-                     "--recompute-num-layers", str(self.recompute_num_layers)]
-        argv += ["--cuda-graphs", ",".join(self.cuda_graphs) or "none",
-                 "--precision", self.precision,
-                 "--dispatcher", self.dispatcher,
-                 "--cp-comm-type", self.cp_comm_type,
-                 "--optimizer-offload", repr(self.optimizer_offload)]
-        if not self.distributed_optimizer:
-            argv += ["--no-distributed-optimizer"]
+        """argv for `moe-autotune estimate` and `python -m trainers.megatron_moe` (same flags): every field."""
+        argv: list[str] = []
+        for dim in DIMENSIONS:
+            value = dim.encode(getattr(self, dim.name))
+            argv += [dim.flag, str(value).lower() if isinstance(value, bool) else str(value)]
         return argv
 
     def key(self) -> str:
-        """A short stable string naming the layout (for dedup, tables and run names)."""
-        parts = [f"tp{self.tp}", f"cp{self.cp}", f"ep{self.ep}", f"etp{self.etp}", f"pp{self.pp}",
-                 f"vpp{self.vpp}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"rc={self.recompute}",
-                 f"g={','.join(self.cuda_graphs) or 'none'}", self.precision, self.dispatcher,
-                 f"cpc={self.cp_comm_type}", f"off={self.optimizer_offload:g}"]
-        if not self.distributed_optimizer:
-            parts.append("nodistopt")
-        if self.sequence_parallel is not None:
-            parts.append(f"sp={int(self.sequence_parallel)}")
+        """A short stable string naming the layout (for dedup, tables and run names): every searchable
+        dimension and the batch, then any other field that is not at its default."""
+        parts = []
+        for dim in DIMENSIONS:
+            value = getattr(self, dim.name)
+            if not (dim.searchable or dim.name == "gbs") and value == dim.default:
+                continue
+            text = dim.encode(value)
+            parts.append(f"{dim.name}{text}" if dim.kind == "int" else f"{dim.name}={text}")
         return "/".join(parts)
 
 
-def parse_recompute(value: Any, method: str = "uniform", num_layers: int = 1) -> dict[str, Any]:
-    """`none` | `full` | `selective` modules as a comma list (or list) -> Layout fields."""
-    if isinstance(value, dict):
-        return value
-    items = _as_tuple(value)
-    if not items:
-        return {"recompute_granularity": "none", "recompute_modules": ()}
-    if items == ("full",):
-        return {"recompute_granularity": "full", "recompute_modules": (),
-                "recompute_method": method, "recompute_num_layers": num_layers}
-    if "full" in items:
-        raise SpecError("recompute 'full' cannot be combined with selective modules")
-    return {"recompute_granularity": "selective", "recompute_modules": items}
+DIMENSIONS: tuple[Dimension, ...] = dimensions_of(Layout)
+BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
+FIELD_NAMES: tuple[str, ...] = tuple(BY_NAME)
+# what a sweep searches over (spec `free`), and the parallel sizes a trainer reports back
+SEARCH_DIMENSIONS: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.searchable)
+PARALLEL_SIZES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.parallel)
+
+
+def _legacy_recompute(data: dict[str, Any]) -> dict[str, Any]:
+    """Records written before `recompute` was one field kept granularity and modules apart."""
+    granularity = data.pop("recompute_granularity", None)
+    modules = data.pop("recompute_modules", None)
+    if granularity is not None and "recompute" not in data:
+        data["recompute"] = list(modules or ()) if granularity == "selective" else granularity
+    return data
+
+
+def parse_recompute(value: Any) -> str:
+    """`none` | `full` | selective modules (comma list or list, aliases allowed) -> the canonical spelling."""
+    return BY_NAME["recompute"].parse(value)
 
 
 def distinct(layouts: Iterable[Layout]) -> list[Layout]:

@@ -22,16 +22,16 @@ from typing import Any, Iterator
 from search_spaces.costmodel import Estimate, estimate
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
-from search_spaces.layout import Layout, parse_recompute
+from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.rules import RULES, check
 
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MBS_CHOICES = (1, 2, 4)
-GRID_FIELDS = ("pp", "vpp", "tp", "cp", "ep", "etp", "mbs")
-FEATURE_FIELDS = ("precision", "recompute", "cuda_graphs", "dispatcher", "cp_comm_type", "optimizer_offload",
-                  "distributed_optimizer")
+# the parallel grid (enumerated nested, pruned by rule) and the features tried on each legal grid
+GRID_FIELDS = PARALLEL_SIZES + ("mbs",)
+FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + ("distributed_optimizer",)
 
 # rules decided at each level of the nested enumeration (others cannot fail there)
 _LEVEL_RULES = {
@@ -105,22 +105,9 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
     v["distributed_optimizer"] = [True]
     v["gbs"] = [int(gbs) if gbs else default_gbs(seq_len, gpu)]
     for name, value in (fixed or {}).items():
-        if name == "recompute":
-            v["recompute"] = [str(value)]
-        elif name in ("recompute_granularity", "recompute_modules"):
-            raise SpecError("fix recompute with the 'recompute' key (none, full or a module list)")
-        elif name == "cuda_graphs":
-            v["cuda_graphs"] = [Layout(cuda_graphs=value).cuda_graphs]
-        elif name in v or name in ("sequence_parallel", "recompute_method", "recompute_num_layers"):
-            v[name] = [value]
-        else:
-            raise SpecError(f"unknown layout field {name!r} in fixed values")
-    # validate fixed values once (raises SpecError naming the field)
-    try:
-        Layout.from_dict({k: vals[0] for k, vals in v.items() if k not in ("mbs", "gbs")}
-                         | {"mbs": 1, "gbs": 1})
-    except TypeError as exc:
-        raise SpecError(f"bad fixed value: {exc}") from None
+        if name not in BY_NAME:
+            raise SpecError(f"unknown layout field {name!r} in fixed values; allowed: {', '.join(BY_NAME)}")
+        v[name] = [BY_NAME[name].parse(value)]  # a SpecError names a bad value
     return Dimensions(v)
 
 
@@ -138,10 +125,7 @@ def recompute_options(model: ModelSpec, cpu: bool = False) -> list[str]:
 
 
 def _layout(values: dict[str, Any]) -> Layout:
-    d = dict(values)
-    d.update(parse_recompute(d.pop("recompute"), d.pop("recompute_method", "uniform"),
-                             d.pop("recompute_num_layers", 1)))
-    return Layout(**d)
+    return Layout(**values)
 
 
 @dataclass
@@ -232,7 +216,7 @@ def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims
 
 
 def _defaults_grid() -> dict[str, int]:
-    return {"pp": 1, "vpp": 1, "tp": 1, "cp": 1, "ep": 1, "etp": 1, "mbs": 1}
+    return {name: 1 for name in GRID_FIELDS}
 
 
 class _FeatureTable:

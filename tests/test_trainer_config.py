@@ -4,6 +4,7 @@ the CPU patch version pin and the CP chunk layout. No processes."""
 import pytest
 import torch
 
+from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from trainers import config, cpu_compat, faults
@@ -11,6 +12,7 @@ from trainers.megatron_moe import build_parser, layout_from_args
 
 TINY = load_model("tiny-moe")
 MLA = load_model("tiny-mla-moe")
+CPU = load_gpu("cpu")
 
 
 def L(**fields) -> Layout:
@@ -35,7 +37,7 @@ def test_layout_maps_onto_transformer_config_fields():
 
 def test_gpu_features_map_to_megatron_names():
     layout = Layout(precision="fp8-delayed", dispatcher="deepep", cuda_graphs="attn,moe_router",
-                    recompute_granularity="full", recompute_method="block", recompute_num_layers=2, cp=2,
+                    recompute="full", recompute_method="block", recompute_num_layers=2, cp=2,
                     cp_comm_type="a2a+p2p", optimizer_offload=0.5)
     kw = config.transformer_config_kwargs(TINY, layout, on_cpu=False)
     assert (kw["fp8"], kw["fp8_recipe"]) == ("hybrid", "delayed")
@@ -64,40 +66,74 @@ def test_megatron_accepts_the_mapped_configs():
     OptimizerConfig(**config.optimizer_config_kwargs(layout))
 
 
-def test_uneven_pipeline_counts_embedding_and_loss_as_layers():
+def test_the_trainer_places_layers_where_the_cost_model_does():
     both = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
-    assert config.pipeline_split_kwargs(4, L(pp=2)) == {}
-    assert config.pipeline_split_kwargs(4, L(pp=3)) == both
-    assert config.pipeline_split_kwargs(5, L(pp=2)) == {"account_for_loss_in_pipeline_split": True}
-    assert config.pipeline_split_kwargs(5, L(pp=4)) is None
-    assert "cannot be split" in config.refusal(TINY.with_overrides(num_layers=5), L(pp=4), world=4, seq_len=64,
-                                               on_cpu=True)
+    five = TINY.with_overrides(num_layers=5)
+    assert config.pipeline_split_kwargs(TINY, L(pp=2)) == {}
+    assert config.pipeline_split_kwargs(TINY, L(pp=3)) == both
+    # 5 layers on 2 stages: the balanced explicit layout of search_spaces.pipeline, in Megatron's syntax
+    assert config.pipeline_split_kwargs(five, L(pp=2)) == {"pipeline_model_parallel_layout": "Ettt|ttL"}
+    assert config.refusal(TINY, CPU, L(pp=8, gbs=8), world=8, seq_len=64).startswith("pipeline_split:")
 
 
 @pytest.mark.parametrize("fields, words", [
-    (dict(precision="fp8"), "precision fp8-blockwise"),
+    (dict(precision="fp8"), "fp8-blockwise"),
     (dict(dispatcher="hybridep"), "dispatcher hybridep"),
     (dict(cuda_graphs="attn"), "CUDA graphs"),
-    (dict(optimizer_offload=0.5), "offload"),
+    (dict(optimizer_offload=0.5), "optimizer offload"),
     (dict(cp=2, cp_comm_type="a2a"), "cp_comm_type a2a"),
 ])
 def test_gpu_only_features_are_refused_on_cpu(fields, words):
     layout = L(**fields)
-    reason = config.refusal(TINY, layout, world=layout.cp, seq_len=64, on_cpu=True)
-    assert reason and "GPU-only" in reason and words in reason
-    assert config.refusal(TINY, layout, world=layout.cp, seq_len=64, on_cpu=False) is None
+    reason = config.refusal(TINY, CPU, layout, world=layout.cp, seq_len=64)
+    assert reason and "gpu_only_feature: not available on cpu" in reason and words in reason
+    assert config.refusal(TINY, load_gpu("h100"), layout, world=layout.cp, seq_len=64) is None
 
 
-def test_illegal_shapes_are_refused():
-    assert "divisible" in config.refusal(TINY, L(tp=2), world=3, seq_len=64, on_cpu=True)
-    assert "experts" in config.refusal(TINY, L(ep=8, gbs=8), world=8, seq_len=64, on_cpu=True)
-    assert "gbs" in config.refusal(TINY, L(mbs=1, gbs=1), world=2, seq_len=64, on_cpu=True)
-    assert "seq_len" in config.refusal(TINY, L(cp=2, tp=2), world=4, seq_len=66, on_cpu=True)
-    assert config.refusal(TINY, L(ep=2, pp=2, mbs=1, gbs=2), world=4, seq_len=64, on_cpu=True) is None
+def test_illegal_shapes_are_refused_by_the_sweeps_rules():
+    assert "world_dense" in config.refusal(TINY, CPU, L(tp=2), world=3, seq_len=64)
+    assert "experts_ep" in config.refusal(TINY, CPU, L(ep=8, gbs=8), world=8, seq_len=64)
+    assert "global_batch" in config.refusal(TINY, CPU, L(mbs=1, gbs=1), world=2, seq_len=64)
+    assert "sequence_cp" in config.refusal(TINY, CPU, L(cp=2, tp=2), world=4, seq_len=66)
+    assert config.refusal(TINY, CPU, L(ep=2, pp=2, mbs=1, gbs=2), world=4, seq_len=64) is None
+
+
+@pytest.mark.parametrize("model", [TINY, MLA], ids=lambda m: m.name)
+def test_the_sweep_and_the_trainer_agree_on_every_layout_of_a_small_space(model):
+    """One rule set: for every combination of a small raw space (legal or not), the cost model's legality
+    (what the sweep screens with) and the trainer's refusal give the same verdict."""
+    import itertools
+
+    from search_spaces.costmodel import estimate
+    from search_spaces.space import dimensions
+
+    values = dimensions(model, CPU, 4, 128, gbs=4).values
+    values.update(tp=[1, 2, 4], cp=[1, 2, 4], ep=[1, 2, 4, 8], etp=[1, 2], pp=[1, 2, 3, 4, 8], vpp=[1, 2],
+                  mbs=[1, 2], precision=["fp32", "fp8"], dispatcher=["alltoall", "deepep"], cp_comm_type=["p2p", "a2a"])
+    names = list(values)
+    checked = disagreements = 0
+    for combo in itertools.product(*(values[n] for n in names)):
+        try:
+            layout = Layout(**dict(zip(names, combo)))
+        except Exception:  # noqa: BLE001 -- not even a Layout (gbs % mbs): neither side sees it
+            continue
+        for seq_len in (128, 130):
+            legal = estimate(model, CPU, 4, seq_len, layout, with_time=False).legal
+            refused = config.refusal(model, CPU, layout, world=4, seq_len=seq_len)
+            checked += 1
+            disagreements += legal == bool(refused)
+    assert checked > 1000 and disagreements == 0
+
+
+def test_the_trainer_names_what_it_cannot_build():
+    qwen_next = load_model("qwen3-next-80b-a3b")
+    assert "full-attention layers only" in config.refusal(qwen_next, load_gpu("h100"), L(), world=1, seq_len=4096)
+    assert "MTP" in " ".join(config.capability_gaps(load_model("deepseek-v3"), L()))
+    assert config.capability_gaps(TINY, L()) == []
 
 
 def test_flags_round_trip_through_the_trainer_parser(tmp_path):
-    layout = Layout(tp=2, cp=1, ep=2, pp=2, vpp=2, mbs=2, gbs=16, recompute_granularity="full",
+    layout = Layout(tp=2, cp=1, ep=2, pp=2, vpp=2, mbs=2, gbs=16, recompute="full",
                     recompute_method="block", recompute_num_layers=2, precision="fp32", dispatcher="allgather",
                     distributed_optimizer=False)
     args = build_parser().parse_args(["--model", "tiny-moe", *layout.to_flags()])
@@ -106,7 +142,7 @@ def test_flags_round_trip_through_the_trainer_parser(tmp_path):
     path.write_text("tp: 2\nep: 2\nmbs: 1\ngbs: 4\nrecompute: full\nrecompute_method: block\nprecision: fp32\n")
     from_file = layout_from_args(build_parser().parse_args(["--model", "tiny-moe", "--layout", str(path), "--gbs", "8"]),
                                  on_cpu=True)
-    assert from_file == Layout(tp=2, ep=2, mbs=1, gbs=8, recompute_granularity="full", recompute_method="block",
+    assert from_file == Layout(tp=2, ep=2, mbs=1, gbs=8, recompute="full", recompute_method="block",
                                precision="fp32")
 
 

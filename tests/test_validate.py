@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from orchestrator.validate import DISPATCHER_CLASSES, problems, validate
+from search_spaces.validation import DISPATCHER_CLASSES, problems, validate
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.result import TrialResult

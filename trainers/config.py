@@ -1,6 +1,7 @@
 """Layout + model -> the keyword arguments of Megatron-Core's configs. Pure mapping: no processes, no state.
 
-`refusal()` says why a layout cannot run here (before anything is built); `transformer_config_kwargs()`,
+`refusal()` says why a layout cannot run here (before anything is built): the sweep's own legality rules
+(search_spaces.rules, for this device) plus the few things this trainer cannot build. `transformer_config_kwargs()`,
 `ddp_config_kwargs()` and `optimizer_config_kwargs()` fill TransformerConfig (or MLATransformerConfig),
 DistributedDataParallelConfig and OptimizerConfig; `model_kwargs()` fills GPTModel's own arguments.
 """
@@ -11,9 +12,10 @@ from typing import Any
 
 import torch
 
+from search_spaces import rules
 from search_spaces.layout import Layout
+from search_spaces.pipeline import placement
 
-# Features that need CUDA, Transformer Engine or DeepEP: refused on CPU before any process group exists.
 FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
                "mxfp8": "mxfp8"}
 FLEX_BACKENDS = {"deepep": "deepep", "hybridep": "hybridep"}
@@ -24,62 +26,35 @@ LOCAL_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 ADAM_LR = 3e-3  # tiny proxy models learn visibly within a handful of steps
 
 
-def refusal(model, layout: Layout, world: int, seq_len: int, on_cpu: bool) -> str | None:
-    """Why this layout cannot run with this world size (and on this device), or None."""
-    if on_cpu:
-        gpu_only = []
-        if layout.optimizer_offload > 0:
-            gpu_only.append("optimizer CPU offload")
-        if layout.precision in FP8_RECIPES:
-            gpu_only.append(f"precision {layout.precision} (needs Transformer Engine)")
-        if layout.dispatcher in FLEX_BACKENDS:
-            gpu_only.append(f"dispatcher {layout.dispatcher} (needs the flex dispatcher on CUDA)")
-        if layout.cuda_graphs:
-            gpu_only.append("CUDA graphs")
-        if layout.cp > 1 and layout.cp_comm_type in ("a2a", "a2a+p2p"):
-            gpu_only.append(f"cp_comm_type {layout.cp_comm_type} (Transformer Engine attention; CPU runs all-gather CP)")
-        if gpu_only:
-            return "GPU-only feature on CPU: " + ", ".join(gpu_only)
-    if set(getattr(model, "attention_pattern", "F")) != {"F"}:
-        return f"attention pattern {model.attention_pattern!r}: this trainer builds full-attention layers only"
+def refusal(model, gpu, layout: Layout, world: int, seq_len: int) -> str | None:
+    """Why this layout cannot run on `world` ranks of `gpu` (the catalog's `cpu` on CPU), or None."""
+    reasons = [f"{v.rule}: {v.reason}" for v in rules.check(model, gpu, world, seq_len, layout)]
+    reasons += capability_gaps(model, layout)
+    return "; ".join(reasons) or None
+
+
+def capability_gaps(model, layout: Layout) -> list[str]:
+    """What this trainer cannot build although the legality rules allow it (the GPU-only features on CPU
+    are rules of their own: search_spaces.rules `gpu_only_feature`)."""
+    gaps = []
+    if set(model.attention_pattern) != {"F"}:
+        gaps.append(f"attention pattern {model.attention_pattern!r}: this trainer builds full-attention layers only")
+    if model.mtp_layers:
+        gaps.append(f"{model.mtp_layers} MTP layer(s): this trainer does not build multi-token prediction")
     if "full_iteration" in layout.cuda_graphs:
-        return "full_iteration CUDA graphs are not supported by this trainer (per-module scopes are)"
-    for name, denom in (("TP·CP·PP", layout.tp * layout.cp * layout.pp), ("ETP·EP·PP", layout.etp * layout.ep * layout.pp)):
-        if world % denom:
-            return f"world size {world} is not divisible by {name} = {denom}"
-    if not layout.grad_accum(world):
-        return f"gbs {layout.gbs} is not a multiple of mbs·DP = {layout.mbs}·{layout.dp(world)}"
-    if model.num_attention_heads % layout.tp or model.num_kv_heads % layout.tp:
-        return f"attention heads ({model.num_attention_heads}, kv {model.num_kv_heads}) not divisible by TP {layout.tp}"
-    experts = model.num_experts or 0
-    if experts and experts % layout.ep:
-        return f"{experts} experts not divisible by EP {layout.ep}"
-    if not experts and (layout.ep > 1 or layout.etp > 1):
-        return "EP/ETP > 1 on a dense model"
-    if layout.tp > 1 and experts and not layout.sp:
-        return "MoE with TP > 1 needs sequence parallelism (Megatron-Core requires it)"
-    shard = 2 * layout.cp * (layout.tp if layout.sp else 1)
-    if seq_len % shard:
-        return f"seq_len {seq_len} is not divisible by 2·CP{'·TP' if layout.sp else ''} = {shard}"
-    if layout.vpp > 1 and layout.pp == 1:
-        return "VPP > 1 needs PP > 1"
-    if pipeline_split_kwargs(model.num_layers, layout) is None:
-        return (f"{model.num_layers} layers cannot be split over PP·VPP = {layout.pp * layout.vpp} stages "
-                "(even with the embedding and loss counted as layers)")
-    return None
+        gaps.append("full_iteration CUDA graphs are not supported by this trainer (per-module scopes are)")
+    return gaps
 
 
-def pipeline_split_kwargs(num_layers: int, layout: Layout) -> dict[str, Any] | None:
-    """Layer placement over PP·VPP stages: even split, else count the embedding and/or loss as a layer
-    (Megatron's account_for_*_in_pipeline_split); None when neither divides."""
-    stages = layout.pp * layout.vpp
-    if num_layers % stages == 0:
+def pipeline_split_kwargs(model, layout: Layout) -> dict[str, Any]:
+    """The layer placement the cost model assumes (search_spaces.pipeline), in Megatron's terms: an even
+    split, the embedding and loss counted as layers, or an explicit pipeline_model_parallel_layout."""
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None or place.method == "even":
         return {}
-    if (num_layers + 2) % stages == 0:
+    if place.method == "counted":
         return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
-    if (num_layers + 1) % stages == 0:
-        return {"account_for_loss_in_pipeline_split": True}
-    return None
+    return {"pipeline_model_parallel_layout": place.layout_string()}
 
 
 def _model_architecture_kwargs(model) -> dict[str, Any]:
@@ -160,7 +135,7 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
     if on_cpu:
         # gloo: batched isend/irecv silently corrupts interleaved (VPP) pipelines.
         kwargs["batch_p2p_comm"] = False
-    kwargs.update(pipeline_split_kwargs(model.num_layers, layout) or {})
+    kwargs.update(pipeline_split_kwargs(model, layout))
     return kwargs
 
 

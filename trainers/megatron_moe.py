@@ -22,7 +22,8 @@ from pathlib import Path
 T_START = time.time()
 
 from search_spaces.errors import SpecError  # noqa: E402
-from search_spaces.layout import Layout, parse_recompute  # noqa: E402
+from search_spaces.hardware import load_gpu  # noqa: E402
+from search_spaces.layout import DIMENSIONS, Layout  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
 
 
@@ -42,48 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
     p.add_argument("--layout", default=None, help="JSON/YAML file of Layout.to_dict(); flags below override it")
     layout = p.add_argument_group("layout (same flags as `moe-autotune estimate`)")
-    for name in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs"):
-        layout.add_argument(f"--{name}", type=int, default=None)
-    layout.add_argument("--recompute", default=None, help="none | full | comma list of modules")
-    layout.add_argument("--recompute-method", default=None, choices=("uniform", "block"))
-    layout.add_argument("--recompute-num-layers", type=int, default=None)
-    layout.add_argument("--cuda-graphs", default=None, help="none or comma list of scopes")
-    layout.add_argument("--precision", default=None)
-    layout.add_argument("--dispatcher", default=None)
-    layout.add_argument("--cp-comm-type", default=None)
-    layout.add_argument("--optimizer-offload", type=float, default=None)
-    layout.add_argument("--no-distributed-optimizer", action="store_true")
-    layout.add_argument("--sequence-parallel", default=None, choices=("on", "off"))
+    for dim in DIMENSIONS:
+        layout.add_argument(dim.flag, dest=dim.name, default=None,
+                            help=f"{dim.doc} ({dim.values_text()}; default {dim.encode(dim.default)})")
     return p
 
 
 def layout_from_args(args: argparse.Namespace, on_cpu: bool) -> Layout:
-    data: dict = {}
-    if args.layout:
-        data.update(_read_layout_file(args.layout))
-        if "recompute" in data:  # keep the file's recompute_method / recompute_num_layers
-            data.update(parse_recompute(data.pop("recompute"), data.get("recompute_method", "uniform"),
-                                        data.get("recompute_num_layers", 1)))
-    elif on_cpu:
-        data["precision"] = "fp32"  # the Layout default (bf16) is ~6x slower on CPU
-    for name in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs", "precision", "dispatcher"):
-        if getattr(args, name) is not None:
-            data[name] = getattr(args, name)
-    if args.recompute is not None:
-        data.pop("recompute", None)
-        data.update(parse_recompute(args.recompute))
-    for flag, name in (("recompute_method", "recompute_method"), ("recompute_num_layers", "recompute_num_layers"),
-                       ("cuda_graphs", "cuda_graphs"), ("cp_comm_type", "cp_comm_type"),
-                       ("optimizer_offload", "optimizer_offload")):
-        if getattr(args, flag) is not None:
-            data[name] = getattr(args, flag)
-    if args.no_distributed_optimizer:
-        data["distributed_optimizer"] = False
-    if args.sequence_parallel is not None:
-        data["sequence_parallel"] = args.sequence_parallel == "on"
-    if "gbs" not in data:
-        data["gbs"] = data.get("mbs", 1)
-    return Layout.from_dict(data)
+    """The layout file (if any), then the flags given over it; gbs defaults to mbs."""
+    base = Layout.from_dict(_read_layout_file(args.layout)) if args.layout else Layout()
+    flags = {dim.name: getattr(args, dim.name) for dim in DIMENSIONS if getattr(args, dim.name) is not None}
+    if on_cpu and not args.layout and "precision" not in flags:
+        flags["precision"] = "fp32"  # the Layout default (bf16) is ~6x slower on CPU
+    if "gbs" not in flags and not args.layout:
+        flags["gbs"] = flags.get("mbs", "1")  # one microbatch per step unless told otherwise
+    return Layout.from_params(flags, base=base)
 
 
 def _read_layout_file(path: str) -> dict:
@@ -173,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore")
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-
     if rank == 0 and args.result:
         # A previous run's result or failure claim must not be mistaken for this run's.
         for stale in (Path(args.result), Path(f"{args.result}.claim")):
@@ -185,27 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         layout = layout_from_args(args, on_cpu)
         model = load_model_spec(args)
+        gpu = load_gpu(_gpu_name(args.gpu, on_cpu))
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    gpu = _gpu_name(args.gpu, on_cpu)
-    result = TrialResult(layout=layout.to_dict(), model=model.name, gpu=gpu, num_gpus=world,
+    result = TrialResult(layout=layout.to_dict(), model=model.name, gpu=gpu.name, num_gpus=world,
                          seq_len=args.seq_len, versions=_versions())
 
     from trainers import config as trainer_config
 
-    reason = trainer_config.refusal(model, layout, world, args.seq_len, on_cpu)
+    reason = trainer_config.refusal(model, gpu, layout, world, args.seq_len)
     if reason:
         result.status, result.error = "invalid", reason
         result.wall_time_s = time.time() - T_START
         if rank == 0:
             _emit(result, args.result)
         return 0
-
     try:
         from trainers.run import run_trial
 
-        run_trial(args, layout, model, result, rank, world, on_cpu)
+        run_trial(args, layout, model, gpu, result, rank, world, on_cpu)
         result.wall_time_s = time.time() - T_START
         if rank == 0 and _claim(args.result):
             _emit(result, args.result)
@@ -215,28 +187,34 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, KeyboardInterrupt):
             raise
         if _claim(args.result):
-            result.status = "oom" if _is_oom(exc) else "error"
-            try:  # the memory the failing rank had reached: an OOM's "how far it got"
-                import torch
-
-                from trainers.measure import peak_memory_gib
-
-                device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-                    else torch.device("cpu")
-                peak = peak_memory_gib(device)["allocated"]
-                result.peak_memory_gib = peak
-                result.peak_memory_gib_per_rank = result.peak_memory_gib_per_rank or [peak]
-                result.extra["peak_memory_rank"] = rank
-            except Exception:  # noqa: BLE001 -- the failure itself is what must be reported
-                pass
-            tail = traceback.format_exc()[-3000:]
-            result.error = f"rank {rank}: {type(exc).__name__}: {exc}\n{tail}"
-            result.wall_time_s = time.time() - T_START
-            _emit(result, args.result)
+            _emit(_failure(result, exc, rank), args.result)
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown: destructors of process groups can block on dead peers.
         os._exit(0)
+
+
+def _failure(result: TrialResult, exc: BaseException, rank: int) -> TrialResult:
+    """The result of a failed run: oom or error, the reason and traceback tail, and the memory the failing
+    rank had reached (an OOM's "how far it got")."""
+    import torch
+
+    from trainers.measure import peak_memory_gib
+
+    result.status = "oom" if _is_oom(exc) else "error"
+    tail = traceback.format_exc()[-3000:]
+    result.error = f"rank {rank}: {type(exc).__name__}: {exc}\n{tail}"
+    try:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        peak = peak_memory_gib(device)["allocated"]
+        result.peak_memory_gib = peak
+        result.peak_memory_gib_per_rank = result.peak_memory_gib_per_rank or [peak]
+        result.extra["peak_memory_rank"] = rank
+    except Exception as reading:  # noqa: BLE001 -- the failure itself is what must be reported
+        result.extra["peak_memory_unread"] = f"{type(reading).__name__}: {reading}"
+    result.wall_time_s = time.time() - T_START
+    return result
 
 
 def _finish() -> None:

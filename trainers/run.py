@@ -8,7 +8,6 @@ dispatchers, the 1F1B / interleaved schedules, DDP, the (distributed) optimizer.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import statistics
@@ -20,6 +19,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from search_spaces import validation
+from search_spaces.flops import flops_per_step
 from trainers import config as trainer_config
 from trainers import faults
 from trainers import measure
@@ -167,7 +168,7 @@ def _loss_func(loss_mask, output_tensor):
     return total, tokens, {"lm loss": torch.stack([total.detach().clone(), mask.sum().detach()])}
 
 
-def run_trial(args, layout, model, result, rank: int, world: int, on_cpu: bool) -> None:
+def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: bool) -> None:
     if on_cpu:
         from trainers import cpu_compat
 
@@ -261,9 +262,10 @@ def run_trial(args, layout, model, result, rank: int, world: int, on_cpu: bool) 
     }
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
-    applied = _applied(ps, config, layout, optimizer, forward_backward, microbatches, gathered, on_cpu, have_te)
+    applied = _applied(ps, config, model, layout, optimizer, forward_backward, microbatches, gathered, on_cpu,
+                       have_te)
     if rank == 0:
-        _fill_result(result, args, layout, model, world, gathered, applied)
+        _fill_result(result, args, layout, model, gpu, world, gathered, applied)
 
 
 def _sync(device: torch.device) -> None:
@@ -279,7 +281,8 @@ def _graphs_captured() -> int:
     return len(_CudagraphGlobalRecord.cudagraph_record) if _CudagraphGlobalRecord.cudagraph_created else 0
 
 
-def _applied(ps, config, layout, optimizer, forward_backward, microbatches, gathered, on_cpu, have_te) -> dict:
+def _applied(ps, config, model, layout, optimizer, forward_backward, microbatches, gathered, on_cpu,
+             have_te) -> dict:
     return {
         "tp": ps.get_tensor_model_parallel_world_size(),
         "cp": ps.get_context_parallel_world_size(),
@@ -307,13 +310,13 @@ def _applied(ps, config, layout, optimizer, forward_backward, microbatches, gath
         "optimizer": type(optimizer).__name__,
         "schedule": forward_backward.__name__,
         "layers_per_rank": [g["layers"] for g in gathered],
-        "pipeline_split": trainer_config.pipeline_split_kwargs(config.num_layers, layout),
+        "pipeline_split": trainer_config.pipeline_split_kwargs(model, layout),
         "backend": "gloo" if on_cpu else "nccl",
         "transformer_engine": have_te,
     }
 
 
-def _fill_result(result, args, layout, model, world, gathered, applied) -> None:
+def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> None:
     steps = args.warmup + args.steps
     loss = []
     for step in range(steps):
@@ -356,28 +359,9 @@ def _fill_result(result, args, layout, model, world, gathered, applied) -> None:
     )
     if step_time:
         result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world
-        result.tflops_per_gpu, result.mfu = _tflops_and_mfu(model, args.seq_len, layout, step_time, world, result.gpu)
-
-    mismatch = [f"{k} {applied[k]} != {getattr(layout, k)}" for k in ("tp", "cp", "ep", "etp", "pp", "vpp")
-                if applied[k] != getattr(layout, k)]
-    if mismatch:
-        result.status, result.error = "invalid", "layout not in effect: " + ", ".join(mismatch)
-    elif not all(math.isfinite(x) for x in loss):
-        result.status, result.error = "invalid", "non-finite loss"
-    else:
-        result.status = "ok"
-
-
-def _tflops_and_mfu(model, seq_len, layout, step_time, world, gpu):
-    try:
-        from search_spaces.flops import flops_per_step
-    except ImportError:
-        return None, None
-    tflops = flops_per_step(model, seq_len, layout.gbs) / step_time / world / 1e12
-    try:
-        from search_spaces.hardware import load_gpu
-
-        peak = load_gpu(gpu).peak(layout.precision)
-    except Exception:  # noqa: BLE001 -- unknown GPU or precision: no MFU, still a valid measurement
-        return tflops, None
-    return tflops, (tflops / peak if peak else None)
+        result.tflops_per_gpu = flops_per_step(model, args.seq_len, layout.gbs) / step_time / world / 1e12
+        result.mfu = result.tflops_per_gpu / gpu.peak(layout.precision)
+    # the sweep's own judgement (layout in effect, finite loss, TF/s below the chip's peak) on the spot
+    result.status = "ok"
+    judged = validation.validate(result, layout, gpu)
+    result.status, result.error = judged.status, judged.error

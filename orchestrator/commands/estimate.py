@@ -14,9 +14,11 @@ from rich.table import Table
 
 from search_spaces.errors import SpecError
 
+from orchestrator.commands.layout_options import with_layout_options
+
 
 def register(app: typer.Typer) -> None:
-    app.command("estimate")(estimate)
+    app.command("estimate")(with_layout_options(estimate))
     app.command("space")(space)
 
 
@@ -40,34 +42,22 @@ def estimate(
     gpu: str = typer.Option(..., help="h100 | h200 | b200 | b300 | gb200 | gb300 | cpu"),
     num_gpus: int = typer.Option(..., "--num-gpus"),
     seq_len: int = typer.Option(..., "--seq-len"),
-    tp: int = typer.Option(1), cp: int = typer.Option(1), ep: int = typer.Option(1), etp: int = typer.Option(1),
-    pp: int = typer.Option(1), vpp: int = typer.Option(1), mbs: int = typer.Option(1),
-    gbs: Optional[int] = typer.Option(None, help="global batch (sequences); default MBS x DP"),
-    recompute: str = typer.Option("none", help="none | full | comma list of modules"),
-    recompute_method: str = typer.Option("uniform", "--recompute-method"),
-    recompute_num_layers: int = typer.Option(1, "--recompute-num-layers"),
-    cuda_graphs: str = typer.Option("none", "--cuda-graphs", help="none or a comma list of scopes"),
-    precision: str = typer.Option("bf16"),
-    dispatcher: str = typer.Option("alltoall"),
-    cp_comm_type: str = typer.Option("p2p", "--cp-comm-type"),
-    optimizer_offload: float = typer.Option(0.0, "--optimizer-offload", help="fraction 0..1"),
-    no_distributed_optimizer: bool = typer.Option(False, "--no-distributed-optimizer"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers", help="override the model's layer count"),
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="override the model's width"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    layout_flags: dict | None = None,
 ) -> int:
-    """Predict legality, peak memory per GPU and throughput of one layout."""
+    """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their
+    defaults; --gbs defaults to MBS x DP)."""
     from search_spaces.costmodel import estimate as run_estimate
-    from search_spaces.layout import Layout, parse_recompute
+    from search_spaces.layout import Layout
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
-    if gbs is None:
-        denom = tp * cp * pp
-        gbs = mbs * (num_gpus // denom if num_gpus % denom == 0 else 1)
-    layout = Layout(tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, vpp=vpp, mbs=mbs, gbs=gbs,
-                    **parse_recompute(recompute, recompute_method, recompute_num_layers),
-                    cuda_graphs=cuda_graphs, precision=precision, dispatcher=dispatcher, cp_comm_type=cp_comm_type,
-                    optimizer_offload=optimizer_offload, distributed_optimizer=not no_distributed_optimizer)
+    layout = Layout.from_params({k: v for k, v in (layout_flags or {}).items() if k != "gbs"})
+    if (layout_flags or {}).get("gbs") is not None:
+        layout = Layout.from_params({"gbs": layout_flags["gbs"]}, base=layout)
+    else:
+        layout = layout.replace(gbs=layout.mbs * max(layout.dp(num_gpus), 1))
     est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout)
     if as_json:
         typer.echo(json.dumps(est.to_dict()))
@@ -137,6 +127,7 @@ def space(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> int:
     """Enumerate the legal layouts, count rejections per rule, list the fastest that fit."""
+    from search_spaces.layout import BY_NAME
     from search_spaces.space import explore
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
@@ -145,7 +136,10 @@ def space(
         if "=" not in item:
             raise SpecError(f"--fix wants FIELD=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        fixed[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        key = key.strip().replace("-", "_")
+        if key not in BY_NAME:
+            raise SpecError(f"--fix: unknown layout field {key!r}; allowed: {', '.join(BY_NAME)}")
+        fixed[key] = BY_NAME[key].decode(value)
     result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget,
                      max_grids=max_grids)
     if as_json:
@@ -176,15 +170,3 @@ def space(
 def _num(value: float) -> str:
     """Readable for both 80 GiB GPUs and the few MiB of a tiny CPU model."""
     return f"{value:,.3f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
-
-
-def _parse_value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text

@@ -5,7 +5,8 @@ Three ways a run can lie while exiting cleanly (all seen with earlier tools):
 - a parallel size or MoE dispatcher that the trainer reports was not in effect (CP silently off);
 - a loss that is not finite (the numbers were measured on a diverged run).
 
-Pure function of (result, requested layout, GPU): no I/O, no Optuna, no MLflow.
+Pure function of (result, requested layout, GPU): no I/O, no Optuna, no MLflow. The trainer judges its own
+result with it before writing it, and the sweep judges every result again, whatever backend produced it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import copy
 import math
 from typing import Any
 
-from search_spaces.layout import Layout
+from search_spaces.errors import SpecError
+from search_spaces.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
-
-# Sizes the trainer reports in `result.applied` (Megatron's parallel_state world sizes).
-SIZES = ("tp", "cp", "ep", "etp", "pp", "vpp")
 # Layout.dispatcher -> Megatron-Core token dispatcher class (deepep/hybridep are the flex dispatcher).
 DISPATCHER_CLASSES = {
     "alltoall": "MoEAlltoAllTokenDispatcher",
@@ -60,7 +59,7 @@ def _above_peak(result: TrialResult, layout: Layout, gpu: Any) -> list[str]:
         return []  # the CPU figure only orders layouts; it is not a bound
     try:
         peak = float(gpu.peak(layout.precision))
-    except Exception:  # noqa: BLE001 -- no peak known for this precision: nothing to compare with
+    except SpecError:  # no peak known for this precision on this GPU: nothing to compare with
         return []
     out = []
     tflops = result.tflops_per_gpu
@@ -76,7 +75,7 @@ def _above_peak(result: TrialResult, layout: Layout, gpu: Any) -> list[str]:
 def _not_in_effect(result: TrialResult, layout: Layout) -> list[str]:
     applied = result.applied or {}
     out = []
-    for name in SIZES:
+    for name in PARALLEL_SIZES:  # Megatron's parallel_state world sizes, as the trainer reports them
         if name not in applied or applied[name] is None:
             continue
         if _as_int(applied[name]) != getattr(layout, name):

@@ -1,0 +1,182 @@
+"""What a layout dimension is: its value type, legal values, spellings and names in the tools around it.
+
+Each dimension is declared once, as a field of `search_spaces.layout.Layout` (`dimension(...)` below), and
+everything that spells a layout out derives from that declaration: the spec's free/fixed keys, the search's
+parameters (one categorical Optuna parameter per dimension, values `encode`d), the replay/leaderboard CSV
+columns, MLflow params, the trainer's and `estimate`'s flags, and the Megatron exports.
+
+Pure Python, no third-party imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from search_spaces.errors import SpecError
+
+# The primitive a value becomes in Optuna params, CSV cells and MLflow params.
+Primitive = int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One layout dimension. `Layout` builds these from its field declarations."""
+    name: str
+    doc: str
+    kind: str  # int | float | bool | choice | modules (names; "none" when empty) | recompute (none, full or modules)
+    default: Any
+    flag: str  # the flag of `moe-autotune estimate` and `python -m trainers.megatron_moe`
+    megatron: str | None = None  # Megatron-Core config field (TransformerConfig, DDP or optimizer config)
+    megatron_lm: str | None = None  # Megatron-LM (pretrain_gpt.py) flag
+    searchable: bool = False  # a sweep may vary it (spec `free`) and it is a search parameter
+    parallel: bool = False  # a parallel size the trainer reports back as applied
+    choices: tuple[str, ...] = ()  # legal values of a choice or modules dimension
+    aliases: dict[str, str] = field(default_factory=dict)  # accepted spellings -> canonical value
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False  # None is a legal value (meaning "decided by the rest of the layout")
+
+    # ---- values ------------------------------------------------------------------------------------
+    def parse(self, value: Any) -> Any:
+        """The canonical value of `value`, or a SpecError naming the dimension. Strict: no float for an
+        int, no number for a name; text is accepted only through `decode`."""
+        if value is None and self.optional:
+            return None
+        check = _PARSERS[self.kind]
+        return check(self, value)
+
+    def encode(self, value: Any) -> Primitive:
+        """The canonical value as one primitive (Optuna param, CSV cell, MLflow param)."""
+        if value is None:
+            return "auto"
+        if self.kind == "modules":
+            return ",".join(value) or "none"
+        return value
+
+    def decode(self, text: Any) -> Any:
+        """The canonical value of an encoded primitive or of its text (a CSV cell, an MLflow param, a flag)."""
+        if not isinstance(text, str):
+            return self.parse(text)
+        raw = text.strip()
+        if self.optional and raw.lower() in ("auto", "none", ""):
+            return None
+        try:
+            if self.kind == "int":
+                return self.parse(int(raw))
+            if self.kind == "float":
+                return self.parse(float(raw))
+        except ValueError:
+            raise SpecError(f"layout field {self.name} must be {_KIND_WORDS[self.kind]}, got {text!r}") from None
+        if self.kind == "bool":
+            if raw.lower() in ("true", "1", "yes", "on"):
+                return True
+            if raw.lower() in ("false", "0", "no", "off"):
+                return False
+            raise SpecError(f"layout field {self.name} must be true or false, got {text!r}")
+        return self.parse(raw.replace(";", ","))
+
+    def values_text(self) -> str:
+        """The legal values in words, for help texts and errors."""
+        if self.choices:
+            return " | ".join(self.choices)
+        return _KIND_WORDS[self.kind]
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "choice": "a name",
+               "modules": "a comma list of names", "recompute": "none, full or a comma list of modules"}
+
+
+def _range_check(dim: Dimension, value: float) -> None:
+    if dim.minimum is not None and value < dim.minimum:
+        raise SpecError(f"layout field {dim.name} must be >= {dim.minimum:g}, got {value}")
+    if dim.maximum is not None and value > dim.maximum:
+        raise SpecError(f"layout field {dim.name} must be <= {dim.maximum:g}, got {value}")
+
+
+def _parse_int(dim: Dimension, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise SpecError(f"layout field {dim.name} must be an integer, got {value!r}")
+    value = int(value)
+    _range_check(dim, value)
+    return value
+
+
+def _parse_float(dim: Dimension, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise SpecError(f"layout field {dim.name} must be a finite number, got {value!r}")
+    value = float(value)
+    _range_check(dim, value)
+    return value
+
+
+def _parse_bool(dim: Dimension, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"layout field {dim.name} must be true or false, got {value!r}")
+    return value
+
+
+def _parse_choice(dim: Dimension, value: Any) -> str:
+    if not isinstance(value, str):
+        raise SpecError(f"layout field {dim.name} must be one of {', '.join(dim.choices)}, got {value!r}")
+    name = dim.aliases.get(value.strip().lower(), value.strip().lower())
+    if name not in dim.choices:
+        aliases = f" (aliases: {', '.join(dim.aliases)})" if dim.aliases else ""
+        raise SpecError(f"unknown {dim.name} {value!r}; allowed: {', '.join(dim.choices)}{aliases}")
+    return name
+
+
+def _parse_modules(dim: Dimension, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = value.replace(";", ",").split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"layout field {dim.name} must be none or a comma list of "
+                        f"{', '.join(dim.choices)}, got {value!r}")
+    items = [v.strip() for v in value if v.strip()]
+    if items == ["none"]:
+        return ()
+    out = []
+    for item in items:
+        name = dim.aliases.get(item, item)
+        if name not in dim.choices:
+            aliases = f" (aliases: {', '.join(dim.aliases)})" if dim.aliases else ""
+            raise SpecError(f"unknown {dim.name} value {item!r}; allowed: none, {', '.join(dim.choices)}{aliases}")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def _parse_recompute(dim: Dimension, value: Any) -> str:
+    """none | full | the selectively recomputed modules, as the --recompute flag spells them."""
+    if isinstance(value, str) and value.strip().lower() in ("none", "full"):
+        return value.strip().lower()
+    if isinstance(value, (list, tuple)) and [str(v).strip().lower() for v in value] == ["full"]:
+        return "full"
+    if (isinstance(value, str) and "full" in value.replace(";", ",").split(",")) or (
+            isinstance(value, (list, tuple)) and "full" in value):
+        raise SpecError("recompute 'full' cannot be combined with selective modules")
+    return ",".join(_parse_modules(dim, value)) or "none"
+
+
+_PARSERS: dict[str, Callable[[Dimension, Any], Any]] = {
+    "int": _parse_int, "float": _parse_float, "bool": _parse_bool, "choice": _parse_choice, "modules": _parse_modules,
+    "recompute": _parse_recompute,
+}
+
+
+def dimension(default: Any, doc: str, *, kind: str, flag: str, **declared: Any) -> Any:
+    """Declare a Layout field and its dimension (name and type come from the field)."""
+    return dataclasses.field(default=default, metadata={"dimension": {"doc": doc, "kind": kind, "flag": flag,
+                                                                      **declared}})
+
+
+def dimensions_of(cls: type) -> tuple[Dimension, ...]:
+    """The Dimensions a dataclass declared with `dimension(...)`, in field order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        declared = f.metadata.get("dimension")
+        if declared is not None:
+            out.append(Dimension(name=f.name, default=f.default, **declared))
+    return tuple(out)
