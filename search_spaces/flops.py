@@ -4,7 +4,7 @@ Published TF/s (../shared/reference) use `num_floating_point_operations` in
 megatron/bridge/training/utils/flop_utils.py: fwd+bwd = 3x forward, 2 FLOPs per FMA, causal attention
 counts half the square, MTP layers count as extra (MoE) layers plus their eh-projection, the logit layer
 is counted once per output head on the vocabulary padded to a multiple of 128. Recompute is NOT counted
-(see `recompute_flops_fraction` in throughput.py for the work the GPU really does).
+(see `recompute_flops_per_step` in throughput.py for the work the GPU really does).
 """
 
 from __future__ import annotations

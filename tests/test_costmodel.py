@@ -83,3 +83,96 @@ def test_qwen3_30b_memory_against_the_published_measurement():
     est = estimate("qwen3-30b-a3b", "h100", 16, 4096, layout)
     allocated = est.peak_memory_gib - est.breakdown["memory_gib"]["runtime_overhead"]
     assert allocated == pytest.approx(62.166, rel=0.10)
+
+
+# ---- the step-time model's parts (search_spaces/throughput.py) -------------------------------------------------
+PARTS_CASES = [
+    ("deepseek-v3", "h100", 256, 131072, DSV3_128K),
+    ("deepseek-v3", "h100", 256, 131072, DSV3_128K.replace(cp_comm_type="a2a+p2p")),
+    ("qwen3-235b-a22b", "gb200", 256, 131072, QWEN_128K),
+    ("qwen3-next-80b-a3b", "gb200", 64, 65536,
+     Layout.from_dict(dict(tp=2, cp=8, ep=8, pp=2, vpp=2, gbs=64, recompute="full", cp_comm_type="a2a"))),
+    ("llama3-70b", "h100", 64, 8192, Layout.from_dict(dict(tp=8, pp=4, vpp=5, gbs=64, cp_comm_type="allgather",
+                                                          cp=2, optimizer_offload=0.5))),
+    ("tiny-moe", "cpu", 4, 256, Layout.from_dict(dict(ep=2, cp=2, gbs=8, precision="fp32"))),
+]
+TOP_LEVEL = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "launch_overhead",
+             "pipeline_bubble", "dp_comm", "optimizer", "optimizer_offload")
+
+
+@pytest.mark.parametrize("model,gpu,n,seq,layout", PARTS_CASES)
+def test_step_time_parts_add_up(model, gpu, n, seq, layout):
+    from search_spaces.hardware import load_gpu
+    from search_spaces.rules import check
+    from search_spaces.throughput import step_time
+
+    spec, hw = load_model(model), load_gpu(gpu)
+    assert not check(spec, hw, n, seq, layout)
+    t = step_time(spec, hw, n, seq, layout)
+    assert sum(t[k] for k in TOP_LEVEL) == pytest.approx(t["step"], rel=1e-12)
+    assert t["compute"] == pytest.approx(t["gemm"] + t["attention"] + t["elementwise"], rel=1e-12)
+    assert all(t[k] >= 0 for k in TOP_LEVEL)
+    if layout.recompute_granularity == "none":
+        assert t["recompute"] == 0
+    if layout.recompute_granularity == "full":
+        assert t["recompute"] > 0
+    if layout.cp == 1:  # with CP a long enough attention may hide all of it
+        assert t["cp_comm"] == 0
+    assert (t["pipeline_bubble"] > 0) == (layout.pp > 1)
+    assert (t["optimizer_offload"] > 0) == (layout.optimizer_offload > 0)
+
+
+@pytest.mark.parametrize("model,n", [("llama3-8b", 8), ("qwen3-30b-a3b", 16)])
+def test_recompute_is_its_own_part_and_only_adds_to_the_step(model, n):
+    from search_spaces.hardware import load_gpu
+    from search_spaces.throughput import step_time
+
+    spec, hw = load_model(model), load_gpu("h100")
+    ep = n if spec.is_moe else 1
+    plain = Layout(ep=ep, gbs=1024, precision="bf16")
+    full = Layout.from_dict(dict(ep=ep, gbs=1024, precision="bf16", recompute="full"))
+    a, b = step_time(spec, hw, n, 4096, plain), step_time(spec, hw, n, 4096, full)
+    assert a["recompute"] == 0 and b["recompute"] > 0
+    assert b["gemm"] == pytest.approx(a["gemm"], rel=1e-12)  # the model's own GEMMs do not change
+    assert b["step"] == pytest.approx(a["step"] + b["recompute"], rel=1e-9)
+    if not spec.is_moe:  # one GEMM rate: the repeated forward is a third of the GEMMs plus the attention core
+        assert b["recompute"] > a["gemm"] / 3
+
+
+@pytest.mark.parametrize("model,gpu,n,seq", [("deepseek-v3", "h100", 256, 65536),
+                                             ("qwen3-next-80b-a3b", "gb200", 64, 65536),
+                                             ("llama3-70b", "h100", 64, 8192)])
+def test_every_cp_comm_type_costs_nothing_without_cp(model, gpu, n, seq):
+    from search_spaces.hardware import load_gpu
+    from search_spaces.throughput import CP_COMM_TIME, Job, calibration, cp_geometry, linear_attention_cp_time
+
+    spec, hw = load_model(model), load_gpu(gpu)
+    for cp_comm_type, part in CP_COMM_TIME.items():
+        base = Layout(tp=2, pp=1, cp_comm_type=cp_comm_type)
+        off = Job(spec, hw, n, seq, base, calibration())
+        on = Job(spec, hw, n, seq, base.replace(cp=16), calibration())
+        assert part(cp_geometry(off), 0.0) == 0.0
+        assert part(cp_geometry(on), 0.0) > 0  # nothing to hide behind: the transfers show
+        assert linear_attention_cp_time(off, 4) == 0.0
+    assert set(CP_COMM_TIME) == {"p2p", "allgather", "a2a", "a2a+p2p"}
+
+
+def test_cp_ring_hides_behind_attention_and_linear_layers_pay_all_to_all():
+    from search_spaces.hardware import load_gpu
+    from search_spaces.throughput import Job, calibration, cp_geometry, cp_p2p_time, linear_attention_cp_time
+
+    spec, hw = load_model("qwen3-next-80b-a3b"), load_gpu("gb200")
+    job = Job(spec, hw, 64, 65536, Layout(tp=2, cp=8), calibration())
+    g = cp_geometry(job)
+    exposed = cp_p2p_time(g, 0.0)
+    assert cp_p2p_time(g, 10.0) < exposed  # a long attention hides the transfers, not the per-step latency
+    assert cp_p2p_time(g, 10.0) > 0
+    assert linear_attention_cp_time(job, 2) == pytest.approx(2 * linear_attention_cp_time(job, 1))
+
+
+def test_pipeline_bubble_is_zero_without_pp_and_shrinks_with_vpp_and_microbatches():
+    from search_spaces.throughput import pipeline_bubble_time
+
+    assert pipeline_bubble_time(Layout(pp=1), 1.0, 8) == 0.0
+    assert pipeline_bubble_time(Layout(pp=4), 1.0, 8) == pytest.approx(3 / 8)
+    assert pipeline_bubble_time(Layout(pp=4, vpp=3), 1.0, 8) == pytest.approx(3 / 24)

@@ -47,8 +47,9 @@ def estimate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     layout_flags: dict | None = None,
 ) -> int:
-    """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their
-    defaults; --gbs defaults to MBS x DP)."""
+    """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their defaults;
+    --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
+    TP/CP/EP/PP/DP communication, launch overhead, pipeline bubble, optimizer and offload)."""
     from search_spaces.costmodel import estimate as run_estimate
     from search_spaces.layout import Layout
 
@@ -70,6 +71,8 @@ def estimate(
     return 0
 
 
+# time components that are parts of `compute` (indented under it); every other component adds to the step
+_COMPUTE_PARTS = ("gemm", "attention", "elementwise")
 _COUNTS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank", "expert_params_on_rank")
 
 
@@ -108,7 +111,7 @@ def _print_estimate(est) -> None:
     tim.add_column("component")
     tim.add_column("seconds", justify="right")
     for k, v in est.breakdown["time_s"].items():
-        tim.add_row(k, f"{v:.4f}")
+        tim.add_row(f"  {k}" if k in _COMPUTE_PARTS else k, f"{v:.4f}")
     console.print(tim)
 
 
