@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def run(trials: int = 12) -> dict:
     from orchestrator import study as studies
-    from orchestrator.driver import run_sweep
+    from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -5,6 +5,7 @@ Bad input becomes one `SpecError` line naming the field and, where it helps, the
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -13,13 +14,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
 
-# Layout fields a sweep may vary ("free") or pin ("fixed"); `recompute` is the flag spelling.
-DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute", "cuda_graphs", "precision",
-              "dispatcher", "cp_comm_type", "optimizer_offload")
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
-BACKENDS = ("local", "analytic", "replay")
+# What defines the situation a study measures: `--resume` refuses a spec that changes one of these (the
+# budget, the search and its seed, where MLflow or Ray live, timeouts ... may change between runs).
+SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", "model_overrides", "backend",
+                    "replay_table")
 # Names end up in paths, MLflow and argv: keep them plain.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -50,7 +51,7 @@ class SweepSpec(_Strict):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=1)
     gbs: int | None = Field(None, ge=1)
-    free: list[str] = Field(default_factory=lambda: list(DIMENSIONS))
+    free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
     fixed: dict[str, Any] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
     objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
@@ -64,7 +65,7 @@ class SweepSpec(_Strict):
     seed: int | None = None
     # calibrated: rank untried legal layouts by the cost model, corrected online from the measurements
     # (bench/RESULTS.md: median 13 trials to within 2% of the optimum, TPE 47); tpe: Optuna's TPE per dimension
-    search: Literal["calibrated", "tpe"] = "calibrated"
+    search: Literal["calibrated", "tpe", "random", "grid"] = "calibrated"
     ray_address: str | None = None
     workdir: str = "moe-autotune-runs"
     trainer_module: str = "trainers.megatron_moe"
@@ -103,19 +104,17 @@ class SweepSpec(_Strict):
     @classmethod
     def _known_dims(cls, value: list[str]) -> list[str]:
         for dim in value:
-            if dim not in DIMENSIONS:
-                raise ValueError(f"unknown dimension {dim!r}; allowed: {', '.join(DIMENSIONS)}")
+            if dim not in SEARCH_DIMENSIONS:
+                raise ValueError(f"unknown dimension {dim!r}; allowed: {', '.join(SEARCH_DIMENSIONS)}")
         return list(dict.fromkeys(value))
 
     @field_validator("fixed")
     @classmethod
     def _known_fixed(cls, value: dict[str, Any]) -> dict[str, Any]:
-        allowed = set(DIMENSIONS) | {"recompute_method", "recompute_num_layers", "distributed_optimizer",
-                                     "sequence_parallel"}
         for key in value:
-            if key not in allowed:
-                raise ValueError(f"unknown layout field {key!r}; allowed: {', '.join(sorted(allowed))}")
-        Layout.from_dict(value)  # SpecError names a bad value
+            if key not in FIELD_NAMES:
+                raise ValueError(f"unknown layout field {key!r}; allowed: {', '.join(FIELD_NAMES)}")
+            BY_NAME[key].parse(value[key])  # SpecError names a bad value
         return value
 
     @field_validator("objectives")
@@ -140,6 +139,14 @@ class SweepSpec(_Strict):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def situation(self) -> dict[str, Any]:
+        """The fields that define what the study measures (SITUATION_FIELDS); a replay table by its content."""
+        data = self.dump()
+        out = {name: data[name] for name in SITUATION_FIELDS}
+        if self.replay_table and Path(self.replay_table).is_file():
+            out["replay_table"] = "sha256:" + hashlib.sha256(Path(self.replay_table).read_bytes()).hexdigest()
+        return out
 
 
 def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> SweepSpec:

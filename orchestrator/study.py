@@ -1,32 +1,38 @@
-"""The Optuna study: objectives, storage contract, and the read side (best, Pareto, leaderboard).
+"""The Optuna study: objectives, storage, and the read side (best, Pareto, leaderboard).
 
-Storage contract (read by promote/report/export):
-  study.user_attrs: spec, model, seq_len, gpu, num_gpus, backend, memory_limit_gib, mlflow_experiment_id,
-                    mlflow_parent_run_id, tracking_uri
-  trial.user_attrs: layout, layout_key, status, result, prediction, mlflow_run_id, backend, reason, command
+Storage contract (written by orchestrator/sweep, read by status, promote, report, export and check):
+  study.user_attrs: spec, situation, model, seq_len, gpu, num_gpus, backend, memory_limit_gib, budget,
+                    mlflow_experiment_id, mlflow_parent_run_id, tracking_uri, driver_lease
+  trial.params:     the layout's encoded values, one per searchable dimension (Layout.params)
+  trial.user_attrs: layout, layout_key, proposed_by, prediction, backend, mlflow_run_id, status, result,
+                    reason, command (retry_of and measured_result on trials queued by --resume)
 Objectives: [tokens/s/GPU (maximize), peak memory GiB (minimize)]; constraints (feasible when <= 0):
   memory_over_limit_gib, and not_measured_ok (1 for infeasible/oom/error/timeout trials).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
+import psutil
 import sqlalchemy.exc
 
 from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import sqlite_tuning
+from orchestrator.backends.replay import CONTEXT_COLUMNS, LAYOUT_COLUMNS, NUMBER_COLUMNS, TABLE_COLUMNS
+from orchestrator.errors import StorageError, StorageFull
 
 DIRECTIONS = ["maximize", "minimize"]
-MEASURED = ("ok", "oom", "error", "invalid", "timeout", "interrupted")  # statuses of trials that ran
-# replay-table columns (issue 8), in order
-TABLE_COLUMNS = ["model", "gpu", "num_gpus", "seq_len", "tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs",
-                 "recompute", "cuda_graphs", "precision", "dispatcher", "optimizer_offload", "status",
-                 "tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -47,14 +53,59 @@ def open_storage(url: str, attempts: int = 10) -> optuna.storages.BaseStorage:
             if racing and attempt + 1 < attempts:
                 time.sleep(0.2 + 0.1 * attempt)
                 continue
-            raise SpecError(f"cannot open storage {url!r}: {text.splitlines()[0] if text else type(exc).__name__}"
-                            ) from None
+            failure = storage_failure(exc, url)
+            if isinstance(failure, StorageFull):
+                raise failure from None
+            raise StorageError(f"cannot open storage {url!r}: {_root_line(exc)}") from None
     raise AssertionError("unreachable")
 
 
-def create_or_resume(storage_url: str, name: str, sampler, resume: bool) -> tuple[optuna.Study, bool]:
+# what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors)
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
+
+
+def storage_failure(exc: BaseException, url: str) -> StorageError:
+    """One line for a failed storage write: a full disk names its device (Optuna's own message, "exceeding
+    max length", would mislead), anything else its first line."""
+    chain, seen = [], exc
+    while seen is not None:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(str(e) for e in chain).lower()
+    if "disk is full" in text or "no space left" in text or any(
+            getattr(e, "errno", None) == errno.ENOSPC for e in chain):
+        return StorageFull(f"the Optuna storage's disk is full: {_device(url)}; what was measured is kept "
+                           f"(in the storage, or in the result spool); free space and rerun with --resume")
+    return StorageError(f"the Optuna storage {url!r} failed: {_root_line(exc)}")
+
+
+def _root_line(exc: BaseException) -> str:
+    """The first line of the innermost cause (SQLAlchemy's and Optuna's wrappers say less)."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+
+
+def _device(url: str) -> str:
+    path = sqlite_path(url)
+    if path is None:
+        return f"the database server of {url}"
+    where = Path(os.path.realpath(path.parent if path.parent.exists() else "."))
+    mounts = [p for p in psutil.disk_partitions(all=True) if str(where).startswith(p.mountpoint)]
+    mount = max(mounts, key=lambda p: len(p.mountpoint)) if mounts else None
+    free = shutil.disk_usage(where).free / 2 ** 20
+    device = f"{mount.device} mounted at {mount.mountpoint}" if mount else str(where)
+    return f"{device} ({free:.1f} MiB free) holding {path}"
+
+
+def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, name: str, sampler,
+                     resume: bool) -> tuple[optuna.Study, bool]:
     """Returns (study, existed). Without --resume an existing study is refused (nothing is overwritten)."""
-    storage = open_storage(storage_url)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     already = (f"study {name!r} already exists in {storage_url}; pass --resume to continue it "
                f"or --study-name for a new one")
@@ -88,7 +139,7 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that ran (counted against n_trials); infeasible proposals are free."""
-    return [t for t in finished_trials(study) if t.user_attrs.get("status") in MEASURED]
+    return [t for t in finished_trials(study) if t.user_attrs.get("status") in MEASURED_STATUSES]
 
 
 def fits(trial: optuna.trial.FrozenTrial) -> bool:
@@ -106,34 +157,29 @@ def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(front, key=lambda t: -t.values[0])
 
 
+def layout_cells(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The trial's layout as replay-table cells (encoded values); a proposal that was not even a Layout
+    shows its params."""
+    layout = trial.user_attrs.get("layout") or {}
+    try:
+        return Layout.from_dict(layout).params(LAYOUT_COLUMNS)
+    except (SpecError, TypeError):
+        return {c: trial.params.get(c, layout.get(c)) for c in LAYOUT_COLUMNS}
+
+
 def _row(study_attrs: dict[str, Any], trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     ua = trial.user_attrs
-    layout = ua.get("layout") or {}
     result = ua.get("result") or {}
     pred = ua.get("prediction") or {}
-    graphs = layout.get("cuda_graphs") or []
-    recompute = layout.get("recompute_granularity", "none")
-    if recompute == "selective":
-        recompute = ",".join(layout.get("recompute_modules") or [])
-    row = {
-        "trial": trial.number,
-        "model": study_attrs.get("model"), "gpu": study_attrs.get("gpu"),
-        "num_gpus": study_attrs.get("num_gpus"), "seq_len": study_attrs.get("seq_len"),
-        **{k: layout.get(k) for k in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs")},
-        "recompute": recompute.replace(",", ";"),
-        "cuda_graphs": ";".join(graphs) or "none",
-        "precision": layout.get("precision"), "dispatcher": layout.get("dispatcher"),
-        "optimizer_offload": layout.get("optimizer_offload"),
+    return {
+        "trial": trial.number, **{k: study_attrs.get(k) for k in CONTEXT_COLUMNS}, **layout_cells(trial),
         "status": ua.get("status") or trial.state.name.lower(),
-        "tokens_per_sec_per_gpu": result.get("tokens_per_sec_per_gpu"),
-        "tflops_per_gpu": result.get("tflops_per_gpu"),
-        "peak_memory_gib": result.get("peak_memory_gib"),
+        **{k: result.get(k) for k in NUMBER_COLUMNS},
         "predicted_tokens_per_sec_per_gpu": pred.get("tokens_per_sec_per_gpu"),
         "predicted_peak_memory_gib": pred.get("peak_memory_gib"),
         "reason": ua.get("reason"),
         "mlflow_run_id": ua.get("mlflow_run_id"),
     }
-    return row
 
 
 def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.DataFrame:
@@ -156,4 +202,4 @@ def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.Data
 def replay_table(study: optuna.Study) -> pd.DataFrame:
     """The trials that ran, in the replay backend's CSV format (issue 8)."""
     frame = leaderboard(study, include_infeasible=False)
-    return frame[frame["status"].isin(MEASURED)][TABLE_COLUMNS] if not frame.empty else frame[TABLE_COLUMNS]
+    return frame[frame["status"].isin(MEASURED_STATUSES)][TABLE_COLUMNS] if not frame.empty else frame[TABLE_COLUMNS]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 import os
 import re
 import time
@@ -19,11 +20,17 @@ from typing import Any, Iterable
 
 import logging
 
+
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+
 from orchestrator import sqlite_tuning
-from orchestrator.slurm_job import job_tags
+from orchestrator.errors import TrackingError
+
+log = logging.getLogger("moe_autotune")
 
 for _name in ("mlflow", "alembic"):  # table-creation chatter would break the live view
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -31,6 +38,7 @@ for _name in ("mlflow", "alembic"):  # table-creation chatter would break the li
 PARENT_TAG = "moe_autotune.role"
 STUDY_TAG = "moe_autotune.study"
 TRIAL_TAG = "optuna_trial_number"
+SUPERSEDED_TAG = "moe_autotune.superseded_trial"
 _SECRET = re.compile(r"TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL|AUTH", re.I)
 _METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s", "wall_time_s")
 
@@ -40,10 +48,6 @@ def safe_environment(prefixes: Iterable[str] = ("MOE_AUTOTUNE_", "OMP_", "CUDA_"
     """The environment worth recording, without anything that looks like a secret."""
     return {k: v for k, v in sorted(os.environ.items())
             if k.startswith(tuple(prefixes)) and not _SECRET.search(k)}
-
-
-class TrackingUnavailable(RuntimeError):
-    pass
 
 
 class Tracker:
@@ -59,11 +63,20 @@ class Tracker:
         self.spool_path = Path(spool_path)
         self.experiment_id: str | None = None
         self.parent_run_id: str | None = None
-        self._children: dict[int, Any] = {}  # trial number -> Run (info.status tells if finished)
+        self._children: dict[int, _Child] = {}  # trial number -> its run
         self.pending = 0  # records in the spool
 
+    def check(self) -> None:
+        """Can this store be used at all? One line naming the problem, before the sweep creates anything."""
+        try:
+            self.client.search_experiments(max_results=1)
+        except Exception as exc:  # noqa: BLE001 -- any failure here means the URI cannot be used
+            text = str(exc).strip().splitlines()
+            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
+                                f"{(text[0] if text else type(exc).__name__)[:300]}") from None
+
     # ---- parent ------------------------------------------------------------------------------------
-    def start(self, spec: dict[str, Any], study_name: str, resume: bool) -> str:
+    def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None) -> str:
         exp = self.client.get_experiment_by_name(self.experiment_name)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment_name)
         parent = None
@@ -81,8 +94,8 @@ class Tracker:
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_run_id = parent.info.run_id
-        # link the run to the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
-        for key, value in job_tags().items():
+        # e.g. the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
+        for key, value in (tags or {}).items():
             self.client.set_tag(self.parent_run_id, key, value)
         self._load_children()
         return self.parent_run_id
@@ -95,7 +108,7 @@ class Tracker:
             for run in page:
                 number = run.data.tags.get(TRIAL_TAG)
                 if number is not None:
-                    self._children[int(number)] = run
+                    self._children[int(number)] = _Child(run.info.run_id, run.info.status, dict(run.data.params))
             token = page.token
             if not token:
                 return
@@ -117,27 +130,43 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
     # ---- children ----------------------------------------------------------------------------------
-    def child(self, number: int, layout: dict[str, Any], backend: str, run_name: str,
-              log_params: bool = True) -> tuple[str, list[Param]]:
-        """The run of trial `number`: reused if it exists (resume), created otherwise.
+    def child(self, number: int, layout: Layout, backend: str) -> str | None:
+        """The run of trial `number`, created when the trial starts; None (recorded later from the storage)
+        when MLflow cannot be reached now."""
+        try:
+            return self._child(number, layout, backend).run_id
+        except Exception as exc:  # noqa: BLE001 -- MLflow down: the record waits in the storage and the spool
+            log.warning("MLflow: no run for trial %d yet (%s: %s); it is recorded when MLflow is back",
+                        number, type(exc).__name__, exc)
+            return None
 
-        Returns the run id and the layout params still to log (none when log_params did it)."""
-        run = self._children.get(number)
-        if run is not None:
-            return run.info.run_id, []
-        params = [Param(k, _param(v)) for k, v in sorted(layout.items())]
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
+    def _child(self, number: int, layout: Layout, backend: str) -> "_Child":
+        """A child run belongs to one trial, and one layout, for ever: an existing run of this trial number
+        is reused only when its layout params match (a resume), else it is closed as superseded."""
+        params = layout_params(layout)
+        child = self._children.get(number)
+        if child is not None and child.params in ({}, params):
+            return child
+        if child is not None:
+            self._supersede(child, number)
+        run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
             STUDY_TAG: self.experiment_name, "status": "running"})
-        self._children[number] = run
-        if log_params:
-            self.client.log_batch(run.info.run_id, params=params)
-            params = []
-        return run.info.run_id, params
+        self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
+        self._children[number] = child = _Child(run.info.run_id, "RUNNING", params)
+        return child
+
+    def _supersede(self, child: "_Child", number: int) -> None:
+        self.client.set_tag(child.run_id, "status", "interrupted")
+        self.client.set_tag(child.run_id, "reason", f"superseded: trial {number} runs another layout")
+        self.client.set_tag(child.run_id, SUPERSEDED_TAG, str(number))
+        self.client.delete_tag(child.run_id, TRIAL_TAG)
+        if child.status == "RUNNING":
+            self.client.set_terminated(child.run_id, "KILLED")
 
     def is_finished(self, number: int) -> bool:
-        run = self._children.get(number)
-        return run is not None and run.info.status in ("FINISHED", "FAILED", "KILLED")
+        child = self._children.get(number)
+        return child is not None and child.status in ("FINISHED", "FAILED", "KILLED")
 
     def record(self, number: int, payload: dict[str, Any]) -> bool:
         """Log a finished trial; on failure keep it in the spool. True when MLflow has it."""
@@ -149,8 +178,8 @@ class Tracker:
             return False
 
     def _record(self, number: int, payload: dict[str, Any]) -> None:
-        run_id, params = self.child(number, payload.get("layout") or {}, payload.get("backend", ""),
-                                    payload.get("run_name") or f"trial-{number}", log_params=False)
+        child = self._child(number, Layout.from_dict(payload.get("layout") or {}), payload.get("backend", ""))
+        run_id = child.run_id
         result = payload.get("result") or {}
         pred = payload.get("prediction") or {}
         t = _now()
@@ -166,26 +195,26 @@ class Tracker:
                 RunTag(TRIAL_TAG, str(number))]
         if payload.get("reason"):
             tags.append(RunTag("reason", str(payload["reason"])[:4000]))
-        self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        self.client.log_batch(run_id, metrics=metrics, tags=tags)
         # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
         if payload.get("status") != "infeasible" and payload.get("backend") != "analytic":
             self.client.log_dict(run_id, {k: payload.get(k) for k in ("result", "prediction", "layout")},
                                  "trial.json")
             if payload.get("command"):
                 self.client.log_text(run_id, json.dumps(payload["command"], indent=1), "command.json")
-            for log in payload.get("logs") or []:
-                if Path(log).is_file():
-                    self.client.log_artifact(run_id, log, "logs")
-        self.client.set_terminated(run_id, "FAILED" if payload.get("failed") else "FINISHED")
-        self._children[number] = self.client.get_run(run_id) if payload.get("refresh") else _Finished(run_id)
+            for path in payload.get("logs") or []:
+                if Path(path).is_file():
+                    self.client.log_artifact(run_id, path, "logs")
+        self.client.set_terminated(run_id, "FINISHED")
+        child.status = "FINISHED"
 
     def mark_failed(self, number: int, reason: str) -> None:
-        run = self._children.get(number)
-        if run is not None and run.info.status == "RUNNING":
-            self.client.set_tag(run.info.run_id, "status", "interrupted")
-            self.client.set_tag(run.info.run_id, "reason", reason)
-            self.client.set_terminated(run.info.run_id, "FAILED")
-            self._children[number] = _Finished(run.info.run_id, "FAILED")
+        child = self._children.get(number)
+        if child is not None and child.status == "RUNNING":
+            self.client.set_tag(child.run_id, "status", "interrupted")
+            self.client.set_tag(child.run_id, "reason", reason)
+            self.client.set_terminated(child.run_id, "FAILED")
+            child.status = "FAILED"
 
     # ---- spool -------------------------------------------------------------------------------------
     def _spool(self, record: dict[str, Any]) -> None:
@@ -219,21 +248,23 @@ class Tracker:
         return self.pending
 
 
-class _Finished:
-    """A stand-in Run saying "finished" without another round trip to the server."""
-
-    def __init__(self, run_id: str, status: str = "FINISHED"):
-        self.info = type("Info", (), {"run_id": run_id, "status": status})()
+@dataclass
+class _Child:
+    """What the tracker knows of a trial's run, without another round trip to the server."""
+    run_id: str
+    status: str  # RUNNING | FINISHED | FAILED | KILLED
+    params: dict[str, str]
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _param(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value)) or "none"
-    return str(value)
+def layout_params(layout: Layout) -> dict[str, str]:
+    """The layout as MLflow params: every field, encoded as the CSV and Optuna params encode it."""
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in layout.params().items()}
+
+
 
 
 def _now() -> int:

@@ -11,6 +11,7 @@ Pure Python, no third-party imports.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from search_spaces.errors import SpecError
 Primitive = int | float | str | bool | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per dimension: identity is equality (and hashable)
 class Dimension:
     """One layout dimension. `Layout` builds these from its field declarations."""
     name: str
@@ -46,8 +47,22 @@ class Dimension:
         int, no number for a name; text is accepted only through `decode`."""
         if value is None and self.optional:
             return None
-        check = _PARSERS[self.kind]
-        return check(self, value)
+        if self._canonical(value):  # the common case (enumerations build millions of layouts): no work
+            return value
+        return _PARSERS[self.kind](self, value)
+
+    def _canonical(self, value: Any) -> bool:
+        kind = type(value)
+        if self.kind == "int":
+            return kind is int and (self.minimum is None or value >= self.minimum) and (
+                self.maximum is None or value <= self.maximum)
+        if self.kind == "choice":
+            return kind is str and value in self.choices
+        if self.kind == "bool":
+            return kind is bool
+        if self.kind == "modules":
+            return kind is tuple and all(v in self.choices for v in value) and len(set(value)) == len(value)
+        return False
 
     def encode(self, value: Any) -> Primitive:
         """The canonical value as one primitive (Optuna param, CSV cell, MLflow param)."""
@@ -149,6 +164,15 @@ def _parse_modules(dim: Dimension, value: Any) -> tuple[str, ...]:
 
 
 def _parse_recompute(dim: Dimension, value: Any) -> str:
+    return _recompute_text(dim, value) if not isinstance(value, str) else _recompute_str(dim, value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _recompute_str(dim: Dimension, value: str) -> str:
+    return _recompute_text(dim, value)
+
+
+def _recompute_text(dim: Dimension, value: Any) -> str:
     """none | full | the selectively recomputed modules, as the --recompute flag spells them."""
     if isinstance(value, str) and value.strip().lower() in ("none", "full"):
         return value.strip().lower()

@@ -18,6 +18,8 @@ from typing import Any
 # (CP/EP/dispatcher not in effect, TF/s above peak, non-finite loss); timeout: killed by the orchestrator;
 # infeasible: the cost model rejected it, never run; interrupted: the job/node went away.
 STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted")
+# the statuses of trials that ran (they count against a sweep's budget); infeasible proposals are free
+MEASURED_STATUSES = ("ok", "oom", "error", "invalid", "timeout", "interrupted")
 
 
 @dataclass

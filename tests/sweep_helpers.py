@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.prior import Prior
+from orchestrator.sweep import Prior
 
 
 def real_space_available() -> bool:

@@ -157,7 +157,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
     """Three real trainer runs at once: one OOMs at step 1, one is SIGKILLed at step 1, one succeeds."""
     from orchestrator import study as studies
-    from orchestrator.driver import run_sweep
+    from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
     from tests.sweep_helpers import prior_for
 

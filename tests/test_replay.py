@@ -16,9 +16,10 @@ from search_spaces.errors import SpecError
 
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
-from orchestrator.backends.replay import ReplayBackend, ReplayPrior, load_table
-from orchestrator.search import CalibratedSearch
+from orchestrator.backends.replay import ReplayBackend, load_table
 from orchestrator.spec import parse_spec
+from orchestrator.sweep.calibrated import CalibratedSearch
+from orchestrator.sweep.prior import make_prior
 
 TABLE = Path(__file__).parent / "data" / "replay_small.csv"
 BUDGET = 20  # of the table's 40 rows
@@ -82,7 +83,7 @@ def test_missing_table_and_wrong_situation(tmp_path):
         load_table(tmp_path / "nope.csv")
     spec = _spec(tmp_path).model_copy(update={"seq_len": 4096})
     with pytest.raises(SpecError, match="records seq_len 128, but the sweep has seq_len 4096"):
-        ReplayPrior(spec)
+        make_prior(spec)
 
 
 def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path):
@@ -99,7 +100,7 @@ def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path):
     outside = row.layout.replace(mbs=8, gbs=64)
     assert outside.key() not in table.rows
     assert backend.submit(request(outside)).result().status == "invalid"
-    prior = ReplayPrior(_spec(tmp_path))
+    prior = make_prior(_spec(tmp_path))
     assert not prior.predict(outside).feasible
     assert prior.predict(row.layout).legal
 
@@ -109,7 +110,7 @@ def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path):
 def _calibrated_sweep(tmp_path: Path, seed: int) -> list[str]:
     """CalibratedSearch proposing, the replay backend measuring: the proposed keys in order."""
     spec = _spec(tmp_path, seed=seed)
-    prior = ReplayPrior(spec)
+    prior = make_prior(spec)
     search = CalibratedSearch.from_prior(prior, seed=seed)
     backend = ReplayBackend(prior.table)
     proposed: list[str] = []
@@ -136,8 +137,8 @@ def test_calibrated_search_finds_the_best_row_reproducibly(tmp_path):
 
 
 def _driver_sweep(tmp_path: Path, seed: int, name: str) -> tuple[list[str], object]:
-    """A sweep through orchestrator.driver (make_prior/make_backend pick the replay prior and backend)."""
-    from orchestrator.driver import run_sweep
+    """A sweep through orchestrator.sweep (make_prior/make_backend pick the replay prior and backend)."""
+    from orchestrator.sweep import run_sweep
 
     spec = _spec(tmp_path, seed=seed, name=name, n_trials=DRIVER_BUDGET)
     outcome = run_sweep(spec, show_progress=False)

@@ -80,7 +80,7 @@ SECRET_NAMES = ("MOE_AUTOTUNE_HF_TOKEN", "MOE_AUTOTUNE_API_KEY", "MLFLOW_TEST_SE
 def test_secret_looking_environment_never_reaches_mlflow(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from orchestrator.driver import run_sweep
+    from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
     from tests.sweep_helpers import prior_for
 

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
-from orchestrator.driver import run_sweep
+from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
 from search_spaces.layout import Layout
 from tests.sweep_helpers import prior_for

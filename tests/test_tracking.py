@@ -7,7 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator import study as studies
-from orchestrator.driver import run_sweep
+from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import Tracker, safe_environment
 from search_spaces.errors import SpecError

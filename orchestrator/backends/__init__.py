@@ -1,26 +1,19 @@
 """Backends turn a TrialRequest into a TrialResult: local (real trainer via Ray), analytic (cost model),
-replay (a recorded table)."""
+replay (a recorded table). A backend is handed what it needs; it knows nothing of Optuna or MLflow."""
 
 from __future__ import annotations
 
 from orchestrator.backends.base import Backend, TrialRequest
 
-__all__ = ["Backend", "TrialRequest", "make_backend", "make_prior"]
-
-
-def make_prior(spec):
-    """The prior a sweep of `spec` uses: the cost model, cut down to the table for replay."""
-    if spec.backend == "replay":
-        from orchestrator.backends.replay import ReplayPrior
-        return ReplayPrior(spec)
-    from orchestrator.prior import Prior
-    return Prior(spec)
+__all__ = ["Backend", "TrialRequest", "make_backend"]
 
 
 def make_backend(spec, prior) -> Backend:
+    """The backend of `spec.backend`; the analytic one measures with `prior.predict` (the sweep's cached
+    cost model)."""
     if spec.backend == "analytic":
         from orchestrator.backends.analytic import AnalyticBackend
-        return AnalyticBackend(prior)
+        return AnalyticBackend(lambda layout: prior.predict(layout).data)
     if spec.backend == "local":
         from orchestrator.backends.local import LocalRayBackend
         return LocalRayBackend(spec)

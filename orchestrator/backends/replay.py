@@ -1,9 +1,11 @@
 """Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
 
-The table is a CSV, one row per layout, columns `study.TABLE_COLUMNS` (lists separated by `;`, `none` for
-none); `moe-autotune status STUDY --csv` writes it. The search space of a replay sweep is exactly the
-table's layouts: `ReplayPrior` screens out (for free) any proposal the table lacks, so a sampler never runs
-one, and `ReplayBackend` answers each proposal from its row at the cost of one trial.
+The table is a CSV, one row per layout, columns `TABLE_COLUMNS`: the situation, one column per searchable
+layout dimension and the batch (values as `Layout.params` encodes them; lists may use `;`), the status and
+the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table lacks takes the
+dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
+exactly the table's layouts (orchestrator.sweep.prior.ReplayPrior); `ReplayBackend` answers each proposal
+from its row at the cost of one trial.
 """
 
 from __future__ import annotations
@@ -12,25 +14,22 @@ import concurrent.futures
 import csv
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
-from search_spaces.result import TrialResult
+from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
+from search_spaces.result import MEASURED_STATUSES, TrialResult
 
 from orchestrator.backends.base import TrialRequest, completed, stamp
-from orchestrator.prior import Prediction, Prior
-from orchestrator.study import MEASURED, TABLE_COLUMNS
 
 CONTEXT_COLUMNS = ("model", "gpu", "num_gpus", "seq_len")
-LAYOUT_COLUMNS = ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs", "recompute", "cuda_graphs", "precision",
-                  "dispatcher", "optimizer_offload")
+LAYOUT_COLUMNS = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or name == "gbs")
 NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
+TABLE_COLUMNS = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, "status", *NUMBER_COLUMNS]
+REQUIRED_COLUMNS = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", "status", *NUMBER_COLUMNS]
 # what `status --csv` writes besides the table columns; read past, not used
 EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "reason",
-                 "mlflow_run_id", "cp_comm_type", "note")
+                 "mlflow_run_id", "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
 
@@ -98,9 +97,9 @@ def load_table(path: str | Path) -> ReplayTable:
     unknown = [c for c in columns if c not in TABLE_COLUMNS and c not in EXTRA_COLUMNS]
     if unknown:
         raise SpecError(f"replay table {path}: unknown column {unknown[0]!r}; allowed: {', '.join(TABLE_COLUMNS)}")
-    missing = [c for c in TABLE_COLUMNS if c not in columns]
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
-        raise SpecError(f"replay table {path}: missing column {missing[0]!r}; needed: {', '.join(TABLE_COLUMNS)}")
+        raise SpecError(f"replay table {path}: missing column {missing[0]!r}; needed: {', '.join(REQUIRED_COLUMNS)}")
 
     table: ReplayTable | None = None
     skipped = 0
@@ -111,9 +110,9 @@ def load_table(path: str | Path) -> ReplayTable:
         if status in NOT_RUN:
             skipped += 1
             continue
-        if status not in MEASURED:
+        if status not in MEASURED_STATUSES:
             raise SpecError(f"replay table {path} line {line}: status {raw['status']!r}; "
-                            f"allowed: {', '.join(MEASURED)}")
+                            f"allowed: {', '.join(MEASURED_STATUSES)}")
         context = _context(raw, path, line)
         if table is None:
             table = ReplayTable(str(path), *context)
@@ -150,14 +149,9 @@ def _context(raw: dict[str, str], path: Path, line: int) -> tuple[str, str, int,
 
 
 def _layout(raw: dict[str, str], path: Path, line: int) -> Layout:
-    data: dict[str, Any] = {col: raw[col] for col in LAYOUT_COLUMNS}
-    data["recompute"] = data["recompute"].replace(";", ",") or "none"
-    data["cuda_graphs"] = data["cuda_graphs"] or "none"
-    data["optimizer_offload"] = data["optimizer_offload"] or 0.0
-    if raw.get("cp_comm_type"):
-        data["cp_comm_type"] = raw["cp_comm_type"]
+    cells = {col: raw[col] for col in LAYOUT_COLUMNS if raw.get(col, "") != ""}
     try:
-        return Layout.from_dict(data)
+        return Layout.from_params(cells)
     except SpecError as exc:
         raise SpecError(f"replay table {path} line {line}: {exc}") from None
 
@@ -187,74 +181,6 @@ def table_for(spec) -> ReplayTable:
     table = _TABLES[key]
     table.check_matches(spec.model, spec.gpu, spec.num_gpus, spec.seq_len)
     return table
-
-
-class ReplayPrior(Prior):
-    """The cost model's prior, with the search space cut down to the table's layouts.
-
-    Proposals the table lacks are predicted infeasible (the sweep rejects them without a trial); the rules
-    of thumb become the table layouts nearest to them.
-    """
-
-    def __init__(self, spec, table: ReplayTable | None = None):
-        super().__init__(spec)
-        self.table = table or table_for(spec)
-        self._seeds: dict[int, list[Layout]] = {}
-
-    @cached_property
-    def candidates(self) -> list[Layout]:
-        fixed = dict(self.spec.fixed)
-        out = []
-        for layout in self.table.layouts:
-            if fixed:
-                try:
-                    if layout.replace(**fixed).key() != layout.key():
-                        continue
-                except SpecError:
-                    continue
-            out.append(layout)
-        if not out:
-            raise SpecError(f"no layout of replay table {self.table.path} has the fixed values {fixed}")
-        return out
-
-    def seeds(self, limit: int = 8) -> list[Layout]:
-        if limit not in self._seeds:
-            self._seeds[limit] = self._nearest_seeds(limit)
-        return list(self._seeds[limit])
-
-    def _nearest_seeds(self, limit: int) -> list[Layout]:
-        try:
-            wanted = super().seeds(limit=limit)
-        except SpecError:
-            wanted = []
-        out: list[Layout] = []
-        pool = [(lay, lay.to_dict()) for lay in self.candidates]
-        for seed in wanted:
-            near = nearest(seed, pool)
-            if near is not None and near not in out:
-                out.append(near)
-        return out[:limit]
-
-    def predict(self, layout: Layout) -> Prediction:
-        if layout.key() not in self._table_keys:
-            return Prediction(legal=False, fits=False, tokens_per_sec_per_gpu=0.0, peak_memory_gib=None,
-                              reason=f"not in the replay table {self.table.path}", data={"legal": False})
-        return super().predict(layout)
-
-    @cached_property
-    def _table_keys(self) -> set[str]:
-        return {lay.key() for lay in self.candidates}
-
-
-def nearest(layout: Layout, pool: list[tuple[Layout, dict]]) -> Layout | None:
-    """The pool layout (with its to_dict) differing from `layout` in the fewest fields (first on ties)."""
-    target = layout.to_dict()
-    best, best_diff = None, None
-    for cand, fields in pool:
-        diff = sum(1 for k, v in fields.items() if target.get(k) != v)
-        if best_diff is None or diff < best_diff:
-            best, best_diff = cand, diff
-    return best
 
 
 class ReplayBackend:

@@ -28,12 +28,13 @@ def sweep(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
     seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
     replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
-    search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe"),
+    search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe | random | grid"),
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
-    from orchestrator.driver import run_sweep
+    from orchestrator.slurm_job import job_tags
     from orchestrator.spec import load_spec
+    from orchestrator.sweep import run_sweep
 
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
@@ -41,7 +42,7 @@ def sweep(
                                  "search": search})
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
-    outcome = run_sweep(spec, resume=resume, show_progress=not quiet)
+    outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
     console = Console()
     console.print(f"sweep {spec.name}: {outcome.n_measured} trials run, {outcome.n_infeasible} proposals "
                   f"rejected by the cost model, {outcome.wall_time_s:.1f} s")

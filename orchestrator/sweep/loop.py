@@ -1,0 +1,245 @@
+"""The sweep loop: propose -> screen -> dispatch -> record, until the budget is spent.
+
+    propose   Optuna asks its sampler for a trial: every search dimension is a parameter, the params name a
+              Layout (the rules of thumb and re-runs are enqueued trials, taken first)
+    screen    the cost model: a layout that is illegal, or that it says cannot fit, is told to Optuna as
+              infeasible with the reason, for free (never run)
+    dispatch  a backend runs the trial (a future); up to max_concurrent at once
+    record    the result is judged (search_spaces.validation), told to Optuna, then sent to MLflow
+
+Order of writes per trial, so that a SIGKILL anywhere loses nothing and doubles nothing: ask -> user attrs
+(layout, prediction, mlflow_run_id) -> run -> user attrs (status, result) -> tell -> MLflow child finished.
+Opening and resuming (stores checked first, the lease, the situation, recovery) is `session.py`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.result import TrialResult
+
+from orchestrator import study as studies
+from orchestrator.backends import make_backend
+from orchestrator.progress import SweepProgress
+from orchestrator.sweep.prior import Prior
+from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
+from orchestrator.sweep.session import Session, open_session
+from orchestrator.spec import SweepSpec
+
+log = logging.getLogger("moe_autotune")
+
+
+@dataclass
+class SweepOutcome:
+    study: optuna.Study
+    best: optuna.trial.FrozenTrial | None
+    pareto: list[optuna.trial.FrozenTrial]
+    n_measured: int
+    n_infeasible: int
+    wall_time_s: float
+    mlflow_pending: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.mlflow_pending:
+            return 3
+        return 0 if self.best is not None else 1
+
+
+class Dispatcher:
+    """Runs proposals on the backend, at most `limit` at once."""
+
+    def __init__(self, session: Session, limit: int):
+        self.session = session
+        self.limit = limit
+        self.backend = make_backend(session.spec, session.prior)
+        self.running: dict[concurrent.futures.Future, Proposal] = {}
+
+    def submit(self, proposal: Proposal) -> None:
+        if proposal.measured is not None:  # kept from an earlier run: recorded, not run again
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_result(proposal.measured)
+        else:
+            future = self.backend.submit(self.session.request(proposal.trial.number, proposal.layout))
+        self.running[future] = proposal
+
+    def done(self, timeout: float) -> list[tuple[Proposal, TrialResult]]:
+        finished, _ = concurrent.futures.wait(self.running, timeout=timeout,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+        out = []
+        for future in finished:
+            proposal = self.running.pop(future)
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 -- a backend bug becomes the trial's error, not a lost trial
+                result = TrialResult(status="error", error=f"backend failed: {type(exc).__name__}: {exc}")
+            out.append((proposal, result))
+        return out
+
+    @property
+    def busy(self) -> set[str]:
+        return {p.layout.key() for p in self.running.values()}
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+class Sweep:
+    """One run of the loop over an open session."""
+
+    def __init__(self, session: Session, show_progress: bool = True):
+        self.session = session
+        self.spec = session.spec
+        self.study = session.study
+        self.recorder = Recorder(session)
+        self.screen = Screen(session.prior.memory_limit_gib, session.memory_margin)
+        self.show_progress = show_progress
+        finished = studies.finished_trials(self.study)
+        self.taken = {t.user_attrs["layout_key"] for t in finished if t.user_attrs.get("layout_key")}
+        self.measured = len(studies.measured_trials(self.study))
+        self.proposals = 0
+        self.stop_reason: str | None = None
+        self.messages: list[str] = []
+
+    def run(self) -> SweepOutcome:
+        start = time.monotonic()
+        dispatcher = Dispatcher(self.session, self.spec.budget.max_concurrent)
+        try:
+            with SweepProgress(f"sweep {self.spec.name}", self.spec.budget.n_trials,
+                               enabled=self.show_progress) as view:
+                view.bar.update(view.task, completed=self.measured)
+                self._loop(dispatcher, view, start)
+        except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
+            self.recorder.interrupted(list(dispatcher.running.values()))
+            raise studies.storage_failure(exc, self.spec.storage) from None
+        except BaseException:  # Ctrl-C, scancel, a crash: say what happened to the running trials
+            self.recorder.interrupted(list(dispatcher.running.values()))
+            raise
+        finally:
+            dispatcher.close()
+        if self.stop_reason:
+            self.messages.append(self.stop_reason)
+        return summarise(self.session, start, self.measured, self.messages)
+
+    def _loop(self, dispatcher: Dispatcher, view: SweepProgress, start: float) -> None:
+        budget = self.spec.budget
+        max_proposals = budget.n_trials * budget.max_proposals_per_trial
+        while True:
+            self.session.lease.heartbeat()
+            out_of_time = budget.wall_time_s is not None and time.monotonic() - start > budget.wall_time_s
+            while (self.stop_reason is None and not out_of_time and len(dispatcher.running) < dispatcher.limit
+                   and self.measured + len(dispatcher.running) < budget.n_trials):
+                if self.proposals >= max_proposals:
+                    self.stop_reason = f"stopped proposing after {max_proposals} proposals"
+                    break
+                self.proposals += 1
+                proposal = self._propose(dispatcher.busy)
+                if proposal is None:
+                    view.advance(None, len(dispatcher.running), self.measured)
+                    continue
+                self.taken.add(proposal.layout.key())
+                dispatcher.submit(proposal)
+            if not dispatcher.running:
+                return
+            for proposal, result in dispatcher.done(timeout=1.0):
+                self.measured += 1
+                view.advance(self.recorder.finish(proposal, result), len(dispatcher.running), self.measured)
+
+    def _propose(self, busy: set[str]) -> Proposal | None:
+        """The next trial to run, or None after telling Optuna why a proposal will not run."""
+        trial = self.study.ask(self.session.space.distributions())
+        if "proposed_by" not in trial.user_attrs:  # sampled (not a rule of thumb or a re-run from the queue)
+            if getattr(self.study.sampler, "exhausted", False):
+                self.stop_reason = "every layout of the space has been tried"
+                self.recorder.discard(trial, self.stop_reason)
+                return None
+            trial.set_user_attr("proposed_by", self.spec.search)
+        try:
+            layout = self.session.space.layout(trial.params)
+        except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
+            self.recorder.infeasible(trial, None, None, str(exc))
+            return None
+        key = layout.key()
+        if key in self.taken or key in busy:
+            self.recorder.discard(trial, f"repeated proposal of {key}")
+            return None
+        prediction = self.session.prior.predict(layout)
+        reason = self.screen(prediction)
+        if reason:
+            self.recorder.infeasible(trial, layout, prediction, reason)
+            return None
+        proposal = Proposal(trial, layout, prediction, measured=_kept_result(trial))
+        self.recorder.start(proposal)
+        return proposal
+
+
+def _kept_result(trial: optuna.Trial) -> TrialResult | None:
+    kept = trial.user_attrs.get("measured_result")
+    return TrialResult.from_dict(kept) if kept else None
+
+
+def summarise(session: Session, start: float, measured: int, messages: list[str]) -> SweepOutcome:
+    """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
+    study = session.study
+    best = studies.best_fitting_trial(study)
+    pareto = studies.pareto_trials(study)
+    pending = 0
+    if session.tracker:
+        try:
+            pending = session.tracker.flush()
+            if not pending:
+                session.tracker.finish(_summary(session, best, pareto, measured), _pareto_csv(study, pareto))
+        except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
+            pending = max(pending, 1)
+            messages.append(f"MLflow: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if pending:
+            messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
+                            f"storage and {session.tracker.spool_path}; rerun with --resume to deliver them")
+    n_infeasible = sum(1 for t in studies.finished_trials(study) if t.user_attrs.get("status") == "infeasible")
+    return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
+                        wall_time_s=time.monotonic() - start, mlflow_pending=pending, messages=messages)
+
+
+def _summary(session: Session, best, pareto, measured: int) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "n_trials": measured,
+        "best": None if best is None else {
+            "trial": best.number, "layout": best.user_attrs.get("layout"),
+            "layout_key": best.user_attrs.get("layout_key"),
+            "measured": {k: (best.user_attrs.get("result") or {}).get(k) for k in
+                         ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")}},
+        "pareto": [t.number for t in pareto]}
+    if not session.track_rejected:  # rejections got no child runs: one table on the parent instead
+        frame = studies.leaderboard(session.study)
+        rows = frame[frame["status"] == "infeasible"]
+        summary["rejected_by_model"] = rows.to_dict(orient="records") if not rows.empty else []
+    return summary
+
+
+def _pareto_csv(study: optuna.Study, pareto: list) -> str:
+    buf = io.StringIO()
+    frame = studies.leaderboard(study)
+    frame[frame["trial"].isin([t.number for t in pareto])].to_csv(buf, index=False)
+    return buf.getvalue()
+
+
+def run_sweep(spec: SweepSpec, resume: bool = False, prior: Prior | None = None, show_progress: bool = True,
+              run_tags: dict[str, str] | None = None) -> SweepOutcome:
+    session = open_session(spec, resume=resume, prior=prior, run_tags=run_tags)
+    try:
+        return Sweep(session, show_progress=show_progress).run()
+    finally:
+        session.close()
+
+
+__all__ = ["INTERRUPTED", "Sweep", "SweepOutcome", "run_sweep"]

@@ -1,0 +1,165 @@
+"""Telling Optuna and MLflow what became of each trial.
+
+Storage contract (read by status, promote, report, export and `check`; see orchestrator/study.py):
+the trial's params are its layout's encoded values; user attrs layout, layout_key, prediction, backend,
+proposed_by, mlflow_run_id, then status, result, reason, command; objectives [tokens/s/GPU, peak GiB];
+constraints memory_over_limit_gib and not_measured_ok (feasible when both are <= 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from search_spaces.layout import PARALLEL_SIZES, Layout
+from search_spaces.result import TrialResult
+from search_spaces.validation import validate
+
+from orchestrator import study as studies
+from orchestrator.sweep.prior import Prediction
+from orchestrator.sweep.session import INTERRUPTED, Session
+
+log = logging.getLogger("moe_autotune")
+
+
+@dataclass
+class Proposal:
+    trial: optuna.Trial
+    layout: Layout
+    prediction: Prediction
+    measured: TrialResult | None = None  # a result an earlier run measured but could not store
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The cost model's verdict before anything runs: the reason a proposal will not run, or None."""
+    memory_limit_gib: float
+    margin: float = 1.0  # the calibrated search tries near misses of the memory model on purpose
+
+    def __call__(self, prediction: Prediction) -> str | None:
+        if not prediction.legal:
+            return prediction.reason or "illegal layout"
+        peak = prediction.peak_memory_gib
+        if peak is not None and peak > self.margin * self.memory_limit_gib:
+            return prediction.reason or f"predicted peak memory {peak:.1f} GiB"
+        return None
+
+
+class Recorder:
+    def __init__(self, session: Session):
+        self.session = session
+        self.study = session.study
+        self.tracker = session.tracker
+        self.limit = session.prior.memory_limit_gib
+
+    def start(self, p: Proposal) -> None:
+        trial = p.trial
+        for key, value in {"layout": p.layout.to_dict(), "layout_key": p.layout.key(), "prediction": p.prediction.data,
+                           "backend": self.session.spec.backend}.items():
+            trial.set_user_attr(key, value)
+        if self.tracker:
+            run_id = self.tracker.child(trial.number, p.layout, self.session.spec.backend)
+            if run_id:  # else recorded later from the storage (at the end, or on --resume)
+                trial.set_user_attr("mlflow_run_id", run_id)
+
+    def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
+                   reason: str) -> None:
+        """A proposal the cost model (or the Layout itself) refuses: told for free, never run."""
+        memory = (prediction.peak_memory_gib if prediction else None) or 0.0
+        if layout is not None:
+            trial.set_user_attr("layout", layout.to_dict())
+            trial.set_user_attr("layout_key", layout.key())
+        else:
+            trial.set_user_attr("layout", dict(trial.params))
+        if prediction is not None:
+            trial.set_user_attr("prediction", prediction.data)
+        trial.set_user_attr("backend", self.session.spec.backend)
+        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("reason", reason)
+        trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
+        trial.set_constraint("not_measured_ok", 1.0)
+        self.study.tell(trial, [0.0, _finite(memory)])
+        if self.tracker and self.session.track_rejected and layout is not None:
+            self.tracker.record(trial.number, self.session.payload(trial.number, trial.user_attrs))
+
+    def discard(self, trial: optuna.Trial, reason: str) -> None:
+        """A proposal that is not a trial at all (a repeat, nothing left to propose)."""
+        trial.set_user_attr("reason", reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def finish(self, p: Proposal, result: TrialResult) -> dict[str, Any]:
+        """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
+        trial = p.trial
+        result = validate(result, p.layout, self.session.prior.gpu)  # numbers that cannot be true: invalid
+        memory = result.peak_memory_gib if result.peak_memory_gib is not None else p.prediction.peak_memory_gib
+        ok = result.status == "ok" and result.tokens_per_sec_per_gpu is not None
+        over = (memory or 0.0) - self.limit
+        if result.status == "oom":
+            over = max(over, 1.0)  # it did not fit, whatever the partial numbers say
+        attrs = {"status": result.status, "result": _jsonable(result.to_dict())}
+        if result.error:
+            attrs["reason"] = result.error[:2000]
+        if result.extra.get("command"):
+            attrs["command"] = result.extra["command"]
+        try:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            trial.set_constraint("memory_over_limit_gib", max(over, 0.0))
+            trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
+            self.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
+        except studies.STORAGE_ERRORS:
+            self.session.spool.add(trial.number, dict(trial.params), {**dict(trial.user_attrs), **attrs})
+            raise
+        if self.tracker:
+            payload = self.session.payload(trial.number, {**dict(trial.user_attrs), **attrs})
+            self.tracker.record(trial.number, payload)
+        return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
+                "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
+                "memory": result.peak_memory_gib}
+
+    def interrupted(self, proposals: list[Proposal]) -> None:
+        """Trials running when the sweep stopped: failed with the reason (re-run on --resume)."""
+        for p in proposals:
+            try:
+                p.trial.set_user_attr("reason", INTERRUPTED)
+                p.trial.set_user_attr("status", "interrupted")
+                self.study.tell(p.trial, state=TrialState.FAIL)
+                if self.tracker:
+                    self.tracker.mark_failed(p.trial.number, INTERRUPTED)
+            except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume finds it RUNNING
+                log.warning("could not mark trial %d as interrupted (%s: %s); --resume will re-run it",
+                            p.trial.number, type(exc).__name__, exc)
+
+
+def short_label(layout: Layout) -> str:
+    """The parallel sizes above 1 and the recompute choice (the progress view's layout column)."""
+    parts = [f"{name}{value}" for name, value in layout.params((*PARALLEL_SIZES, "mbs")).items() if value != 1]
+    parts.append(f"rc={layout.recompute}")
+    return " ".join(parts)
+
+
+def _finite(value: Any) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+def _jsonable(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {str(k): _jsonable(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_jsonable(v) for v in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if data is None or isinstance(data, (str, int, float, bool)):
+        return data
+    return str(data)
+
+

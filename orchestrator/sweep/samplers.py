@@ -1,0 +1,153 @@
+"""The sweep's samplers: Optuna samplers over the layout parameters (`--search`).
+
+    calibrated  (default) the untried legal layout the cost model ranks best, corrected online from every
+                measurement (orchestrator.sweep.calibrated.CalibratedSearch: Thompson sampling over
+                per-value effects); tries near misses of the memory model on purpose
+    tpe         Optuna's multivariate TPE over the dimensions (proposals the cost model rejects are free)
+    random      the legal layouts in a seeded random order
+    grid        the legal layouts in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS, then the rest
+
+The layout samplers are relative samplers: each trial gets a whole layout at once (every search dimension
+is one categorical parameter, `SweepSpace`), and before each proposal they read the study, so they learn
+from every finished trial, whoever ran it (this driver, a resumed one) and never propose a layout that is
+finished, running or queued. The rules of thumb are enqueued trials (Optuna's warm start), for every sampler.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterable
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+
+from orchestrator.sweep.calibrated import CalibratedSearch
+from orchestrator.sweep.prior import Prior
+from orchestrator.sweep.space import SweepSpace
+
+SEARCHES = ("calibrated", "tpe", "random", "grid")
+# a layout is taken while its trial is queued, running or finished (failed trials may run again on resume)
+_TAKEN = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+
+
+class LayoutSampler(optuna.samplers.BaseSampler):
+    """Proposes one untried layout per trial; subclasses choose it (`next_layout`) and learn (`observe`)."""
+
+    # proposals may exceed the cost model's memory prediction by this factor (the screen lets them through)
+    memory_margin = 1.0
+
+    def __init__(self, space: SweepSpace):
+        self.space = space
+        self.exhausted = False  # nothing untried is left: the sweep stops proposing
+        self._observed: set[int] = set()
+
+    # ---- what subclasses decide ------------------------------------------------------------------
+    def next_layout(self, taken: set[str]) -> Layout | None:
+        raise NotImplementedError
+
+    def observe(self, layout: Layout, status: str, tokens_per_sec_per_gpu: float | None,
+                peak_memory_gib: float | None) -> None:
+        """A finished trial's outcome (status as the sweep recorded it)."""
+
+    # ---- Optuna's hooks --------------------------------------------------------------------------
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.space.distributions()
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space or "fixed_params" in trial.system_attrs:  # an enqueued trial brings its own
+            return {}
+        trials = study.get_trials(deepcopy=False)
+        self._learn(trials)
+        layout = self.next_layout(self._taken(trials, trial.number))
+        if layout is None:
+            self.exhausted = True
+            return {}
+        return self.space.params(layout)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        # only when nothing was left to propose (`exhausted`): any value, the sweep does not run it
+        return param_distribution.choices[0]
+
+    # ---- reading the study -----------------------------------------------------------------------
+    def _learn(self, trials: Iterable[FrozenTrial]) -> None:
+        for t in trials:
+            if t.state != TrialState.COMPLETE or t.number in self._observed:
+                continue
+            self._observed.add(t.number)
+            layout = self._layout_of(t.params)
+            status = t.user_attrs.get("status")
+            if layout is not None and status:
+                result = t.user_attrs.get("result") or {}
+                self.observe(layout, status, result.get("tokens_per_sec_per_gpu"), result.get("peak_memory_gib"))
+
+    def _taken(self, trials: Iterable[FrozenTrial], current: int) -> set[str]:
+        keys = set()
+        for t in trials:
+            if t.state in _TAKEN and t.number != current:
+                layout = self._layout_of(t.params or t.system_attrs.get("fixed_params") or {})
+                if layout is not None:
+                    keys.add(layout.key())
+        return keys
+
+    def _layout_of(self, params: dict[str, Any]) -> Layout | None:
+        if not params:
+            return None
+        try:
+            return self.space.layout(params)
+        except SpecError:  # a combination that is not a Layout (a TPE proposal): nothing to learn from it
+            return None
+
+
+class CalibratedSampler(LayoutSampler):
+    memory_margin = CalibratedSearch.MEMORY_MARGIN
+
+    def __init__(self, space: SweepSpace, prior: Prior, seed: int | None):
+        super().__init__(space)
+        self.search = CalibratedSearch.from_prior(prior, seed=seed or 0)
+
+    def next_layout(self, taken: set[str]) -> Layout | None:
+        return self.search.propose(taken)
+
+    def observe(self, layout, status, tokens_per_sec_per_gpu, peak_memory_gib) -> None:
+        self.search.observe(layout, status, tokens_per_sec_per_gpu, peak_memory_gib)
+
+
+class OrderedSampler(LayoutSampler):
+    """The first untried layout of a fixed order (random search, grid search)."""
+
+    def __init__(self, space: SweepSpace, order: list[Layout]):
+        super().__init__(space)
+        self.order = order
+
+    def next_layout(self, taken: set[str]) -> Layout | None:
+        return next((lay for lay in self.order if lay.key() not in taken), None)
+
+
+def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:
+    """NeMo Auto-Configurator's loop nesting: TP, PP, CP, EP, MBS outermost (smallest first), then the rest."""
+    return sorted(layouts, key=lambda lay: ((lay.tp, lay.pp, lay.cp, lay.ep, lay.mbs),
+                                            tuple(str(v) for v in lay.params().values())))
+
+
+def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None) -> optuna.samplers.BaseSampler:
+    if search == "calibrated":
+        return CalibratedSampler(space, prior, seed)
+    if search == "tpe":
+        # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+    if search == "random":
+        return OrderedSampler(space, random.Random(seed).sample(prior.candidates, len(prior.candidates)))
+    if search == "grid":
+        return OrderedSampler(space, nemo_grid_order(prior.candidates))
+    raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
+
+
+def memory_margin(sampler: optuna.samplers.BaseSampler) -> float:
+    """How far above the predicted memory limit the sampler's proposals may go (1.0: not at all)."""
+    return getattr(sampler, "memory_margin", 1.0)

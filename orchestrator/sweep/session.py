@@ -1,0 +1,203 @@
+"""Opening a sweep: every store checked first, then the study created (or resumed), its lease taken, MLflow
+started; on --resume the situation checked and what a dead or stopped driver left behind recovered.
+
+Nothing is created before the MLflow store, the Optuna storage and the work directory are known to work,
+and (for a new study) before the cost model finds something that fits: a bad input is one line and leaves
+nothing behind that a corrected rerun would trip over.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.space import explore
+
+from orchestrator import study as studies
+from orchestrator.backends import TrialRequest
+from orchestrator.spec import SweepSpec
+from orchestrator.sweep.lease import Lease
+from orchestrator.sweep.prior import Prior, make_prior
+from orchestrator.sweep.samplers import make_sampler, memory_margin
+from orchestrator.sweep.space import SweepSpace
+from orchestrator.sweep.spool import ResultSpool
+from orchestrator.tracking import Tracker
+
+log = logging.getLogger("moe_autotune")
+
+# backends whose trials are predictions or recordings: their rejections go to one table on the parent run
+WHAT_IF_BACKENDS = ("analytic", "replay")
+# why a trial that was running when the sweep was stopped (Ctrl-C, SIGTERM from scancel) was failed
+INTERRUPTED = "sweep interrupted"
+
+
+@dataclass
+class Session:
+    spec: SweepSpec
+    prior: Prior
+    space: SweepSpace
+    study: optuna.Study
+    lease: Lease
+    tracker: Tracker | None
+    spool: ResultSpool
+    workdir: Path
+    resumed: bool
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def track_rejected(self) -> bool:
+        """A child run per rejected proposal; by default not for what-if sweeps, where they outnumber trials."""
+        if self.spec.track_rejected is not None:
+            return self.spec.track_rejected
+        return self.spec.backend not in WHAT_IF_BACKENDS
+
+    @property
+    def memory_margin(self) -> float:
+        return memory_margin(self.study.sampler)
+
+    def request(self, number: int, layout: Layout) -> TrialRequest:
+        spec = self.spec
+        return TrialRequest(layout=layout, model=spec.model, seq_len=spec.seq_len, gpu=spec.gpu,
+                            num_gpus=spec.num_gpus, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                            steps=spec.steps, warmup=spec.warmup, timeout_s=spec.trial_timeout_s,
+                            workdir=self.workdir / f"trial-{number:04d}",
+                            num_layers=spec.model_overrides.num_layers,
+                            hidden_size=spec.model_overrides.hidden_size, trial_number=number)
+
+    def payload(self, number: int, attrs: dict[str, Any]) -> dict[str, Any]:
+        """A trial's MLflow record, from its stored user attrs."""
+        return {"layout": attrs.get("layout") or {}, "status": attrs.get("status", ""), "result": attrs.get("result"),
+                "prediction": attrs.get("prediction"), "backend": attrs.get("backend", self.spec.backend),
+                "command": attrs.get("command"), "reason": attrs.get("reason"), "run_name": f"trial-{number}",
+                "logs": sorted(str(p) for p in (self.workdir / f"trial-{number:04d}").glob("*.log"))}
+
+    def close(self) -> None:
+        try:
+            self.lease.release()
+        except studies.STORAGE_ERRORS as exc:  # a full disk: the lease expires on its own
+            log.warning("could not release the study's lease (%s); it expires when this process is gone", exc)
+
+
+def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,
+                 run_tags: dict[str, str] | None = None) -> Session:
+    """`run_tags`: tags for the parent MLflow run (e.g. the Slurm job and Ray cluster the sweep runs on)."""
+    prior = prior or make_prior(spec)
+    prior.model, prior.gpu  # unknown model or GPU names fail here, before anything is stored
+    workdir = Path(spec.workdir) / spec.name
+    tracker = Tracker(spec.tracking_uri, spec.name, workdir / "mlflow-spool.jsonl") \
+        if spec.tracking_uri.lower() != "none" else None
+    if tracker:
+        tracker.check()  # a tracking URI that cannot be used: one line, nothing created
+    storage = studies.open_storage(spec.storage)
+    _check_workdir(workdir)
+    if not resume:
+        _check_something_fits(spec, prior)
+    space = SweepSpace.from_prior(prior)
+    sampler = make_sampler(spec.search, space, prior, spec.seed)
+    study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
+    lease = Lease(study)
+    lease.acquire()
+    session = Session(spec, prior, space, study, lease, tracker, ResultSpool(workdir / "results-spool.jsonl"),
+                      workdir, resumed=existed)
+    try:
+        _start(session, existed, run_tags or {})
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
+    spec, study = session.spec, session.study
+    if existed:
+        _check_situation(study, spec)
+    else:
+        for key, value in {"spec": spec.dump(), "situation": spec.situation(), "model": spec.model,
+                           "seq_len": spec.seq_len, "gpu": spec.gpu, "num_gpus": spec.num_gpus,
+                           "backend": spec.backend, "memory_limit_gib": session.prior.memory_limit_gib,
+                           "tracking_uri": spec.tracking_uri}.items():
+            study.set_user_attr(key, value)
+        for seed in session.prior.seeds():
+            study.enqueue_trial(session.space.params(seed), user_attrs={"proposed_by": "rule-of-thumb"},
+                                skip_if_exists=True)
+    study.set_user_attr("budget", spec.budget.model_dump())
+    if session.tracker:
+        parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
+        study.set_user_attr("mlflow_experiment_id", session.tracker.experiment_id)
+        study.set_user_attr("mlflow_parent_run_id", parent)
+    if existed:
+        _recover(session)
+
+
+def _check_workdir(workdir: Path) -> None:
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe = workdir / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecError(f"work directory {str(workdir)!r} is not writable: {exc.strerror or exc}") from None
+
+
+def _check_something_fits(spec: SweepSpec, prior: Prior) -> None:
+    """Refuse, before anything is stored, a sweep in which the cost model says nothing can run, naming the
+    constraint that binds."""
+    if prior.ranked(limit=1):
+        return
+    where = f"{spec.model} at seq_len {spec.seq_len} on {spec.num_gpus} x {spec.gpu}"
+    fixed = f" with fixed {dict(spec.fixed)}" if spec.fixed else ""
+    found = explore(prior.model, prior.gpu, spec.num_gpus, spec.seq_len, fixed=prior.pinned, gbs=spec.gbs, top=1)
+    if found.legal_count == 0:
+        rule, count = max(found.rejected_by_rule.items(), key=lambda kv: kv[1], default=("?", 0))
+        raise SpecError(f"no legal layout of {where}{fixed}: rule {rule!r} binds "
+                        f"(rejects {count} of {found.total} combinations)")
+    raise SpecError(f"nothing fits in memory: none of the {found.legal_count} legal layouts of {where}{fixed} "
+                    f"fits the {prior.memory_limit_gib:.1f} GiB per GPU (memory binds; try more GPUs, "
+                    f"a shorter seq_len, or free recompute/offload/precision)")
+
+
+def _check_situation(study: optuna.Study, spec: SweepSpec) -> None:
+    """--resume must continue the same situation (SITUATION_FIELDS): name the first field that differs."""
+    recorded = study.user_attrs.get("situation")
+    if recorded is None:  # a study from before situations were recorded: what its spec said
+        stored = study.user_attrs.get("spec") or {}
+        recorded = {k: stored.get(k) for k in spec.situation()}
+    for name, now in spec.situation().items():
+        if recorded.get(name) != now:
+            raise SpecError(f"cannot resume study {spec.name!r} with a different {name}: it was run with "
+                            f"{recorded.get(name)!r}, the spec now says {now!r} (use --study-name for a new study)")
+
+
+def _recover(session: Session) -> None:
+    """What the last driver left: results it could not store, trials it left running or interrupted."""
+    study, tracker = session.study, session.tracker
+    kept = {rec["trial_number"]: rec for rec in session.spool.records()}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        reason = "the driver stopped while the trial was running; its layout runs again"
+        rec = kept.get(t.number)
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if tracker:
+            tracker.mark_failed(t.number, reason)
+        attrs = {"proposed_by": "resume", "retry_of": t.number}
+        if rec and rec["attrs"].get("result"):  # measured, but the storage refused it: recorded, not re-run
+            attrs["measured_result"] = rec["attrs"]["result"]
+        if t.params:
+            study.enqueue_trial(t.params, user_attrs=attrs)
+    session.spool.clear()
+    retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if t.user_attrs.get("reason") == INTERRUPTED and t.number not in retried and t.params:
+            study.enqueue_trial(t.params, user_attrs={"proposed_by": "resume", "retry_of": t.number})
+    if tracker:
+        tracker.flush()
+        for t in studies.finished_trials(study):
+            status = t.user_attrs.get("status")
+            if status and not tracker.is_finished(t.number) and (session.track_rejected or status != "infeasible"):
+                tracker.record(t.number, session.payload(t.number, t.user_attrs))
