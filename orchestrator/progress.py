@@ -19,8 +19,10 @@ class SweepProgress:
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=self.console)
         self.task = self.bar.add_task(title, total=total, note="")
-        self.live = Live(Group(self.bar, self._table()), console=self.console, refresh_per_second=4,
-                         transient=False) if enabled else None
+        # Live only redraws on a terminal; elsewhere (a pipe, a log file, CI) it writes its last frame without
+        # a final newline, so the next line printed ran into the bottom border. There: print the view once.
+        self.live = Live(self._view(), console=self.console, refresh_per_second=4,
+                         transient=False) if enabled and self.console.is_terminal else None
 
     def __enter__(self) -> "SweepProgress":
         if self.live:
@@ -29,8 +31,10 @@ class SweepProgress:
 
     def __exit__(self, *exc) -> None:
         if self.live:
-            self.live.update(Group(self.bar, self._table()))
-            self.live.stop()
+            self.live.update(self._view())
+            self.live.stop()  # on a terminal rich ends the view with a newline
+        elif self.enabled:
+            self.console.print(self._view())
 
     def advance(self, row: dict[str, Any] | None, running: int, completed: int) -> None:
         if row is None:
@@ -40,7 +44,10 @@ class SweepProgress:
         self.bar.update(self.task, completed=completed,
                         note=f"running {running} · rejected by model {self.rejected}")
         if self.live:
-            self.live.update(Group(self.bar, self._table()))
+            self.live.update(self._view())
+
+    def _view(self) -> Group:
+        return Group(self.bar, self._table())
 
     def _table(self, top: int = 10) -> Table:
         table = Table(title="leaderboard (measured)", expand=False)

@@ -1,9 +1,11 @@
-"""The sweep report: why the winner won, as one HTML page (interactive plotly) plus PNGs (matplotlib).
+"""The sweep report: why the winner won, as one HTML page plus one PNG per figure, all drawn with plotly.
 
 Figures: the Pareto front of tokens/s/GPU against peak memory, Optuna's parameter importance, predicted vs
-measured throughput and memory, the winner's memory and time breakdown, and the best-so-far curve.
-PNGs are drawn with matplotlib: kaleido 1.x installs but needs a Chrome at run time and starts it for
-every image, too slow and fragile on a shared CI machine. The HTML embeds plotly.js, so it opens offline.
+measured throughput and memory, the winner's memory (predicted beside measured, GiB components only) and
+time breakdown, and the best-so-far curve. Each figure is built once: the page embeds it (plotly.js inlined
+once, so the page opens offline) and kaleido exports the same object to PNG, every figure in one headless
+Chrome session. Kaleido finds Chrome/Chromium at $BROWSER_PATH or on PATH; without one the page is still
+written and the PNGs are skipped with a note saying why.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +23,16 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from search_spaces.memory import COUNT_KEYS, PEAK_KEYS
+
 from orchestrator.winner import TrialView, views
 
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far")
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
                   "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b"}
+PNG_SIZE = (1000, 500)  # width, height in pixels
+# plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
+_HOVER_FORMAT = ",.4~r"
 
 
 @dataclass
@@ -32,6 +40,16 @@ class Report:
     html_path: Path
     pngs: dict[str, Path]
     winner: TrialView | None
+    png_note: str | None = None  # why no PNGs were written, when none were
+
+
+def sig(value: float, digits: int = 4) -> str:
+    """`value` to `digits` significant digits with thousands separators: 0.872, 1,235, 475,500."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    text = f"{round(value, decimals):,.{max(decimals, 0)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _num(value: Any) -> float | None:
@@ -82,13 +100,25 @@ def _predicted_measured(trials: list[TrialView], key: str) -> list[tuple[float, 
     return pairs
 
 
+def memory_components(memory_gib: dict[str, Any] | None) -> dict[str, float]:
+    """The GiB components of a memory breakdown; its counts (parameters, microbatches, the pipeline rank)
+    are not memory and never go on a GiB axis."""
+    return {k: float(v) for k, v in (memory_gib or {}).items() if k not in COUNT_KEYS and _num(v) is not None}
+
+
 def _breakdown(view: TrialView | None) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """(predicted memory GiB, measured memory GiB, predicted time s) components of the winner."""
     if view is None:
         return {}, {}, {}
     bd = view.prediction.get("breakdown") or {}
-    clean = lambda d: {k: float(v) for k, v in (d or {}).items() if _num(v) is not None}  # noqa: E731
-    return clean(bd.get("memory_gib")), clean(view.result.get("memory_gib")), clean(bd.get("time_s"))
+    times = {k: float(v) for k, v in (bd.get("time_s") or {}).items() if _num(v) is not None}
+    return memory_components(bd.get("memory_gib")), memory_components(view.result.get("memory_gib")), times
+
+
+def _component_order(*parts: dict[str, float]) -> list[str]:
+    """The components summed into the peak first (cost model order), then the informational ones."""
+    seen = list(dict.fromkeys(k for part in parts for k in part))
+    return [k for k in PEAK_KEYS if k in seen] + [k for k in seen if k not in PEAK_KEYS]
 
 
 def _importance_target(trial: optuna.trial.FrozenTrial) -> float:
@@ -104,16 +134,18 @@ def _negated_target_ok() -> Iterator[None]:
         yield
 
 
-# ---- plotly (the HTML page) -------------------------------------------------------------------------
+# ---- the figures (plotly: drawn once, embedded in the page and exported to PNG) --------------------------
+
+def _key(v: TrialView) -> str:
+    return v.layout.key() if v.layout else "?"
+
 
 def _label(v: TrialView) -> str:
-    return f"trial {v.number}: {v.layout.key() if v.layout else '?'}"
+    return f"trial {v.number}: {_key(v)}"
 
 
-def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> dict[str, go.Figure]:
-    figs: dict[str, go.Figure] = {}
+def _pareto_figure(trials: list[TrialView]) -> go.Figure:
     limit = trials[0].memory_limit_gib if trials else None
-
     fig = go.Figure()
     for status in sorted({v.status for v in trials}):
         sel = [v for v in trials if v.status == status and _num(v.peak_memory_gib) is not None
@@ -128,21 +160,25 @@ def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | No
                         name="Pareto front", line={"shape": "hv", "color": "black"},
                         text=[f"trial {p[2]}" for p in front])
     if limit:
-        fig.add_vline(x=limit, line_dash="dash", annotation_text=f"GPU memory {limit:g} GiB")
+        fig.add_vline(x=limit, line_dash="dash", annotation_text=f"GPU memory {sig(limit)} GiB")
     fig.update_layout(title="Pareto front: tokens/s/GPU vs peak memory", xaxis_title="peak memory (GiB)",
                       yaxis_title="tokens/s/GPU")
-    figs["pareto"] = fig
+    return fig
 
+
+def _importance_figure(study: optuna.Study) -> go.Figure:
     try:
         with _negated_target_ok():
             fig = optuna.visualization.plot_param_importances(
                 study, target=_importance_target, target_name="tokens/s/GPU")
         fig.update_layout(title="Parameter importance for tokens/s/GPU (Optuna)")
-    except Exception as exc:  # too few trials, or nothing varied
+    except Exception as exc:  # too few trials, or nothing varied: the figure says so instead
         fig = go.Figure().add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
         fig.update_layout(title="Parameter importance (Optuna)")
-    figs["importance"] = fig
+    return fig
 
+
+def _predicted_measured_figure(trials: list[TrialView]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s/GPU", "peak memory (GiB)"))
     for col, key in ((1, "tokens_per_sec_per_gpu"), (2, "peak_memory_gib")):
         pairs = _predicted_measured(trials, key)
@@ -156,166 +192,149 @@ def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | No
         fig.update_xaxes(title_text="predicted", row=1, col=col)
         fig.update_yaxes(title_text="measured", row=1, col=col)
     fig.update_layout(title="Predicted (cost model) vs measured")
-    figs["predicted_vs_measured"] = fig
+    return fig
 
+
+def _breakdown_figure(winner: TrialView | None) -> go.Figure:
+    """Left: each memory component in GiB, predicted beside measured. Right: predicted time per step."""
     pred_mem, meas_mem, pred_time = _breakdown(winner)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("memory (GiB)", "time per step (s), predicted"))
-    if pred_mem:
-        fig.add_bar(x=list(pred_mem), y=list(pred_mem.values()), name="predicted memory", row=1, col=1)
-    if meas_mem:
-        fig.add_bar(x=list(meas_mem), y=list(meas_mem.values()), name="measured memory", row=1, col=1)
+    keys = _component_order(pred_mem, meas_mem)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+                        subplot_titles=("memory (GiB), predicted vs measured", "time per step (s), predicted"))
+    for name, values in (("predicted", pred_mem), ("measured", meas_mem)):
+        if values:  # None, not 0, where one side lacks a component: a gap rather than a false zero
+            fig.add_bar(x=keys, y=[values.get(k) for k in keys], name=name, row=1, col=1)
     if pred_time:
         fig.add_bar(x=list(pred_time), y=list(pred_time.values()), name="predicted time", row=1, col=2)
-    fig.update_layout(title=f"Winner breakdown: {_label(winner) if winner else 'no winner'}", barmode="group")
-    figs["winner_breakdown"] = fig
+    fig.update_yaxes(title_text="GiB", row=1, col=1)
+    fig.update_yaxes(title_text="s per step", row=1, col=2)
+    # the layout key is long: on its own smaller line, so the title fits the PNG's width
+    title = "Winner breakdown: no winner"
+    if winner:
+        title = f"Winner breakdown: trial {winner.number}<br><sup>{_key(winner)}</sup>"
+    fig.update_layout(title=title, barmode="group", margin={"t": 110})
+    return fig
 
+
+def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
     curve = best_so_far(trials)
-    fig = go.Figure()
     ok = [(v.number, v.tokens_per_sec_per_gpu) for v in trials
           if v.status == "ok" and _num(v.tokens_per_sec_per_gpu) is not None]
+    fig = go.Figure()
     fig.add_scatter(x=[p[0] for p in ok], y=[p[1] for p in ok], mode="markers", name="trial")
     fig.add_scatter(x=[p[0] for p in curve], y=[p[1] for p in curve], mode="lines", name="best so far",
                     line={"shape": "hv"})
     fig.update_layout(title="Best tokens/s/GPU so far", xaxis_title="trial", yaxis_title="tokens/s/GPU")
-    figs["best_so_far"] = fig
+    return fig
+
+
+def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> dict[str, go.Figure]:
+    figs = {"pareto": _pareto_figure(trials), "importance": _importance_figure(study),
+            "predicted_vs_measured": _predicted_measured_figure(trials),
+            "winner_breakdown": _breakdown_figure(winner), "best_so_far": _best_so_far_figure(trials)}
+    for fig in figs.values():
+        fig.update_xaxes(hoverformat=_HOVER_FORMAT)
+        fig.update_yaxes(hoverformat=_HOVER_FORMAT)
     return figs
 
 
-# ---- matplotlib (the PNGs) --------------------------------------------------------------------------
+def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path], str | None]:
+    """<name>.png for every figure, all in one headless Chrome session (kaleido); ({}, why) without Chrome."""
+    import kaleido  # imported here: only the PNG export needs it (and its browser machinery)
+    from kaleido.errors import BrowserClosedError, BrowserFailedError, ChromeNotFoundError
 
-def _pngs(study: optuna.Study, trials: list[TrialView], winner: TrialView | None, out: Path) -> dict[str, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths: dict[str, Path] = {}
-    limit = trials[0].memory_limit_gib if trials else None
-
-    def save(name: str, fig) -> None:
-        fig.tight_layout()
-        paths[name] = out / f"{name}.png"
-        fig.savefig(paths[name], dpi=90)
-        plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for status in sorted({v.status for v in trials}):
-        sel = [v for v in trials if v.status == status and _num(v.peak_memory_gib) is not None
-               and _num(v.tokens_per_sec_per_gpu) is not None]
-        if sel:
-            ax.scatter([v.peak_memory_gib for v in sel], [v.tokens_per_sec_per_gpu for v in sel],
-                       label=status, color=_STATUS_COLORS.get(status))
-    front = pareto_front([p for p in _ok_points(trials) if limit is None or p[0] <= limit])
-    if front:
-        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", label="Pareto front")
-    if limit:
-        ax.axvline(limit, linestyle="--", color="gray", label=f"GPU memory {limit:g} GiB")
-    ax.set(xlabel="peak memory (GiB)", ylabel="tokens/s/GPU", title="Pareto front")
-    ax.legend(fontsize=8)
-    save("pareto", fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    paths = {name: out / f"{name}.png" for name in figs}
+    width, height = PNG_SIZE
+    specs = [{"fig": fig, "path": paths[name], "opts": {"format": "png", "width": width, "height": height}}
+             for name, fig in figs.items()]
+    # plotly.js comes from the plotly package; MathJax would come from a CDN and no label needs it
+    kopts: dict[str, Any] = {"mathjax": False}
+    browser = os.environ.get("BROWSER_PATH")
+    if browser:  # the user's choice wins over a Chrome that kaleido_get_chrome downloaded
+        kopts["path"] = browser
     try:
-        with _negated_target_ok():
-            imp = optuna.importance.get_param_importances(study, target=_importance_target)
-        names = list(imp)[::-1]
-        ax.barh(names, [imp[n] for n in names])
-        ax.set(xlabel="importance for tokens/s/GPU", title="Parameter importance (Optuna, PED-ANOVA)")
-    except Exception as exc:
-        ax.text(0.5, 0.5, f"parameter importance unavailable:\n{exc}", ha="center", va="center", wrap=True)
-        ax.set_axis_off()
-    save("importance", fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, key, title in ((axes[0], "tokens_per_sec_per_gpu", "tokens/s/GPU"),
-                           (axes[1], "peak_memory_gib", "peak memory (GiB)")):
-        pairs = _predicted_measured(trials, key)
-        if pairs:
-            ax.scatter([p[0] for p in pairs], [p[1] for p in pairs])
-            lo = min(min(p[0], p[1]) for p in pairs)
-            hi = max(max(p[0], p[1]) for p in pairs)
-            ax.plot([lo, hi], [lo, hi], linestyle=":", color="gray")
-        ax.set(xlabel="predicted", ylabel="measured", title=title)
-    save("predicted_vs_measured", fig)
-
-    pred_mem, meas_mem, pred_time = _breakdown(winner)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    keys = list(dict.fromkeys([*pred_mem, *meas_mem]))
-    xs = range(len(keys))
-    axes[0].bar([x - 0.2 for x in xs], [pred_mem.get(k, 0) for k in keys], width=0.4, label="predicted")
-    axes[0].bar([x + 0.2 for x in xs], [meas_mem.get(k, 0) for k in keys], width=0.4, label="measured")
-    axes[0].set_xticks(list(xs), keys, rotation=40, ha="right", fontsize=7)
-    axes[0].set(ylabel="GiB", title="winner memory")
-    axes[0].legend(fontsize=8)
-    axes[1].bar(list(pred_time), list(pred_time.values()))
-    axes[1].tick_params(axis="x", labelrotation=40, labelsize=7)
-    axes[1].set(ylabel="s per step", title="winner time (predicted)")
-    save("winner_breakdown", fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    curve = best_so_far(trials)
-    ok = [(v.number, v.tokens_per_sec_per_gpu) for v in trials
-          if v.status == "ok" and _num(v.tokens_per_sec_per_gpu) is not None]
-    ax.scatter([p[0] for p in ok], [p[1] for p in ok], label="trial", s=12)
-    if curve:
-        ax.step([p[0] for p in curve], [p[1] for p in curve], where="post", label="best so far")
-    ax.set(xlabel="trial", ylabel="tokens/s/GPU", title="Best tokens/s/GPU so far")
-    ax.legend(fontsize=8)
-    save("best_so_far", fig)
-    return paths
+        kaleido.write_fig_from_object_sync(specs, kopts=kopts, cancel_on_error=True)
+        return paths, None
+    except ChromeNotFoundError:
+        where = f"at BROWSER_PATH={browser}" if browser else "on PATH (install chromium or set BROWSER_PATH)"
+        note = f"no Chrome or Chromium {where}"
+    except (BrowserFailedError, BrowserClosedError) as exc:
+        why = (str(exc.args[0]) if exc.args else "").strip().splitlines() or [type(exc).__name__]
+        note = f"the browser {browser or 'found on PATH'} did not start: {why[0]}"
+    except TimeoutError:  # kaleido's per-figure limit, on a machine too loaded to render in time
+        note = "Chrome took longer than kaleido's limit to render a figure"
+    for path in paths.values():  # all or none: the page links no PNG that is missing
+        path.unlink(missing_ok=True)
+    return {}, note
 
 
 # ---- the page -----------------------------------------------------------------------------------
+
+def _cell(value: Any) -> str:
+    return sig(float(value)) if _num(value) is not None else ""
+
 
 def _table(trials: list[TrialView], limit: int = 50) -> str:
     rows = sorted(trials, key=lambda v: (v.status != "ok", -(_num(v.tokens_per_sec_per_gpu) or 0)))[:limit]
     cells = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            v.number, v.status, v.layout.key() if v.layout else "",
-            f"{v.tokens_per_sec_per_gpu:.1f}" if _num(v.tokens_per_sec_per_gpu) is not None else "",
-            f"{v.peak_memory_gib:.2f}" if _num(v.peak_memory_gib) is not None else "",
-            v.backend, v.reason or "")) + "</tr>" for v in rows)
+            v.number, v.status, v.layout.key() if v.layout else "", _cell(v.tokens_per_sec_per_gpu),
+            _cell(v.peak_memory_gib), v.backend, v.reason or "")) + "</tr>" for v in rows)
     head = "".join(f"<th>{h}</th>" for h in ("trial", "status", "layout", "tokens/s/GPU", "peak GiB",
                                               "backend", "reason"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>"
 
 
+def _winner_line(winner: TrialView | None) -> str:
+    if winner is None:
+        return "<p><b>No trial succeeded and fits.</b></p>"
+    pred = winner.prediction
+
+    def numbers(tps: Any, peak: Any) -> str:
+        return f"{_cell(tps) or '?'} tokens/s/GPU, peak {_cell(peak) or '?'} GiB"
+
+    line = numbers(winner.tokens_per_sec_per_gpu, winner.peak_memory_gib)
+    if _num(pred.get("tokens_per_sec_per_gpu")) is not None or _num(pred.get("peak_memory_gib")) is not None:
+        line += f" (predicted {numbers(pred.get('tokens_per_sec_per_gpu'), pred.get('peak_memory_gib'))})"
+    return f"<p><b>Winner:</b> {html.escape(_label(winner))} — {html.escape(line)}</p>"
+
+
+def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> str:
+    div = fig.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{name}")
+    image = (f'<details><summary>static image ({png.name})</summary>'
+             f'<img class="png" alt="{name}" src="{png.name}"></details>' if png else "")
+    return f'<section id="{name}"><h2>{name.replace("_", " ")}</h2>{div}{image}</section>'
+
+
 def write(study: optuna.Study, out_dir: str | Path) -> Report:
-    """report.html and one PNG per figure in out_dir."""
+    """report.html and, where a Chrome runs, one PNG per figure in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
     fitting = [v for v in trials if v.status == "ok" and v.fits and _num(v.tokens_per_sec_per_gpu) is not None]
     winner = max(fitting, key=lambda v: v.tokens_per_sec_per_gpu, default=None)
     figs = figures(study, trials, winner)
-    pngs = _pngs(study, trials, winner, out)
+    pngs, png_note = export_pngs(figs, out)
 
     attrs = study.user_attrs
     title = f"moe-autotune report: {study.study_name}"
     summary = (f"model {attrs.get('model')} · seq_len {attrs.get('seq_len')} · {attrs.get('num_gpus')}× "
                f"{attrs.get('gpu')} · backend {attrs.get('backend')} · {len(trials)} trials")
-    won = (f"<p><b>Winner:</b> {html.escape(_label(winner))} — {winner.tokens_per_sec_per_gpu:.1f} tokens/s/GPU, "
-           f"peak {winner.peak_memory_gib if winner.peak_memory_gib is not None else '?'} GiB</p>"
-           if winner else "<p><b>No trial succeeded and fits.</b></p>")
-    sections = []
-    for i, name in enumerate(FIGURES):
-        div = figs[name].to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"fig-{name}")
-        sections.append(f'<section id="{name}"><h2>{name.replace("_", " ")}</h2>{div}'
-                        f'<details><summary>static image ({pngs[name].name})</summary>'
-                        f'<img class="png" alt="{name}" src="{pngs[name].name}"></details></section>')
+    skipped = f"<p><i>Static PNGs not written: {html.escape(png_note)}.</i></p>" if png_note else ""
+    sections = "".join(_section(name, figs[name], i == 0, pngs.get(name)) for i, name in enumerate(FIGURES))
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} img.png{{max-width:48%;border:1px solid #ddd}}
 table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}</style>
 </head><body>
-<h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>{won}
-{''.join(sections)}
+<h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>{_winner_line(winner)}{skipped}
+{sections}
 <section id="trials"><h2>trials</h2>{_table(trials)}</section>
 </body></html>
 """
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
-    return Report(html_path, pngs, winner)
+    return Report(html_path, pngs, winner, png_note)
 
 
 def log_to_mlflow(report: Report, parent_run_id: str) -> None:

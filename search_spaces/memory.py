@@ -387,7 +387,11 @@ PEAK_KEYS = ("weights", "gradients", "optimizer_states", "activations", "dispatc
              "runtime_overhead", "allocator_margin")
 
 
+# Breakdown keys that are counts, not bytes: the one place that says which components are memory
+# (to_gib leaves them as they are; the report never plots them on a GiB axis).
+COUNT_KEYS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank",
+              "expert_params_on_rank")
+
+
 def to_gib(breakdown: dict[str, float]) -> dict[str, float]:
-    counts = {"pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank",
-              "expert_params_on_rank"}
-    return {k: (v if k in counts else v / GIB) for k, v in breakdown.items()}
+    return {k: (v if k in COUNT_KEYS else v / GIB) for k, v in breakdown.items()}

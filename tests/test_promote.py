@@ -16,6 +16,7 @@ import optuna
 import pytest
 import yaml
 
+from search_spaces.costmodel import estimate
 from search_spaces.layout import Layout
 
 from orchestrator import export, registry, winner
@@ -35,8 +36,12 @@ TRIALS = [
 
 
 def make_study(tmp_path: Path, name: str = "fake", backend: str = "local", parent_run_id: str | None = None,
-               tracking_uri: str | None = None) -> tuple[str, optuna.Study]:
-    """A finished sweep as the sweep writes it (contract in the shared context / orchestrator/study.py)."""
+               tracking_uri: str | None = None, trials: list = TRIALS,
+               costmodel: bool = False) -> tuple[str, optuna.Study]:
+    """A finished sweep as the sweep writes it (contract in the shared context / orchestrator/study.py).
+
+    costmodel: each trial's prediction is the real cost model's estimate, and its measured memory breakdown
+    a copy of the predicted one (as the analytic backend records it, counts of parameters included)."""
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(storage=storage, study_name=name, directions=["maximize", "minimize"])
     spec = {"model": "tiny-moe", "seq_len": 4096, "gpu": "h100", "nodes": 1, "gpus_per_node": 4,
@@ -49,7 +54,7 @@ def make_study(tmp_path: Path, name: str = "fake", backend: str = "local", paren
     dists = {"tp": optuna.distributions.CategoricalDistribution([1, 2]),
              "ep": optuna.distributions.CategoricalDistribution([1, 2, 4]),
              "mbs": optuna.distributions.CategoricalDistribution([1, 2])}
-    for fields, status, tps, mem in TRIALS:
+    for fields, status, tps, mem in trials:
         layout = Layout.from_dict(fields)
         result = {"status": status, "tokens_per_sec_per_gpu": tps, "peak_memory_gib": mem,
                   "memory_gib": {"weights": 1.0, "gradients": 1.0, "optimizer_states": 2.0,
@@ -60,6 +65,9 @@ def make_study(tmp_path: Path, name: str = "fake", backend: str = "local", paren
                       "breakdown": {"memory_gib": {"weights": 1.2, "gradients": 1.1, "optimizer_states": 2.1,
                                                    "activations": 4.0},
                                     "time_s": {"compute": 0.5, "tp_comm": 0.1, "ep_comm": 0.2}}}
+        if costmodel:
+            prediction = estimate(spec["model"], spec["gpu"], 4, spec["seq_len"], layout).to_dict()
+            result["memory_gib"] = dict(prediction["breakdown"]["memory_gib"]) if tps else {}
         study.add_trial(optuna.trial.create_trial(
             params={"tp": layout.tp, "ep": layout.ep, "mbs": layout.mbs}, distributions=dists,
             values=[tps or 0.0, mem or 0.0],

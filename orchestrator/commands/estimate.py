@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search_spaces.errors import SpecError
+from search_spaces.memory import COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
 
@@ -73,7 +74,6 @@ def estimate(
 
 # time components that are parts of `compute` (indented under it); every other component adds to the step
 _COMPUTE_PARTS = ("gemm", "attention", "elementwise")
-_COUNTS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank", "expert_params_on_rank")
 
 
 def _print_estimate(est) -> None:
@@ -100,7 +100,7 @@ def _print_estimate(est) -> None:
     mem.add_column("component")
     mem.add_column("GiB", justify="right")
     for k, v in memory.items():
-        if k not in _COUNTS:
+        if k not in COUNT_KEYS:
             mem.add_row(k, _num(v))
     console.print(mem)
     console.print(f"parameters on that rank: {memory.get('params_on_rank', 0):,.0f} "

@@ -112,7 +112,10 @@ def report(
     tracking_uri: Optional[str] = _TRACKING,
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the report to the sweep's MLflow run."),
 ) -> None:
-    """Write an HTML report with PNGs (Pareto front, importance, predicted vs measured, breakdown, progress)."""
+    """Write an HTML report with PNGs (Pareto front, importance, predicted vs measured, breakdown, progress).
+
+    The PNGs need a Chrome or Chromium (on PATH or at $BROWSER_PATH); without one they are skipped with a note.
+    """
     from orchestrator import registry, winner
     from orchestrator import report as report_mod
 
@@ -120,6 +123,8 @@ def report(
     ctx = winner.context(study)
     done = report_mod.write(study, out or Path(f"report-{study.study_name}"))
     typer.echo(f"report: {done.html_path}")
+    if done.png_note:
+        typer.echo(f"note: PNGs skipped: {done.png_note}", err=True)
     parent = ctx.get("mlflow_parent_run_id")
     if no_mlflow:
         return
