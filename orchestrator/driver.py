@@ -28,6 +28,7 @@ from orchestrator.backends import TrialRequest, make_backend, make_prior
 from orchestrator.bulk_store import add_finished_trials
 from orchestrator.prior import Prediction, Prior
 from orchestrator.progress import SweepProgress
+from orchestrator.redact import redact_uri
 from orchestrator.sampler import LayoutProposer, make_sampler
 from orchestrator.spec import SweepSpec
 from orchestrator.tracking import Tracker
@@ -113,8 +114,9 @@ class Sweep:
             try:
                 parent = self.tracker.start(spec.dump(), spec.name, resume=existed)
             except Exception as exc:
-                raise SpecError(f"cannot reach MLflow at {spec.tracking_uri!r}: {str(exc).splitlines()[0][:200]}"
-                                ) from None
+                # redact before cutting: a cut could split a password from its '@'
+                why = redact_uri(str(exc).splitlines()[0])[:200] if str(exc) else type(exc).__name__
+                raise SpecError(f"cannot reach MLflow at {redact_uri(spec.tracking_uri)!r}: {why}") from None
             for study in {id(self.study): self.study, id(self.real_study): self.real_study}.values():
                 study.set_user_attr("mlflow_experiment_id", self.tracker.experiment_id)
                 study.set_user_attr("mlflow_parent_run_id", parent)

@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from search_spaces.errors import SpecError
 
 from orchestrator import sqlite_tuning
+from orchestrator.redact import redact_uri
 
 DIRECTIONS = ["maximize", "minimize"]
 MEASURED = ("ok", "oom", "error", "invalid", "timeout", "interrupted")  # statuses of trials that ran
@@ -47,8 +48,8 @@ def open_storage(url: str, attempts: int = 10) -> optuna.storages.BaseStorage:
             if racing and attempt + 1 < attempts:
                 time.sleep(0.2 + 0.1 * attempt)
                 continue
-            raise SpecError(f"cannot open storage {url!r}: {text.splitlines()[0] if text else type(exc).__name__}"
-                            ) from None
+            why = text.splitlines()[0] if text else type(exc).__name__
+            raise SpecError(redact_uri(f"cannot open storage {url!r}: {why}")) from None
     raise AssertionError("unreachable")
 
 
@@ -56,12 +57,13 @@ def create_or_resume(storage_url: str, name: str, sampler, resume: bool) -> tupl
     """Returns (study, existed). Without --resume an existing study is refused (nothing is overwritten)."""
     storage = open_storage(storage_url)
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    already = (f"study {name!r} already exists in {storage_url}; pass --resume to continue it "
+    shown = redact_uri(storage_url)
+    already = (f"study {name!r} already exists in {shown}; pass --resume to continue it "
                f"or --study-name for a new one")
     if name in existing and not resume:
         raise SpecError(already)
     if name not in existing and resume:
-        raise SpecError(f"no study {name!r} in {storage_url} to resume")
+        raise SpecError(f"no study {name!r} in {shown} to resume")
     try:  # a second sweep creating the same name at the same moment loses here, not by sharing the study
         study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS,
                                     load_if_exists=resume)
@@ -75,10 +77,10 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if study_name is None:
         if not names:
-            raise SpecError(f"no study in {storage}")
+            raise SpecError(f"no study in {redact_uri(storage)}")
         study_name = names[-1]
     if study_name not in names:
-        raise SpecError(f"no study {study_name!r} in {storage}; found: {', '.join(names) or 'none'}")
+        raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}; found: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=study_name, storage=store)
 
 

@@ -115,10 +115,13 @@ def report(
     """Write an HTML report with PNGs (Pareto front, importance, predicted vs measured, breakdown, progress)."""
     from orchestrator import registry, winner
     from orchestrator import report as report_mod
+    from search_spaces.inputs import check_output_dir
 
+    if out is not None:
+        check_output_dir(out, "--out")
     study = winner.load(storage, study_name)
     ctx = winner.context(study)
-    done = report_mod.write(study, out or Path(f"report-{study.study_name}"))
+    done = report_mod.write(study, out or check_output_dir(Path(f"report-{study.study_name}"), "report folder"))
     typer.echo(f"report: {done.html_path}")
     parent = ctx.get("mlflow_parent_run_id")
     if no_mlflow:
