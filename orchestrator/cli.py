@@ -10,6 +10,7 @@ import sys
 import click
 import typer
 
+from orchestrator.redact import redact_uri
 from search_spaces.errors import SpecError
 
 app = typer.Typer(
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
-    except SpecError as exc:
-        typer.echo(f"error: {exc}", err=True)
+    except SpecError as exc:  # a storage/tracking URI in the message never shows its password
+        typer.echo(f"error: {redact_uri(str(exc))}", err=True)
         return 2
     except _EXITS as exc:
         return getattr(exc, "exit_code", 0)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except _USAGE_ERRORS as exc:
         # usage errors: one line, not Click's three-line box (no-args help has already been printed)
         if exc.format_message():
-            typer.echo(f"error: {exc.format_message()}", err=True)
+            typer.echo(f"error: {redact_uri(exc.format_message())}", err=True)
         return 2
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 
+from orchestrator.redact import redact_uri
 from search_spaces.errors import SpecError
 
 
@@ -70,7 +71,7 @@ def link_run(storage: str, study_name: str, tags: dict[str, str]) -> str | None:
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise SpecError(f"no study {study_name!r} in {storage}") from None
+        raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}") from None
     run_id = study.user_attrs.get("mlflow_parent_run_id")
     if not run_id or not tags:
         return None

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search_spaces.errors import SpecError
+from search_spaces.inputs import read_text_file
 from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
@@ -23,6 +24,7 @@ SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", 
                     "replay_table")
 # Names end up in paths, MLflow and argv: keep them plain.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_SEED = 2 ** 32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32 - 1]
 
 
 class _Strict(BaseModel):
@@ -30,39 +32,41 @@ class _Strict(BaseModel):
 
 
 class Budget(_Strict):
-    n_trials: int = Field(8, ge=1, description="trials that run (proposals the cost model rejects are free)")
-    wall_time_s: float | None = Field(None, gt=0)
-    max_concurrent: int = Field(1, ge=1)
+    n_trials: int = Field(8, ge=1, strict=True,
+                          description="trials that run (proposals the cost model rejects are free)")
+    wall_time_s: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    max_concurrent: int = Field(1, ge=1, strict=True)
     # proposals allowed per counted trial before the sweep gives up on finding new layouts
-    max_proposals_per_trial: int = Field(20, ge=1)
+    max_proposals_per_trial: int = Field(20, ge=1, strict=True)
 
 
 class ModelOverrides(_Strict):
     """Shrink the model for proxy profiling (fewer layers / narrower)."""
-    num_layers: int | None = Field(None, ge=1)
-    hidden_size: int | None = Field(None, ge=1)
+    num_layers: int | None = Field(None, ge=1, strict=True)
+    hidden_size: int | None = Field(None, ge=1, strict=True)
 
 
 class SweepSpec(_Strict):
     name: str = "moe-autotune-sweep"
     model: str = "tiny-moe"
-    seq_len: int = Field(4096, ge=1)
+    # numbers are strict: `nodes: 1.7`, `nodes: true` or `seq_len: "4096"` are refused, never coerced
+    seq_len: int = Field(4096, ge=1, strict=True)
     gpu: str = "h100"
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(8, ge=1)
-    gbs: int | None = Field(None, ge=1)
+    nodes: int = Field(1, ge=1, strict=True)
+    gpus_per_node: int = Field(8, ge=1, strict=True)
+    gbs: int | None = Field(None, ge=1, strict=True)
     free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
     fixed: dict[str, Any] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
     objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
-    steps: int = Field(5, ge=1)
-    warmup: int = Field(2, ge=0)
-    trial_timeout_s: float = Field(900.0, gt=0)
+    steps: int = Field(5, ge=1, strict=True)
+    warmup: int = Field(2, ge=0, strict=True)
+    trial_timeout_s: float = Field(900.0, gt=0, strict=True, allow_inf_nan=False)
     backend: Literal["local", "analytic", "replay"] = "local"
     tracking_uri: str = "sqlite:///mlflow.db"
     storage: str = "sqlite:///optuna.db"
     model_overrides: ModelOverrides = Field(default_factory=ModelOverrides)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, strict=True)
     # calibrated: rank untried legal layouts by the cost model, corrected online from the measurements
     # (bench/RESULTS.md: median 13 trials to within 2% of the optimum, TPE 47); tpe: Optuna's TPE per dimension
     search: Literal["calibrated", "tpe", "random", "grid"] = "calibrated"
@@ -168,12 +172,47 @@ def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = N
         raise SpecError(_one_line(exc)) from None
 
 
+class _Refused(Exception):
+    """Valid YAML that a spec may not use (the message says what and where)."""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases (a spec has no use for them, and nested aliases are a
+    "billion laughs" bomb) before any object is built, and duplicate keys at any depth (YAML would let
+    the last one win silently)."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            mark = f"{'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}"
+            raise _Refused(f"YAML anchors and aliases are not allowed in a spec ({mark} at line "
+                           f"{event.start_mark.line + 1})")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                continue
+            if first is not None:
+                raise _Refused(f"duplicate key {key!r} at line {line} (first at line {first})")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
+    """Read and validate a spec file (at most 1 MiB of UTF-8 YAML, no anchors/aliases or duplicate keys)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"spec file {str(path)!r} does not exist")
+    text = read_text_file(path, "spec file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _Refused as exc:
+        raise SpecError(f"spec {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"spec {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is not None and not isinstance(data, dict):
@@ -193,9 +232,19 @@ def _one_line(exc: ValidationError) -> str:
         msg = msg[len("Value error, "):]
     if not err["loc"]:
         return f"spec: {msg}"
-    if err["type"] == "literal_error":
-        return f"spec field {where}: {msg}, got {err.get('input')!r}"
+    if err["type"] == "literal_error" or err["type"].endswith("_type") or err["type"] in _SHOW_INPUT:
+        return f"spec field {where}: {msg}, got {_short(err.get('input'))}"
     return f"spec field {where}: {msg}"
+
+
+# pydantic error types where the offending value helps (`nodes: 1.7`, `seed: -1`, `trial_timeout_s: .inf`)
+_SHOW_INPUT = {"int_from_float", "int_parsing", "finite_number", "greater_than", "greater_than_equal",
+               "less_than", "less_than_equal"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

@@ -31,6 +31,7 @@ from search_spaces.result import MEASURED_STATUSES
 from orchestrator import sqlite_tuning
 from orchestrator.backends.replay import CONTEXT_COLUMNS, LAYOUT_COLUMNS, NUMBER_COLUMNS, TABLE_COLUMNS
 from orchestrator.errors import StorageError, StorageFull
+from orchestrator.redact import redact_uri
 
 DIRECTIONS = ["maximize", "minimize"]
 
@@ -56,7 +57,7 @@ def open_storage(url: str, attempts: int = 10) -> optuna.storages.BaseStorage:
             failure = storage_failure(exc, url)
             if isinstance(failure, StorageFull):
                 raise failure from None
-            raise StorageError(f"cannot open storage {url!r}: {_root_line(exc)}") from None
+            raise StorageError(redact_uri(f"cannot open storage {url!r}: {_root_line(exc)}")) from None
     raise AssertionError("unreachable")
 
 
@@ -107,12 +108,13 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
                      resume: bool) -> tuple[optuna.Study, bool]:
     """Returns (study, existed). Without --resume an existing study is refused (nothing is overwritten)."""
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    already = (f"study {name!r} already exists in {storage_url}; pass --resume to continue it "
+    shown = redact_uri(storage_url)
+    already = (f"study {name!r} already exists in {shown}; pass --resume to continue it "
                f"or --study-name for a new one")
     if name in existing and not resume:
         raise SpecError(already)
     if name not in existing and resume:
-        raise SpecError(f"no study {name!r} in {storage_url} to resume")
+        raise SpecError(f"no study {name!r} in {shown} to resume")
     try:  # a second sweep creating the same name at the same moment loses here, not by sharing the study
         study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS,
                                     load_if_exists=resume)
@@ -126,10 +128,10 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if study_name is None:
         if not names:
-            raise SpecError(f"no study in {storage}")
+            raise SpecError(f"no study in {redact_uri(storage)}")
         study_name = names[-1]
     if study_name not in names:
-        raise SpecError(f"no study {study_name!r} in {storage}; found: {', '.join(names) or 'none'}")
+        raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}; found: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=study_name, storage=store)
 
 

@@ -13,7 +13,6 @@ import json
 import math
 from dataclasses import dataclass
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -29,6 +28,7 @@ from search_spaces.layout import Layout
 
 from orchestrator import sqlite_tuning
 from orchestrator.errors import TrackingError
+from orchestrator.redact import redact_environment, redact_mapping
 
 log = logging.getLogger("moe_autotune")
 
@@ -39,15 +39,14 @@ PARENT_TAG = "moe_autotune.role"
 STUDY_TAG = "moe_autotune.study"
 TRIAL_TAG = "optuna_trial_number"
 SUPERSEDED_TAG = "moe_autotune.superseded_trial"
-_SECRET = re.compile(r"TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL|AUTH", re.I)
+CORRUPT_SPOOL = "mlflow-spool.corrupt.jsonl"
 _METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s", "wall_time_s")
 
 
 def safe_environment(prefixes: Iterable[str] = ("MOE_AUTOTUNE_", "OMP_", "CUDA_", "NCCL_", "RAY_", "MLFLOW_")
                      ) -> dict[str, str]:
-    """The environment worth recording, without anything that looks like a secret."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(tuple(prefixes)) and not _SECRET.search(k)}
+    """The environment worth recording: secret-named variables dropped, credentials stripped from URIs."""
+    return redact_environment({k: v for k, v in os.environ.items() if k.startswith(tuple(prefixes))})
 
 
 class Tracker:
@@ -65,6 +64,8 @@ class Tracker:
         self.parent_run_id: str | None = None
         self._children: dict[int, _Child] = {}  # trial number -> its run
         self.pending = 0  # records in the spool
+        self.spool_torn = 0  # torn last records skipped
+        self.spool_set_aside = 0  # damaged records moved to mlflow-spool.corrupt.jsonl
 
     def check(self) -> None:
         """Can this store be used at all? One line naming the problem, before the sweep creates anything."""
@@ -89,7 +90,7 @@ class Tracker:
         if parent is None:
             parent = self.client.create_run(self.experiment_id, run_name=study_name,
                                             tags={PARENT_TAG: "parent", STUDY_TAG: study_name})
-            self.client.log_text(parent.info.run_id, json.dumps(spec, indent=2), "spec.json")
+            self.client.log_text(parent.info.run_id, json.dumps(redact_mapping(spec), indent=2), "spec.json")
             self.client.log_dict(parent.info.run_id, safe_environment(), "environment.json")
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
@@ -219,33 +220,60 @@ class Tracker:
     # ---- spool -------------------------------------------------------------------------------------
     def _spool(self, record: dict[str, Any]) -> None:
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.spool_path, "a") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
+        with open(self.spool_path, "ab") as fh:
+            if fh.tell() and not _ends_with_newline(self.spool_path):
+                fh.write(b"\n")  # a crash tore the last record: never glue the next one onto it
+            fh.write((json.dumps(record, default=str) + "\n").encode())
             fh.flush()
             os.fsync(fh.fileno())
         self.pending += 1
 
     def flush(self) -> int:
-        """Deliver spooled records; returns how many are still pending."""
+        """Deliver spooled records; returns how many are still pending.
+
+        A torn last line (a crash mid-write) is skipped; a damaged line anywhere else is moved to
+        mlflow-spool.corrupt.jsonl. Both are logged and counted (spool_torn, spool_set_aside)."""
         if not self.spool_path.is_file():
             self.pending = 0
             return 0
-        left = []
-        for line in self.spool_path.read_text().splitlines():
+        raw = self.spool_path.read_bytes()
+        lines = raw.decode("utf-8", errors="replace").splitlines()
+        torn_tail = bool(raw) and not raw.endswith(b"\n")
+        left, damaged = [], []
+        for i, line in enumerate(lines):
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            rec = _spool_record(line)
+            if rec is None:
+                if torn_tail and i == len(lines) - 1:
+                    self.spool_torn += 1
+                    log.warning("MLflow spool %s: skipped a torn last record (the sweep stopped while writing "
+                                 "it); the Optuna storage still has the trial", self.spool_path)
+                else:
+                    damaged.append(line)
+                continue
             try:
                 if not self.is_finished(rec["trial_number"]):
                     self._record(rec["trial_number"], rec["payload"])
-            except Exception:
+            except Exception:  # MLflow still down: the record stays in the spool
                 left.append(line)
+        self._set_aside(damaged)
         if left:
             self.spool_path.write_text("\n".join(left) + "\n")
         else:
             self.spool_path.unlink()
         self.pending = len(left)
         return self.pending
+
+    def _set_aside(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        corrupt = self.spool_path.with_name(CORRUPT_SPOOL)
+        with open(corrupt, "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+        self.spool_set_aside += len(lines)
+        log.warning("MLflow spool %s: %d corrupt record(s) moved to %s (not delivered; the Optuna storage "
+                     "still has the trials)", self.spool_path, len(lines), corrupt)
 
 
 @dataclass
@@ -254,6 +282,23 @@ class _Child:
     run_id: str
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     params: dict[str, str]
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
+def _spool_record(line: str) -> dict[str, Any] | None:
+    """The record a spool line holds, or None when the line is damaged."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    ok = (isinstance(rec, dict) and isinstance(rec.get("trial_number"), int)
+          and not isinstance(rec.get("trial_number"), bool) and isinstance(rec.get("payload"), dict))
+    return rec if ok else None
 
 
 def _finite(value: Any) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from search_spaces.errors import SpecError
+from search_spaces.inputs import read_text_file
 
 CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(p.stem for p in CATALOG_DIR.glob("*.json")))
@@ -178,70 +179,190 @@ class ModelSpec:
         return d
 
 
-def _get(cfg: dict, *names: str, default: Any = 0) -> Any:
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
+LAYER_TYPES = {"full_attention": "F", "sliding_attention": "S", "linear_attention": "L"}
+MAX_CONFIG_DEPTH = 64  # a config.json nests a few levels; deeper is not a model config
 
 
-def _attention_pattern(cfg: dict) -> str:
-    layer_types = cfg.get("layer_types")
-    if layer_types:
-        letters = "".join({"sliding_attention": "S", "linear_attention": "L"}.get(t, "F") for t in layer_types)
+class _Fields:
+    """Typed, range-checked reads of a config.json dict: every refusal is one line naming field and file."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg = cfg
+        self.source = source
+
+    def fail(self, why: str) -> SpecError:
+        return SpecError(f"model config {self.source!r}: {why}")
+
+    def integer(self, *names: str, default: int = 0, minimum: int = 0) -> int:
+        """The first of `names` that is set (not null): an integer (not bool/float/str) >= minimum."""
+        for n in names:
+            value = self.cfg.get(n)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.fail(f"field {n} must be an integer, got {_show(value)}")
+            if value < minimum:
+                raise self.fail(f"field {n} must be >= {minimum}, got {value}")
+            return value
+        return default
+
+    def required(self, name: str) -> int:
+        if self.cfg.get(name) is None:
+            raise self.fail(f"lacks a required field {name!r}")
+        return self.integer(name, minimum=1)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.cfg.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"field {name} must be true or false, got {_show(value)}")
+        return value
+
+    def text(self, name: str, default: str) -> str:
+        value = self.cfg.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.fail(f"field {name} must be a string, got {_show(value)}")
+        return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool)) else f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _attention_pattern(f: _Fields, layers: int) -> str:
+    layer_types = f.cfg.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != layers:
+            raise f.fail(f"field layer_types must be a list of {layers} entries (num_hidden_layers), "
+                         f"got {_show(layer_types) if not isinstance(layer_types, list) else len(layer_types)}")
+        bad = [t for t in layer_types if not isinstance(t, str) or t not in LAYER_TYPES]
+        if bad:
+            raise f.fail(f"field layer_types has {_show(bad[0])}; allowed: {', '.join(LAYER_TYPES)}")
+        letters = "".join(LAYER_TYPES[t] for t in layer_types)
         # shortest repeating unit, so with_overrides(num_layers=...) keeps the pattern
         for n in range(1, len(letters) + 1):
             if len(letters) % n == 0 and letters[:n] * (len(letters) // n) == letters:
                 return letters[:n]
         return letters
-    interval = cfg.get("full_attention_interval")
-    if interval:
-        return "L" * (int(interval) - 1) + "F"
-    return "F"
+    interval = f.integer("full_attention_interval", minimum=1)
+    return "L" * (interval - 1) + "F" if interval else "F"
 
 
-def from_hf_config(cfg: dict, name: str) -> ModelSpec:
-    """Normalise a Hugging Face config.json dict (DeepSeek-V3, Qwen3(-MoE/-Next), gpt-oss, Llama, Kimi)."""
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-        vocab = int(cfg["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"model config {name!r} lacks a required field ({exc})") from None
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
-    ffn = int(_get(cfg, "intermediate_size", default=4 * hidden))
-    experts = int(_get(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0))
-    moe_ffn = int(_get(cfg, "moe_intermediate_size", default=ffn)) if experts else 0
-    shared_n = int(_get(cfg, "n_shared_experts", default=0))
+def _moe(f: _Fields, ffn: int, layers: int) -> dict[str, int]:
+    """Experts, expert width, top-k, shared experts, leading dense layers (all 0 for a dense model)."""
+    names = ("n_routed_experts", "num_experts", "num_local_experts")
+    experts = f.integer(*names)
+    if not experts:
+        return dict(num_experts=0, moe_ffn_hidden_size=0, topk=0, num_shared_experts=0,
+                    shared_expert_ffn_hidden_size=0, first_k_dense=0)
+    moe_ffn = f.integer("moe_intermediate_size", default=ffn, minimum=1)
+    if f.cfg.get("num_experts_per_tok") is None:
+        raise f.fail(f"lacks num_experts_per_tok, the top-k of its {experts} experts")
+    topk = f.integer("num_experts_per_tok", minimum=1)
+    if topk > experts:
+        raise f.fail(f"field num_experts_per_tok ({topk}) must not exceed the number of experts ({experts})")
+    shared_n = f.integer("n_shared_experts")
     shared_ffn = shared_n * moe_ffn
-    if cfg.get("shared_expert_intermediate_size"):
-        shared_n, shared_ffn = max(shared_n, 1), int(cfg["shared_expert_intermediate_size"])
-    pattern = _attention_pattern(cfg)
+    if f.integer("shared_expert_intermediate_size"):
+        shared_n, shared_ffn = max(shared_n, 1), f.integer("shared_expert_intermediate_size")
+    first_k_dense = f.integer("first_k_dense_replace")
+    if first_k_dense >= layers:
+        raise f.fail(f"field first_k_dense_replace ({first_k_dense}) leaves no MoE layer of {layers}")
+    return dict(num_experts=experts, moe_ffn_hidden_size=moe_ffn, topk=topk, num_shared_experts=shared_n,
+                shared_expert_ffn_hidden_size=shared_ffn, first_k_dense=first_k_dense)
+
+
+def _attention(f: _Fields, hidden: int, heads: int, pattern: str) -> dict[str, int]:
+    """Head counts and widths (MLA, sliding window, linear attention), with the relations between them."""
+    kv_heads = f.integer("num_key_value_heads", default=heads, minimum=1)
+    if heads % kv_heads:
+        raise f.fail(f"field num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads})")
+    mla = {n: f.integer(n) for n in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                 "v_head_dim")}
+    if mla["kv_lora_rank"]:
+        if mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] < 1:
+            raise f.fail("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim or qk_rope_head_dim >= 1")
+        if mla["v_head_dim"] < 1:
+            raise f.fail("field v_head_dim must be >= 1 in an MLA model (kv_lora_rank > 0)")
+    elif f.cfg.get("head_dim") is None and hidden % heads:
+        raise f.fail(f"field num_attention_heads ({heads}) must divide hidden_size ({hidden}) "
+                     "when no head_dim is given")
+    head_dim = f.integer("head_dim", default=hidden // heads, minimum=1)
+    window = f.integer("sliding_window", minimum=1) if "S" in pattern else 0
+    if "S" in pattern and not window:
+        raise f.fail("field sliding_window must be given for sliding_attention layers")
+    linear = {n: f.integer(n, minimum=1 if "L" in pattern else 0) for n in (
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")}
+    missing = [n for n, v in linear.items() if "L" in pattern and not v]
+    if missing:
+        raise f.fail(f"field {missing[0]} must be given for linear_attention layers")
+    return dict(num_kv_heads=kv_heads, head_dim=head_dim, sliding_window=window, **mla,
+                linear_num_key_heads=linear["linear_num_key_heads"],
+                linear_num_value_heads=linear["linear_num_value_heads"],
+                linear_key_head_dim=linear["linear_key_head_dim"],
+                linear_value_head_dim=linear["linear_value_head_dim"],
+                linear_conv_kernel_dim=f.integer("linear_conv_kernel_dim"))
+
+
+def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec:
+    """Normalise a Hugging Face config.json dict (DeepSeek-V3, Qwen3(-MoE/-Next), gpt-oss, Llama, Kimi).
+
+    Fields are checked like the spec's: integers that are integers, sizes >= 1 (0 only where it means none:
+    experts, MTP layers, LoRA ranks), and the relations the cost model relies on. `source` names the file."""
+    f = _Fields(cfg, source or name)
+    hidden, layers = f.required("hidden_size"), f.required("num_hidden_layers")
+    heads, vocab = f.required("num_attention_heads"), f.required("vocab_size")
+    ffn = f.integer("intermediate_size", default=4 * hidden, minimum=1)
+    pattern = _attention_pattern(f, layers)
+    model_type = str(cfg.get("model_type", ""))
+    attention = _attention(f, hidden, heads, pattern)
     return ModelSpec(
-        name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, ffn_hidden_size=ffn, vocab_size=vocab,
-        num_experts=experts, moe_ffn_hidden_size=moe_ffn, topk=int(_get(cfg, "num_experts_per_tok")) if experts else 0,
-        num_shared_experts=shared_n if experts else 0, shared_expert_ffn_hidden_size=shared_ffn if experts else 0,
-        first_k_dense=int(_get(cfg, "first_k_dense_replace")) if experts else 0,
-        q_lora_rank=int(_get(cfg, "q_lora_rank")), kv_lora_rank=int(_get(cfg, "kv_lora_rank")),
-        qk_nope_head_dim=int(_get(cfg, "qk_nope_head_dim")), qk_rope_head_dim=int(_get(cfg, "qk_rope_head_dim")),
-        v_head_dim=int(_get(cfg, "v_head_dim")), mtp_layers=int(_get(cfg, "num_nextn_predict_layers")),
-        attention_pattern=pattern, sliding_window=int(_get(cfg, "sliding_window")) if "S" in pattern else 0,
-        attention_output_gate=bool(cfg.get("attention_output_gate", cfg.get("model_type") == "qwen3_next")),
-        qk_layernorm=bool(cfg.get("qk_layernorm", str(cfg.get("model_type", "")).startswith("qwen3")
-                                  and not cfg.get("kv_lora_rank"))),
-        linear_num_key_heads=int(_get(cfg, "linear_num_key_heads")),
-        linear_num_value_heads=int(_get(cfg, "linear_num_value_heads")),
-        linear_key_head_dim=int(_get(cfg, "linear_key_head_dim")),
-        linear_value_head_dim=int(_get(cfg, "linear_value_head_dim")),
-        linear_conv_kernel_dim=int(_get(cfg, "linear_conv_kernel_dim")),
-        gated_mlp=cfg.get("hidden_act", "silu") in ("silu", "swiglu") or cfg.get("model_type") == "gpt_oss",
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(_get(cfg, "max_position_embeddings")),
+        name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
+        vocab_size=vocab, **_moe(f, ffn, layers), **attention,
+        mtp_layers=f.integer("num_nextn_predict_layers"), attention_pattern=pattern,
+        attention_output_gate=f.flag("attention_output_gate", model_type == "qwen3_next"),
+        qk_layernorm=f.flag("qk_layernorm", model_type.startswith("qwen3") and not attention["kv_lora_rank"]),
+        gated_mlp=f.text("hidden_act", "silu") in ("silu", "swiglu") or model_type == "gpt_oss",
+        tie_embeddings=f.flag("tie_word_embeddings", False),
+        max_position_embeddings=f.integer("max_position_embeddings"),
         hf_config=dict(cfg),
     )
+
+
+def _too_deep(value: Any, limit: int = MAX_CONFIG_DEPTH) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
+def _read_config(path: Path) -> dict:
+    """A config.json as a dict: at most 1 MiB of UTF-8 JSON, an object, nested at most 64 levels."""
+    text = read_text_file(path, "model config")
+    try:
+        cfg = json.loads(text)
+    except RecursionError:
+        cfg = None
+        deep = True
+    except ValueError as exc:
+        raise SpecError(f"model config {str(path)!r} is not valid JSON ({exc})") from None
+    else:
+        deep = _too_deep(cfg)
+    if deep:
+        raise SpecError(f"model config {str(path)!r} is nested too deep (more than {MAX_CONFIG_DEPTH} levels)")
+    if not isinstance(cfg, dict):
+        raise SpecError(f"model config {str(path)!r} is not a JSON object")
+    return cfg
 
 
 @lru_cache(maxsize=64)
@@ -252,17 +373,11 @@ def _load_cached(name_or_path: str) -> ModelSpec:
         candidate = Path(name_or_path)
         if candidate.is_dir():
             candidate = candidate / "config.json"
-        if not candidate.is_file():
+        if not candidate.exists():
             raise SpecError(f"unknown model {name_or_path!r}; known: {', '.join(MODEL_NAMES)} (or a config.json path)")
         path = candidate
         name = candidate.parent.name if candidate.name == "config.json" else candidate.stem
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"cannot read model config {str(path)!r}: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise SpecError(f"model config {str(path)!r} is not a JSON object")
-    return from_hf_config(cfg, name)
+    return from_hf_config(_read_config(path), name, source=str(path))
 
 
 def load_model(name_or_path: str) -> ModelSpec:

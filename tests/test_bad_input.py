@@ -68,10 +68,35 @@ def _spec_file(world, **changes) -> str:
     return str(path)
 
 
-def _raw_file(world, name: str, text: str) -> str:
+def _raw_file(world, name: str, text: str | bytes) -> str:
     path = world["root"] / name
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return str(path)
+
+
+def _spec_text(world, name: str) -> str:
+    """The base spec as YAML text under a fresh study name (for cases that edit the text itself)."""
+    return yaml.safe_dump(_base_spec(world["root"], world["storage"]) | {"name": f"probe-{name}"})
+
+
+def _model_file(world, name: str, content: dict | str | bytes) -> str:
+    """A model config.json in its own folder (`content` a dict is tiny-moe's config updated with it)."""
+    folder = world["root"] / "models" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, dict):
+        cfg = json.loads((ROOT / "search_spaces" / "catalog" / "models" / "tiny-moe.json").read_text())
+        content = json.dumps({**cfg, **content}).replace('"__inf__"', "Infinity")
+    (folder / "config.json").write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(folder / "config.json")
+
+
+def _estimate(model: str) -> list[str]:
+    return ["estimate", "--model", model, "--gpu", "h100", "--num-gpus", "8", "--seq-len", "1024"]
+
+
+def _report_out_is_a_file(world) -> list[str]:
+    out = _raw_file(world, "report-out.txt", "keep me\n")
+    return ["report", EXISTING, "--storage", world["storage"], "--out", out, "--no-mlflow"]
 
 
 # id -> (argv builder, words the one stderr line must contain, case-insensitively)
@@ -99,6 +124,55 @@ CASES = {
                                    ["config"]),
     "config.json path does not exist": (lambda w: ["sweep", _spec_file(w, model=str(w["root"] / "absent" / "config.json"))],
                                         ["absent"]),
+    # ---- hostile spec files (issue 15) -------------------------------------------------------------
+    "YAML anchors and aliases": (lambda w: ["sweep", _raw_file(w, "alias.yaml", _spec_text(w, "alias").replace(
+        "gbs: 16", "gbs: &g 16") + "steps: *g\n")], ["alias"]),
+    "duplicate top-level key": (lambda w: ["sweep", _raw_file(w, "dup.yaml", _spec_text(w, "dup") + "seed: 2\n")],
+                                ["duplicate", "seed"]),
+    "duplicate nested key": (lambda w: ["sweep", _raw_file(w, "dup-nested.yaml", _spec_text(w, "dup2").replace(
+        "budget:\n  n_trials: 2\n", "budget:\n  n_trials: 2\n  n_trials: 3\n"))], ["duplicate", "n_trials"]),
+    "spec not UTF-8": (lambda w: ["sweep", _raw_file(w, "latin1.yaml", _spec_text(w, "latin1").encode()
+                                                     + "# café\n".encode("latin-1"))], ["utf-8"]),
+    "spec is a directory": (lambda w: ["sweep", str(w["root"])], ["directory"]),
+    "spec larger than 1 MiB": (lambda w: ["sweep", _raw_file(w, "huge.yaml", _spec_text(w, "huge")
+                                                             + "# padding\n" * 120_000)], ["MiB"]),
+    "seed -1": (lambda w: ["sweep", _spec_file(w), "--seed", "-1"], ["seed"]),
+    "seed 2**70": (lambda w: ["sweep", _spec_file(w), "--seed", str(2 ** 70)], ["seed"]),
+    "seed 2**70 in the spec": (lambda w: ["sweep", _spec_file(w, seed=2 ** 70)], ["seed"]),
+    "infinite trial_timeout_s": (lambda w: ["sweep", _spec_file(w, trial_timeout_s=float("inf"))],
+                                 ["trial_timeout_s"]),
+    "NaN trial_timeout_s": (lambda w: ["sweep", _spec_file(w, trial_timeout_s=float("nan"))], ["trial_timeout_s"]),
+    "infinite wall_time_s": (lambda w: ["sweep", _spec_file(w, budget={"n_trials": 2, "wall_time_s": float("inf")})],
+                             ["wall_time_s"]),
+    "fractional nodes": (lambda w: ["sweep", _spec_file(w, nodes=1.7)], ["nodes"]),
+    "boolean nodes": (lambda w: ["sweep", _spec_file(w, nodes=True)], ["nodes"]),
+    "string seq_len": (lambda w: ["sweep", _spec_file(w, seq_len="1024")], ["seq_len"]),
+    "float gbs": (lambda w: ["sweep", _spec_file(w, gbs=16.0)], ["gbs"]),
+    "fractional n_trials": (lambda w: ["sweep", _spec_file(w, budget={"n_trials": 2.5})], ["n_trials"]),
+    "boolean seed": (lambda w: ["sweep", _spec_file(w, seed=True)], ["seed"]),
+    # ---- hostile model config.json (issue 15) -----------------------------------------------------------
+    "config.json binary": (lambda w: ["sweep", _spec_file(w, model=_model_file(w, "binary", bytes(range(256)) * 4))],
+                           ["config"]),
+    "config.json nested 100,000 deep": (lambda w: ["sweep", _spec_file(w, model=_model_file(
+        w, "deep", '{"hidden_size": ' + "[" * 100_000 + "]" * 100_000 + "}"))], ["deep"]),
+    "config.json zero heads": (lambda w: ["sweep", _spec_file(w, model=_model_file(
+        w, "zero-heads", {"num_attention_heads": 0}))], ["num_attention_heads", "zero-heads"]),
+    "config.json infinite hidden_size": (lambda w: ["sweep", _spec_file(w, model=_model_file(
+        w, "inf-hidden", {"hidden_size": "__inf__"}))], ["hidden_size", "inf-hidden"]),
+    "config.json top-k as a word": (lambda w: ["sweep", _spec_file(w, model=_model_file(
+        w, "topk-word", {"num_experts_per_tok": "two"}))], ["num_experts_per_tok"]),
+    "config.json layer_types a number": (lambda w: ["sweep", _spec_file(w, model=_model_file(
+        w, "layer-types", {"layer_types": 5}))], ["layer_types"]),
+    "estimate: config.json negative sizes": (lambda w: _estimate(_model_file(
+        w, "negative", {"intermediate_size": -128, "moe_intermediate_size": -128})), ["intermediate_size"]),
+    "estimate: config.json top-k above experts": (lambda w: _estimate(_model_file(
+        w, "topk-big", {"num_experts_per_tok": 9})), ["num_experts_per_tok"]),
+    # ---- output paths, checked before any work -------------------------------------------------------
+    "status: --csv into a directory": (lambda w: ["status", EXISTING, "--storage", w["storage"], "--csv",
+                                                  str(w["root"])], ["csv"]),
+    "status: --csv into a missing directory": (lambda w: ["status", EXISTING, "--storage", w["storage"], "--csv",
+                                                          str(w["root"] / "no-such-dir" / "t.csv")], ["csv"]),
+    "report: --out onto an existing file": (_report_out_is_a_file, ["out"]),
     # ---- nothing can fit: say which constraint binds ----------------------------------------------
     "nothing fits in memory": (lambda w: ["sweep", _spec_file(w, model="deepseek-v3", gpus_per_node=1, seq_len=131072,
                                                               gbs=1)], ["memory"]),
@@ -187,6 +261,36 @@ def test_console_script_prints_one_line_and_exits_2(case, world):
     for word in words:
         assert word.lower() in line.lower()
     assert _fingerprint(world["storage"]) == {**before, "trials": world["before"]["trials"]}
+
+
+def test_bad_output_paths_write_nothing(world, capsys):
+    keep = Path(_report_out_is_a_file(world)[5])
+    assert main(_report_out_is_a_file(world)) == 2
+    assert keep.read_text() == "keep me\n"
+    missing = world["root"] / "no-such-dir"
+    assert main(["status", EXISTING, "--storage", world["storage"], "--csv", str(missing / "t.csv")]) == 2
+    assert not missing.exists()
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_spec_is_one_line(world, capsys, tmp_path):
+    spec = Path(_spec_file(world))
+    spec.chmod(0)
+    try:
+        assert main(["sweep", str(spec)]) == 2
+    finally:
+        spec.chmod(0o644)
+    assert "read" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
+def test_a_file_that_cannot_be_read_is_one_line(world, capsys):
+    # /proc/self/mem is a regular file that even root cannot read from offset 0 (EIO)
+    assert main(["sweep", "/proc/self/mem"]) == 2
+    assert "cannot be read" in _one_error_line(capsys.readouterr().err)
+    assert main(_estimate("/proc/self/mem")) == 2
+    assert "cannot be read" in _one_error_line(capsys.readouterr().err)
 
 
 def test_shell_metacharacters_never_reach_a_shell(world, tmp_path):

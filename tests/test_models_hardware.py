@@ -96,3 +96,85 @@ def test_gpus():
         cpu.peak("fp8")
     with pytest.raises(SpecError, match="unknown GPU"):
         load_gpu("tpu")
+
+
+# ---- a config.json is validated like the spec (issue 15, item 9) ------------------------------------------
+def _tiny_cfg() -> dict:
+    from search_spaces.models import CATALOG_DIR
+
+    return json.loads((CATALOG_DIR / "tiny-moe.json").read_text())
+
+
+BAD_MODEL_FIELDS = [
+    ({"num_attention_heads": 0}, "num_attention_heads"),
+    ({"hidden_size": -64}, "hidden_size"),
+    ({"hidden_size": float("inf")}, "hidden_size"),
+    ({"hidden_size": 64.5}, "hidden_size"),
+    ({"hidden_size": 64.0}, "hidden_size"),
+    ({"hidden_size": True}, "hidden_size"),
+    ({"hidden_size": "64"}, "hidden_size"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"vocab_size": -1}, "vocab_size"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 heads are not 3 groups
+    ({"num_key_value_heads": 0}, "num_key_value_heads"),
+    ({"head_dim": 0}, "head_dim"),
+    ({"head_dim": None, "hidden_size": 66}, "num_attention_heads"),  # 66 / 4 heads is no head dim
+    ({"intermediate_size": -128}, "intermediate_size"),
+    ({"moe_intermediate_size": 0}, "moe_intermediate_size"),
+    ({"num_experts": -4}, "num_experts"),
+    ({"num_experts_per_tok": "two"}, "num_experts_per_tok"),
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok"),
+    ({"num_experts_per_tok": 5}, "num_experts_per_tok"),  # more than the 4 experts
+    ({"num_experts_per_tok": None}, "num_experts_per_tok"),  # a MoE model must say its top-k
+    ({"first_k_dense_replace": 4}, "first_k_dense_replace"),  # no MoE layer left of 4
+    ({"n_shared_experts": -1}, "n_shared_experts"),
+    ({"q_lora_rank": -1}, "q_lora_rank"),
+    ({"kv_lora_rank": 32, "v_head_dim": 0, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8}, "v_head_dim"),
+    ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers"),
+    ({"layer_types": 5}, "layer_types"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types"),  # 4 layers
+    ({"layer_types": ["full_attention", "chunky", "full_attention", "full_attention"]}, "layer_types"),
+    ({"layer_types": ["sliding_attention", "full_attention"] * 2}, "sliding_window"),  # no window given
+    ({"full_attention_interval": 0}, "full_attention_interval"),
+    ({"full_attention_interval": 2}, "linear_num_key_heads"),  # linear layers without their sizes
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+    ({"max_position_embeddings": -1}, "max_position_embeddings"),
+]
+
+
+@pytest.mark.parametrize("change,field", BAD_MODEL_FIELDS, ids=[repr(c) for c, _ in BAD_MODEL_FIELDS])
+def test_bad_config_fields_are_one_line_naming_field_and_file(tmp_path, change, field):
+    path = tmp_path / "bad-model" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**_tiny_cfg(), **change}))
+    with pytest.raises(SpecError) as info:
+        load_model(str(path))
+    message = str(info.value)
+    assert field in message and str(path) in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("content,needle", [
+    (bytes(range(256)) * 8, "UTF-8"),
+    ("[" * 100_000 + "]" * 100_000, "deep"),
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "deep"),
+    ('{"hidden_size": 64, "x": ' + "[" * 200 + "]" * 200 + "}", "deep"),
+    ('{"pad": "' + "x" * (2 << 20) + '"}', "MiB"),
+    ("{not json", "JSON"),
+    ("[1, 2]", "object"),
+])
+def test_config_files_that_are_not_small_json_objects(tmp_path, content, needle):
+    path = tmp_path / "config.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(SpecError, match=needle) as info:
+        load_model(str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_valid_variants_still_load(tmp_path):
+    for i, change in enumerate([{"head_dim": None}, {"num_experts": 0, "num_experts_per_tok": None},
+                                {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 32},
+                                {"hidden_size": 66, "head_dim": 16}, {"rope_theta": float("inf")}]):
+        path = tmp_path / f"ok-{i}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**_tiny_cfg(), **change}))
+        load_model(str(path))

@@ -120,3 +120,105 @@ def test_secret_looking_environment_never_reaches_mlflow(tmp_path, monkeypatch):
     attrs = [str(outcome.study.user_attrs)] + [str(t.user_attrs) for t in outcome.study.trials]
     leaked = [name for name, value in values.items() if any(value in a for a in attrs)]
     assert not leaked, f"secret values stored in Optuna: {leaked}"
+
+
+# ---- secrets in URIs and in variables named like passwords (issue 15, item 7) -------------------------
+URI_PASSWORD = "pw-" + secrets.token_hex(6)
+ENV_SECRETS = {"MOE_AUTOTUNE_DB_PASSWD": "passwd-" + secrets.token_hex(6),
+               "MOE_AUTOTUNE_DB_PWD": "pwd-" + secrets.token_hex(6),
+               "RAY_TLS_PASSPHRASE": "phrase-" + secrets.token_hex(6),
+               "NCCL_PROXY_PASS": "pass-" + secrets.token_hex(6),
+               "MLFLOW_TRACKING_PASSWORD": "mlpw-" + secrets.token_hex(6)}
+
+
+def _set_secret_environment(monkeypatch) -> list[str]:
+    for name, value in ENV_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://alice:{URI_PASSWORD}@mlflow.example.com:5000/base")
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"https://:{URI_PASSWORD}x@registry.example.com/")  # password only
+    monkeypatch.setenv("MOE_AUTOTUNE_NOTE", "visible-setting")
+    return [URI_PASSWORD, *ENV_SECRETS.values()]
+
+
+def test_safe_environment_strips_passwords_from_names_and_uris(monkeypatch):
+    from orchestrator.tracking import safe_environment
+
+    values = _set_secret_environment(monkeypatch)
+    env = safe_environment()
+    blob = repr(env)
+    assert not [v for v in values if v in blob], env
+    assert env["MOE_AUTOTUNE_NOTE"] == "visible-setting"
+    assert env["MLFLOW_TRACKING_URI"] == "https://***@mlflow.example.com:5000/base"
+    assert env["MLFLOW_REGISTRY_URI"] == "https://***@registry.example.com/"
+
+
+def test_spec_and_environment_logged_to_mlflow_carry_no_credentials(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from orchestrator.spec import parse_spec
+    from orchestrator.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    values = _set_secret_environment(monkeypatch)
+    spec = parse_spec({"name": "creds", "storage": f"postgresql://optuna:{URI_PASSWORD}@db.example.com:5432/optuna",
+                       "tracking_uri": f"https://bob:{URI_PASSWORD}@mlflow.example.com/",
+                       "ray_address": f"ray://carol:{URI_PASSWORD}@head:10001"})
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "creds", tmp_path / "spool.jsonl")
+    run_id = tracker.start(spec.dump(), "creds", resume=False)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    folder = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
+    logged = {p.name: p.read_text() for p in folder.rglob("*.json")}
+    assert {"spec.json", "environment.json"} <= set(logged)
+    leaked = [v for v in values if any(v in text for text in logged.values())]
+    assert not leaked, f"secret values logged to MLflow: {leaked}"
+    assert "postgresql://***@db.example.com:5432/optuna" in logged["spec.json"]  # the URI is still useful
+    assert "visible-setting" in logged["environment.json"]
+
+
+def _cli_error(argv, capsys) -> str:
+    from orchestrator.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_error_lines_never_echo_storage_or_tracking_passwords(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from tests.mlflow_server import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    storage = f"postgresql://optuna:{URI_PASSWORD}@127.0.0.1:1/optuna"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "creds", "model": "tiny-moe", "gpu": "h100", "seq_len": 1024, "gbs": 16,
+                                    "backend": "analytic", "workdir": str(tmp_path / "runs"),
+                                    "storage": f"sqlite:///{tmp_path / 'o.db'}", "tracking_uri": "none"}))
+    lines = [_cli_error(["status", "--storage", storage], capsys),
+             _cli_error(["sweep", str(spec), "--storage", storage], capsys),
+             _cli_error(["sweep", str(spec), "--study-name", "creds2",
+                         "--tracking-uri", f"http://bob:{URI_PASSWORD}@127.0.0.1:{free_port()}"], capsys)]
+    assert "storage" in lines[0] and "127.0.0.1:1/optuna" in lines[0]
+    assert not [ln for ln in lines if URI_PASSWORD in ln], lines
+
+
+def test_study_errors_name_the_storage_without_its_password(monkeypatch):
+    import optuna
+
+    from orchestrator import study as studies
+    from search_spaces.errors import SpecError
+
+    memory = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=memory, study_name="there", directions=studies.DIRECTIONS)
+    monkeypatch.setattr(studies, "open_storage", lambda url, attempts=10: memory)
+    url = f"postgresql://optuna:{URI_PASSWORD}@db.example.com/optuna"
+    for call in (lambda: studies.create_or_resume(url, "there", None, resume=False),
+                 lambda: studies.create_or_resume(url, "absent", None, resume=True),
+                 lambda: studies.load_study(url, "absent")):
+        with pytest.raises(SpecError) as info:
+            call()
+        assert URI_PASSWORD not in str(info.value) and "db.example.com/optuna" in str(info.value)

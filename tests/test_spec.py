@@ -85,3 +85,97 @@ def test_bad_yaml_and_non_mapping(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="mapping"):
         load_spec(bad)
+
+
+# ---- hostile spec files and values (issue 15) ----------------------------------------------------------
+STRICT_BAD_SPECS = [
+    ({"nodes": True}, "nodes"),
+    ({"seq_len": "4096"}, "seq_len"),
+    ({"gbs": 16.0}, "gbs"),
+    ({"steps": True, "warmup": 0}, "steps"),
+    ({"warmup": 1.0}, "warmup"),
+    ({"gpus_per_node": 8.0}, "gpus_per_node"),
+    ({"budget": {"max_concurrent": True}}, "budget.max_concurrent"),
+    ({"budget": {"max_proposals_per_trial": "3"}}, "budget.max_proposals_per_trial"),
+    ({"budget": {"wall_time_s": float("inf")}}, "budget.wall_time_s"),
+    ({"budget": {"wall_time_s": float("nan")}}, "budget.wall_time_s"),
+    ({"trial_timeout_s": float("inf")}, "trial_timeout_s"),
+    ({"trial_timeout_s": "900"}, "trial_timeout_s"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2 ** 32}, "seed"),
+    ({"seed": 2 ** 70}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"model_overrides": {"hidden_size": True}}, "model_overrides.hidden_size"),
+]
+
+
+@pytest.mark.parametrize("data,needle", STRICT_BAD_SPECS, ids=[repr(d) for d, _ in STRICT_BAD_SPECS])
+def test_spec_numbers_are_strict_and_finite(data, needle):
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_seed_range_edges_and_float_fields_still_take_ints():
+    assert parse_spec({"seed": 0}).seed == 0 and parse_spec({"seed": 2 ** 32 - 1}).seed == 2 ** 32 - 1
+    spec = parse_spec({"trial_timeout_s": 60, "budget": {"wall_time_s": 3600}})
+    assert spec.trial_timeout_s == 60.0 and spec.budget.wall_time_s == 3600.0
+
+
+# 369 bytes (the report had 657): nine levels of nine aliases each, 9**9 strings once expanded
+ALIAS_BOMB = "\n".join(
+    ['name: bomb', 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    + [f"{c}: &{c} [{','.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    + ["fixed: {tp: *i}"]) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly_and_small(tmp_path):
+    """Run in a child with 1 GiB of address space and a deadline: before the fix this blew up."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(ALIAS_BOMB)
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+            "from orchestrator.spec import load_spec\n"
+            "from search_spaces.errors import SpecError\n"
+            "try:\n    load_spec(sys.argv[1])\nexcept SpecError as exc:\n    print(exc)\n    sys.exit(2)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        pytest.fail("the alias bomb hangs the spec loader")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "alias" in proc.stdout or "anchor" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("seed: 1\nseed: 2\n", "'seed'"),
+    ("budget:\n  n_trials: 2\n  n_trials: 3\n", "'n_trials'"),
+    ("fixed: {tp: 1, tp: 2}\n", "'tp'"),
+    ("free: [tp]\nbudget: {n_trials: 2}\nfree: [cp]\n", "'free'"),
+])
+def test_duplicate_yaml_keys_are_refused_at_any_depth(tmp_path, text, needle):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="duplicate") as info:
+        load_spec(path)
+    assert needle in str(info.value) and "line" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_spec_files_that_are_not_text_or_not_files(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: café\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="UTF-8"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match="directory"):
+        load_spec(tmp_path)
+    big = tmp_path / "big.yaml"
+    big.write_text("# padding\n" * 200_000)
+    with pytest.raises(SpecError, match="MiB"):
+        load_spec(big)
+    nul = tmp_path / "nul.yaml"
+    nul.write_bytes(b"name: a\x00b\n")
+    with pytest.raises(SpecError):
+        load_spec(nul)

@@ -115,3 +115,75 @@ def test_safe_environment_drops_secret_names(monkeypatch):
     env = safe_environment()
     assert "MOE_AUTOTUNE_SECRET_THING" not in env and "MLFLOW_TRACKING_PASSWORD" not in env
     assert env["MOE_AUTOTUNE_FAULT"] == "oom@1"
+
+
+def _tear(spool, middle: str | None = None):
+    """Leave the spool as a crash would: the last record cut off mid-write (and, if given, a corrupt
+    line in the middle). Returns the trial numbers of the records that are still whole."""
+    lines = spool.read_text().splitlines()
+    assert len(lines) >= 2, "the outage left too few records to tear one"
+    whole = [json.loads(x)["trial_number"] for x in lines[:-1]]
+    if middle is not None:
+        lines.insert(1, middle)
+    spool.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # no newline: torn
+    return whole
+
+
+@pytest.mark.timeout(200)
+def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", name="torn", budget={"n_trials": 3})
+    real = Tracker._record
+    monkeypatch.setattr(Tracker, "_record", lambda self, n, p: (_ for _ in ()).throw(ConnectionError("down")))
+    first = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert first.exit_code == 3
+    spool = tmp_path / "runs" / "torn" / "mlflow-spool.jsonl"
+    _tear(spool)
+    monkeypatch.setattr(Tracker, "_record", real)  # MLflow is back
+
+    with caplog.at_level("WARNING"):
+        out = run_sweep(spec, resume=True, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0 and out.mlflow_pending == 0
+    assert any("torn" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    client = MlflowClient(spec.tracking_uri)
+    exp = client.get_experiment_by_name(spec.name)
+    parent_id = out.study.user_attrs["mlflow_parent_run_id"]
+    runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
+    # the torn record's trial is replayed from the Optuna storage: nothing lost, nothing doubled
+    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+
+
+def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "spooled", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "spooled"}, "spooled", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "analytic", "status": "ok", "result": {"tokens_per_sec_per_gpu": 1.0}}
+    for number in (0, 1, 2):
+        tracker._spool({"trial_number": number, "payload": payload})
+    _tear(tracker.spool_path, middle='{"trial_number": 7, "payl')  # a damaged record between whole ones
+    tracker._spool({"trial_number": 3, "payload": payload})  # appended after the torn line: must stay whole
+    tracker._spool({"trial_number": 4, "payload": "not a record"})  # valid JSON, not a record
+
+    with caplog.at_level("WARNING"):
+        pending = tracker.flush()
+    assert pending == 0 and not tracker.spool_path.exists()
+    assert all(tracker.is_finished(n) for n in (0, 1, 3)) and not tracker.is_finished(2)
+    # the fragment of 2 is no longer last once 3 follows it: kept aside like the other damaged lines
+    assert tracker.spool_set_aside == 3 and tracker.spool_torn == 0
+    corrupt = tracker.spool_path.with_name("mlflow-spool.corrupt.jsonl")
+    kept = corrupt.read_text().splitlines()
+    assert kept[0] == '{"trial_number": 7, "payl' and kept[1].startswith('{"trial_number": 2') and len(kept) == 3
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "corrupt" in messages and str(corrupt) in messages
+
+    # a torn last line alone (the crash happened during the last write): skipped, said, counted
+    for number in (5, 6):
+        tracker._spool({"trial_number": number, "payload": payload})
+    _tear(tracker.spool_path)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert tracker.flush() == 0
+    assert tracker.is_finished(5) and tracker.spool_torn == 1 and tracker.spool_set_aside == 3
+    assert any("torn" in r.getMessage() for r in caplog.records)
+    assert len(corrupt.read_text().splitlines()) == 3

@@ -118,10 +118,13 @@ def report(
     """
     from orchestrator import registry, winner
     from orchestrator import report as report_mod
+    from search_spaces.inputs import check_output_dir
 
+    if out is not None:
+        check_output_dir(out, "--out")
     study = winner.load(storage, study_name)
     ctx = winner.context(study)
-    done = report_mod.write(study, out or Path(f"report-{study.study_name}"))
+    done = report_mod.write(study, out or check_output_dir(Path(f"report-{study.study_name}"), "report folder"))
     typer.echo(f"report: {done.html_path}")
     if done.png_note:
         typer.echo(f"note: PNGs skipped: {done.png_note}", err=True)

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.redact import redact_uri
+
 
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep)
@@ -67,7 +69,7 @@ def sweep(
         typer.echo("error: no trial measured a layout that fits; statuses: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
     for msg in outcome.messages:
-        typer.echo(("error: " if outcome.mlflow_pending else "note: ") + msg, err=True)
+        typer.echo(("error: " if outcome.mlflow_pending else "note: ") + redact_uri(msg), err=True)
     return outcome.exit_code
 
 
@@ -80,7 +82,10 @@ def status(
     """Leaderboard of a running or finished sweep, from the Optuna storage."""
     from orchestrator import study as studies
     from search_spaces.errors import SpecError
+    from search_spaces.inputs import check_output_file
 
+    if csv is not None:
+        check_output_file(csv, "--csv")
     if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
         raise SpecError(f"storage file {storage[len('sqlite:///'):]!r} does not exist")
     study = studies.load_study(storage, study_name)
