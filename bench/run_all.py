@@ -87,7 +87,7 @@ def estimator_section(outcome: dict) -> list[str]:
               "| model | gpu | GPUs | seq | published | predicted | error % |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {x['model']} | {x['gpu']} | {x['num_gpus']} | {x['seq_len']} | {x['published_tflops']} | "
               f"{x['predicted_tflops']} | {x['error_pct']} |" for x in r["rows"]]
-    lines += ["", "</details>", f"", f"({outcome['seconds']} s)", ""]
+    lines += ["", "</details>", "", f"({outcome['seconds']} s)", ""]
     return lines
 
 

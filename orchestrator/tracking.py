@@ -23,12 +23,11 @@ import logging
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
 
 from orchestrator import sqlite_tuning
 from orchestrator.errors import TrackingError
-from orchestrator.redact import redact_environment, redact_mapping
+from orchestrator.redact import redact_environment, redact_mapping, redact_uri
 
 log = logging.getLogger("moe_autotune")
 
@@ -72,9 +71,10 @@ class Tracker:
         try:
             self.client.search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 -- any failure here means the URI cannot be used
+            # redact before cutting: a cut could split a password from its '@'
             text = str(exc).strip().splitlines()
-            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
-                                f"{(text[0] if text else type(exc).__name__)[:300]}") from None
+            why = redact_uri(text[0])[:300] if text else type(exc).__name__
+            raise TrackingError(f"cannot use the MLflow tracking URI {redact_uri(self.tracking_uri)!r}: {why}") from None
 
     # ---- parent ------------------------------------------------------------------------------------
     def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None) -> str:

@@ -65,7 +65,6 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
         f"{num_gpus} GPUs is not a multiple of TP*CP*PP = {L.tp}*{L.cp}*{L.pp} = {L.tp * L.cp * L.pp}", v)
     _ok(L.edp(num_gpus) > 0, "world_expert",
         f"{num_gpus} GPUs is not a multiple of ETP*EP*PP = {L.etp}*{L.ep}*{L.pp} = {L.etp * L.ep * L.pp}", v)
-    units = model.num_layers + model.mtp_layers + 2
     _ok(placement(model, L.pp, L.vpp) is not None, "pipeline_split",
         f"{model.num_layers} layers (+{model.mtp_layers} MTP, embedding, loss) cannot fill "
         f"PP*VPP = {L.pp * L.vpp} stages", v)

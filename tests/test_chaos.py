@@ -10,7 +10,6 @@ of a sweep its own fault from MOE_AUTOTUNE_CHAOS_PLAN, then runs the real traine
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -3,7 +3,6 @@
 import time
 from pathlib import Path
 
-import optuna
 import pandas as pd
 import pytest
 

@@ -1,7 +1,6 @@
 """MLflow records checked through MlflowClient against a real `mlflow server` on 127.0.0.1."""
 
 import json
-import os
 
 import pytest
 from mlflow import MlflowClient

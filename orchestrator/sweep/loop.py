@@ -24,7 +24,6 @@ from typing import Any
 import optuna
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
 from search_spaces.result import TrialResult
 
 from orchestrator import study as studies
