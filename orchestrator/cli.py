@@ -1,6 +1,8 @@
 """`moe-autotune`: one Typer app; each command lives in orchestrator/commands/<name>.py.
 
-Bad input anywhere (SpecError, a Click usage error) becomes one line on stderr and exit code 2.
+Any of the project's errors (search_spaces.errors.MoeAutotuneError: bad input, a store that cannot be used or
+fails) and Click usage errors become one line `error: ...` on stderr and the error's exit code (2: bad input;
+4: the storage failed mid-sweep, what was measured is kept).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import click
 import typer
 
 from orchestrator.redact import redact_uri
-from search_spaces.errors import SpecError
+from search_spaces.errors import MoeAutotuneError
 
 app = typer.Typer(
     name="moe-autotune",
@@ -31,12 +33,6 @@ for _module in (_estimate, _sweep, _slurm, _promote):
     _module.register(app)
 
 
-def fail(message: str) -> "typer.Exit":
-    """Print one line naming the problem and exit 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _vendored(name: str) -> tuple[type, ...]:
     """typer >= 0.29 ships its own copy of click: its exception classes are not click's."""
     return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
@@ -52,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
-    except SpecError as exc:  # a storage/tracking URI in the message never shows its password
+    except MoeAutotuneError as exc:  # a storage/tracking URI in the message never shows its password
         typer.echo(f"error: {redact_uri(str(exc))}", err=True)
-        return 2
+        return exc.exit_code
     except _EXITS as exc:
         return getattr(exc, "exit_code", 0)
     except _ABORTS:

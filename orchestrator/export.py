@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layout import BY_NAME, DIMENSIONS, Layout
 
 # Megatron's --fp8-recipe values are our precision names minus the "fp8-" prefix; delayed scaling is
 # usually run with the hybrid (e4m3 forward, e5m2 backward) format, the rest with e4m3.
@@ -67,47 +67,62 @@ def _moe_layer_freq(model: Any) -> str | None:
 
 # ---- Megatron-LM flags ---------------------------------------------------------------------------
 
-def layout_args(layout: Layout) -> list[str]:
-    """The layout's own flags (parallelism, batch, recompute, graphs, precision, dispatcher, optimizer)."""
-    argv = ["--tensor-model-parallel-size", str(layout.tp),
-            "--pipeline-model-parallel-size", str(layout.pp),
-            "--context-parallel-size", str(layout.cp),
-            "--expert-model-parallel-size", str(layout.ep),
-            "--expert-tensor-parallel-size", str(layout.etp)]
-    if layout.vpp > 1:
-        argv += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
-    if layout.sp:
-        argv += ["--sequence-parallel"]
-    argv += ["--micro-batch-size", str(layout.mbs), "--global-batch-size", str(layout.gbs)]
-
+def _recompute_flags(layout: Layout) -> list[str]:
     if layout.recompute_granularity == "selective":
-        argv += ["--recompute-granularity", "selective", "--recompute-modules", *layout.recompute_modules]
-    elif layout.recompute_granularity == "full":
-        argv += ["--recompute-granularity", "full", "--recompute-method", layout.recompute_method,
-                 "--recompute-num-layers", str(layout.recompute_num_layers)]
+        return ["--recompute-granularity", "selective", "--recompute-modules", *layout.recompute_modules]
+    if layout.recompute_granularity == "full":
+        return ["--recompute-granularity", "full"]
+    return []
 
+
+def _graph_flags(layout: Layout) -> list[str]:
     impl, modules = _cuda_graph_impl(layout)
-    if impl != "none":
-        argv += ["--cuda-graph-impl", impl]
-        if modules:
-            argv += ["--cuda-graph-modules", *modules]
+    if impl == "none":
+        return []
+    return ["--cuda-graph-impl", impl] + (["--cuda-graph-modules", *modules] if modules else [])
 
-    if layout.precision != "fp32":
-        argv += ["--bf16"]
+
+def _precision_flags(layout: Layout) -> list[str]:
+    argv = ["--bf16"] if layout.precision != "fp32" else []
     if layout.precision in _FP8_RECIPE:
         recipe = _FP8_RECIPE[layout.precision]
         argv += ["--fp8-format", "hybrid" if recipe == "delayed" else "e4m3", "--fp8-recipe", recipe]
+    return argv
 
+
+def _dispatcher_flags(layout: Layout) -> list[str]:
     dispatcher, backend = _dispatcher(layout)
-    argv += ["--moe-token-dispatcher-type", dispatcher]
-    if backend:
-        argv += ["--moe-flex-dispatcher-backend", backend]
-    argv += ["--cp-comm-type", layout.cp_comm_type]
+    return ["--moe-token-dispatcher-type", dispatcher] + (["--moe-flex-dispatcher-backend", backend] if backend else [])
 
-    if layout.distributed_optimizer:
-        argv += ["--use-distributed-optimizer"]
-    if layout.optimizer_offload > 0:
-        argv += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", repr(layout.optimizer_offload)]
+
+def _full_recompute_only(name: str):
+    dim = BY_NAME[name]
+    return lambda layout: ([dim.megatron_lm, str(getattr(layout, name))]
+                           if layout.recompute_granularity == "full" else [])
+
+
+# Dimensions whose Megatron-LM spelling is more than `--flag value` (every other one is exactly that).
+_LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
+    "vpp": lambda lay: ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)] if lay.vpp > 1 else [],
+    "recompute": _recompute_flags,
+    "recompute_method": _full_recompute_only("recompute_method"),
+    "recompute_num_layers": _full_recompute_only("recompute_num_layers"),
+    "cuda_graphs": _graph_flags,
+    "precision": _precision_flags,
+    "dispatcher": _dispatcher_flags,
+    "optimizer_offload": lambda lay: (["--optimizer-cpu-offload", "--optimizer-offload-fraction",
+                                       repr(lay.optimizer_offload)] if lay.optimizer_offload > 0 else []),
+    "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
+    "sequence_parallel": lambda lay: ["--sequence-parallel"] if lay.sp else [],
+}
+
+
+def layout_args(layout: Layout) -> list[str]:
+    """The layout's own flags, one rendering per dimension of the registry."""
+    argv: list[str] = []
+    for dim in DIMENSIONS:
+        render = _LM_FLAGS.get(dim.name)
+        argv += render(layout) if render else [dim.megatron_lm, str(getattr(layout, dim.name))]
     return argv
 
 
@@ -244,8 +259,7 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         ep=ns.expert_model_parallel_size, etp=ns.expert_tensor_parallel_size or tp,
         vpp=ns.num_virtual_stages_per_pipeline_rank or 1,
         mbs=ns.micro_batch_size, gbs=ns.global_batch_size,
-        recompute_granularity=gran,
-        recompute_modules=tuple(ns.recompute_modules or (("core_attn",) if gran == "selective" else ())),
+        recompute=list(ns.recompute_modules or ["core_attn"]) if gran == "selective" else gran,
         cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
         cp_comm_type=ns.cp_comm_type[0],
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
@@ -259,49 +273,67 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
 
 # ---- Megatron-Bridge overrides -------------------------------------------------------------------
 
-def bridge_overrides(layout: Layout, seq_len: int) -> dict[str, dict[str, Any]]:
-    """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.*."""
+def _bridge_recompute(layout: Layout) -> dict[str, Any]:
+    gran = layout.recompute_granularity
+    out: dict[str, Any] = {"model.recompute_granularity": None if gran == "none" else gran}
+    if gran == "selective":
+        out["model.recompute_modules"] = list(layout.recompute_modules)
+    return out
+
+
+def _bridge_graphs(layout: Layout) -> dict[str, Any]:
     impl, modules = _cuda_graph_impl(layout)
-    dispatcher, backend = _dispatcher(layout)
-    model: dict[str, Any] = {
-        "tensor_model_parallel_size": layout.tp,
-        "pipeline_model_parallel_size": layout.pp,
-        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
-        "context_parallel_size": layout.cp,
-        "expert_model_parallel_size": layout.ep,
-        "expert_tensor_parallel_size": layout.etp,
-        "sequence_parallel": layout.sp,
-        "recompute_granularity": None if layout.recompute_granularity == "none" else layout.recompute_granularity,
-    }
-    if layout.recompute_granularity == "selective":
-        model["recompute_modules"] = list(layout.recompute_modules)
-    if layout.recompute_granularity == "full":
-        model["recompute_method"] = layout.recompute_method
-        model["recompute_num_layers"] = layout.recompute_num_layers
-    model["cuda_graph_impl"] = impl
-    if modules:
-        model["cuda_graph_modules"] = modules
-    model["bf16"] = layout.precision != "fp32"
+    return {"model.cuda_graph_impl": impl, **({"model.cuda_graph_modules": modules} if modules else {})}
+
+
+def _bridge_precision(layout: Layout) -> dict[str, Any]:
+    out: dict[str, Any] = {"model.bf16": layout.precision != "fp32", "optimizer.bf16": layout.precision != "fp32"}
     if layout.precision in _FP8_RECIPE:
         recipe = _FP8_RECIPE[layout.precision]
-        model["fp8"] = "hybrid" if recipe == "delayed" else "e4m3"
-        model["fp8_recipe"] = recipe
-    model["moe_token_dispatcher_type"] = dispatcher
-    if backend:
-        model["moe_flex_dispatcher_backend"] = backend
-    model["cp_comm_type"] = layout.cp_comm_type
-    optimizer: dict[str, Any] = {"use_distributed_optimizer": layout.distributed_optimizer,
-                                 "bf16": layout.precision != "fp32"}
-    if layout.optimizer_offload > 0:
-        optimizer["optimizer_cpu_offload"] = True
-        optimizer["optimizer_offload_fraction"] = layout.optimizer_offload
-    return {
-        "model": model,
-        "train": {"micro_batch_size": layout.mbs, "global_batch_size": layout.gbs},
-        "optimizer": optimizer,
-        "ddp": {"use_distributed_optimizer": layout.distributed_optimizer},
-        "dataset": {"sequence_length": int(seq_len)},
-    }
+        out.update({"model.fp8": "hybrid" if recipe == "delayed" else "e4m3", "model.fp8_recipe": recipe})
+    return out
+
+
+def _bridge_dispatcher(layout: Layout) -> dict[str, Any]:
+    dispatcher, backend = _dispatcher(layout)
+    return {"model.moe_token_dispatcher_type": dispatcher,
+            **({"model.moe_flex_dispatcher_backend": backend} if backend else {})}
+
+
+def _bridge_full_only(name: str):
+    dim = BY_NAME[name]
+    return lambda layout: {dim.megatron: getattr(layout, name)} if layout.recompute_granularity == "full" else {}
+
+
+# Dimensions whose Bridge override is more than `path: value` (every other one is exactly that).
+_BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
+    "vpp": lambda lay: {"model.virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None},
+    "recompute": _bridge_recompute,
+    "recompute_method": _bridge_full_only("recompute_method"),
+    "recompute_num_layers": _bridge_full_only("recompute_num_layers"),
+    "cuda_graphs": _bridge_graphs,
+    "precision": _bridge_precision,
+    "dispatcher": _bridge_dispatcher,
+    "optimizer_offload": lambda lay: ({"optimizer.optimizer_cpu_offload": True,
+                                       "optimizer.optimizer_offload_fraction": lay.optimizer_offload}
+                                      if lay.optimizer_offload > 0 else {}),
+    "distributed_optimizer": lambda lay: {"optimizer.use_distributed_optimizer": lay.distributed_optimizer,
+                                          "ddp.use_distributed_optimizer": lay.distributed_optimizer},
+    "sequence_parallel": lambda lay: {"model.sequence_parallel": lay.sp},
+}
+
+
+def bridge_overrides(layout: Layout, seq_len: int) -> dict[str, dict[str, Any]]:
+    """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.*; one
+    rendering per dimension of the registry."""
+    out: dict[str, dict[str, Any]] = {"model": {}, "train": {}, "optimizer": {}, "ddp": {},
+                                      "dataset": {"sequence_length": int(seq_len)}}
+    for dim in DIMENSIONS:
+        render = _BRIDGE.get(dim.name)
+        for path, value in (render(layout) if render else {dim.megatron: getattr(layout, dim.name)}).items():
+            section, name = path.split(".", 1)
+            out[section][name] = value
+    return out
 
 
 def bridge_overrides_yaml(layout: Layout, seq_len: int) -> str:

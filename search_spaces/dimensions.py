@@ -31,7 +31,7 @@ class Dimension:
     kind: str  # int | float | bool | choice | modules (names; "none" when empty) | recompute (none, full or modules)
     default: Any
     flag: str  # the flag of `moe-autotune estimate` and `python -m trainers.megatron_moe`
-    megatron: str | None = None  # Megatron-Core config field (TransformerConfig, DDP or optimizer config)
+    megatron: str | None = None  # Megatron-Bridge ConfigContainer path (model.* is Megatron-Core's TransformerConfig)
     megatron_lm: str | None = None  # Megatron-LM (pretrain_gpt.py) flag
     searchable: bool = False  # a sweep may vary it (spec `free`) and it is a search parameter
     parallel: bool = False  # a parallel size the trainer reports back as applied

@@ -42,59 +42,59 @@ class Layout:
     """How one training job is split and run. Each field is one dimension (see the module docstring)."""
 
     tp: int = _size("tensor-parallel size: attention and dense MLP weights split over TP GPUs of one NVLink domain",
-                    "--tp", "tensor_model_parallel_size", "--tensor-model-parallel-size")
+                    "--tp", "model.tensor_model_parallel_size", "--tensor-model-parallel-size")
     cp: int = _size("context-parallel size: each sequence split into 2*CP load-balanced chunks over CP GPUs",
-                    "--cp", "context_parallel_size", "--context-parallel-size")
+                    "--cp", "model.context_parallel_size", "--context-parallel-size")
     ep: int = _size("expert-parallel size: routed experts spread over EP GPUs (token all-to-all)",
-                    "--ep", "expert_model_parallel_size", "--expert-model-parallel-size")
+                    "--ep", "model.expert_model_parallel_size", "--expert-model-parallel-size")
     etp: int = _size("expert tensor-parallel size: each expert's FFN split over ETP GPUs",
-                     "--etp", "expert_tensor_parallel_size", "--expert-tensor-parallel-size")
+                     "--etp", "model.expert_tensor_parallel_size", "--expert-tensor-parallel-size")
     pp: int = _size("pipeline-parallel size: layers split into PP stages",
-                    "--pp", "pipeline_model_parallel_size", "--pipeline-model-parallel-size")
+                    "--pp", "model.pipeline_model_parallel_size", "--pipeline-model-parallel-size")
     vpp: int = _size("virtual pipeline stages per pipeline rank (interleaved schedule); 1 = none",
-                     "--vpp", "virtual_pipeline_model_parallel_size", "--num-virtual-stages-per-pipeline-rank")
-    mbs: int = _size("micro-batch size in sequences", "--mbs", "micro_batch_size", "--micro-batch-size",
+                     "--vpp", "model.virtual_pipeline_model_parallel_size", "--num-virtual-stages-per-pipeline-rank")
+    mbs: int = _size("micro-batch size in sequences", "--mbs", "train.micro_batch_size", "--micro-batch-size",
                      parallel=False)
     gbs: int = _size("global batch size in sequences per optimizer step (a multiple of MBS*DP)", "--gbs",
-                     "global_batch_size", "--global-batch-size", searchable=False, parallel=False)
+                     "train.global_batch_size", "--global-batch-size", searchable=False, parallel=False)
     precision: str = dimension(
         "bf16", "GEMM precision: fp32 (CPU only), bf16, an fp8 recipe or mxfp8 (Blackwell)", kind="choice",
-        flag="--precision", megatron="fp8_recipe", megatron_lm="--fp8-recipe", searchable=True,
+        flag="--precision", megatron="model.fp8_recipe", megatron_lm="--fp8-recipe", searchable=True,
         choices=PRECISIONS, aliases=PRECISION_ALIASES)
     recompute: str = dimension(
         "none", "activation recompute: none, full (whole layers) or the modules recomputed selectively",
-        kind="recompute", flag="--recompute", megatron="recompute_modules", megatron_lm="--recompute-modules",
+        kind="recompute", flag="--recompute", megatron="model.recompute_modules", megatron_lm="--recompute-modules",
         searchable=True, choices=RECOMPUTE_MODULES, aliases=RECOMPUTE_ALIASES)
     recompute_method: str = dimension(
         "uniform", "full recompute: uniform (every group of N layers) or block (the first N layers per stage)",
-        kind="choice", flag="--recompute-method", megatron="recompute_method", megatron_lm="--recompute-method",
+        kind="choice", flag="--recompute-method", megatron="model.recompute_method", megatron_lm="--recompute-method",
         choices=RECOMPUTE_METHODS)
     recompute_num_layers: int = dimension(
         1, "full recompute: the N of recompute_method", kind="int", flag="--recompute-num-layers",
-        megatron="recompute_num_layers", megatron_lm="--recompute-num-layers", minimum=1)
+        megatron="model.recompute_num_layers", megatron_lm="--recompute-num-layers", minimum=1)
     cuda_graphs: tuple[str, ...] = dimension(
         (), "CUDA-graph scopes captured (none, per-layer scopes, or full_iteration alone)", kind="modules",
-        flag="--cuda-graphs", megatron="cuda_graph_modules", megatron_lm="--cuda-graph-modules", searchable=True,
+        flag="--cuda-graphs", megatron="model.cuda_graph_modules", megatron_lm="--cuda-graph-modules", searchable=True,
         choices=CUDA_GRAPH_SCOPES)
     dispatcher: str = dimension(
         "alltoall", "MoE token dispatcher: alltoall, allgather, or the flex dispatcher with DeepEP / HybridEP",
-        kind="choice", flag="--dispatcher", megatron="moe_token_dispatcher_type",
+        kind="choice", flag="--dispatcher", megatron="model.moe_token_dispatcher_type",
         megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS)
     cp_comm_type: str = dimension(
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
-        "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="cp_comm_type",
+        "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
         megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES)
     optimizer_offload: float = dimension(
         0.0, "fraction of the optimizer states kept and stepped on the host (0..1)", kind="float",
-        flag="--optimizer-offload", megatron="optimizer_offload_fraction",
+        flag="--optimizer-offload", megatron="optimizer.optimizer_offload_fraction",
         megatron_lm="--optimizer-offload-fraction", searchable=True, minimum=0.0, maximum=1.0)
     distributed_optimizer: bool = dimension(
         True, "shard the optimizer states over data-parallel ranks (ZeRO-1)", kind="bool",
-        flag="--distributed-optimizer", megatron="use_distributed_optimizer",
+        flag="--distributed-optimizer", megatron="optimizer.use_distributed_optimizer",
         megatron_lm="--use-distributed-optimizer")
     sequence_parallel: bool | None = dimension(
         None, "sequence parallelism in the TP regions; auto = what Megatron requires (on whenever TP > 1)",
-        kind="bool", flag="--sequence-parallel", megatron="sequence_parallel", megatron_lm="--sequence-parallel",
+        kind="bool", flag="--sequence-parallel", megatron="model.sequence_parallel", megatron_lm="--sequence-parallel",
         optional=True)
 
     def __post_init__(self) -> None:

@@ -215,3 +215,20 @@ def test_bad_megatron_args_are_one_line_errors():
     with pytest.raises(SpecError):
         export.layout_args(Layout(cuda_graphs=("full_iteration", "attn")))
     assert shlex.split(export.megatron_args_text(Layout(), load_model("tiny-moe"), 4096))
+
+
+def test_every_layout_dimension_reaches_both_exports():
+    """No dimension of the registry is dropped on the way to production: changing any one of them changes
+    the Megatron-LM flags and the Bridge overrides."""
+    from search_spaces.layout import DIMENSIONS
+
+    base = Layout.from_dict(dict(tp=2, pp=2, gbs=8, recompute="full"))
+    other = {"tp": 4, "cp": 2, "ep": 2, "etp": 2, "pp": 4, "vpp": 2, "mbs": 2, "gbs": 16, "precision": "fp8",
+             "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
+             "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
+             "distributed_optimizer": False, "sequence_parallel": False}
+    assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
+    for name, value in other.items():
+        changed = base.replace(**{name: value})
+        assert export.layout_args(changed) != export.layout_args(base), name
+        assert export.bridge_overrides(changed, 4096) != export.bridge_overrides(base, 4096), name

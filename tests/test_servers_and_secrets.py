@@ -215,8 +215,8 @@ def test_study_errors_name_the_storage_without_its_password(monkeypatch):
     optuna.create_study(storage=memory, study_name="there", directions=studies.DIRECTIONS)
     monkeypatch.setattr(studies, "open_storage", lambda url, attempts=10: memory)
     url = f"postgresql://optuna:{URI_PASSWORD}@db.example.com/optuna"
-    for call in (lambda: studies.create_or_resume(url, "there", None, resume=False),
-                 lambda: studies.create_or_resume(url, "absent", None, resume=True),
+    for call in (lambda: studies.create_or_resume(memory, url, "there", None, resume=False),
+                 lambda: studies.create_or_resume(memory, url, "absent", None, resume=True),
                  lambda: studies.load_study(url, "absent")):
         with pytest.raises(SpecError) as info:
             call()

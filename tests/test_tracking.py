@@ -2,6 +2,7 @@
 
 import json
 
+import optuna
 import pytest
 from mlflow import MlflowClient
 
@@ -9,6 +10,7 @@ from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import Tracker, safe_environment
+from orchestrator.errors import TrackingError
 from search_spaces.errors import SpecError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
 from tests.sweep_helpers import prior_for
@@ -69,8 +71,12 @@ def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, mon
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     spec = _spec(tmp_path, f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(SpecError, match="cannot reach MLflow"):
+    with pytest.raises(TrackingError, match="cannot use the MLflow tracking URI"):
         run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    # nothing was created that a corrected rerun would trip over ("already exists")
+    assert not studies.sqlite_path(spec.storage).exists() or not optuna.get_all_study_summaries(spec.storage)
+    fixed = spec.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert run_sweep(fixed, prior=prior_for(fixed), show_progress=False).exit_code == 0
 
 
 @pytest.mark.timeout(200)
