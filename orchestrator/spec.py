@@ -18,6 +18,9 @@ from search_spaces.inputs import read_text_file
 from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
+# backends whose trials are predictions or recordings: rejected proposals outnumber trials there, so they go
+# to one table on the parent MLflow run instead of a child run each (unless track_rejected says otherwise)
+WHAT_IF_BACKENDS = ("analytic", "replay")
 # What defines the situation a study measures: `--resume` refuses a spec that changes one of these (the
 # budget, the search and its seed, where MLflow or Ray live, timeouts ... may change between runs).
 SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", "model_overrides", "backend",
@@ -144,6 +147,10 @@ class SweepSpec(_Strict):
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    @property
+    def tracks_rejections(self) -> bool:
+        return tracks_rejections(self.track_rejected, self.backend)
+
     def situation(self) -> dict[str, Any]:
         """The fields that define what the study measures (SITUATION_FIELDS); a replay table by its content."""
         data = self.dump()
@@ -151,6 +158,11 @@ class SweepSpec(_Strict):
         if self.replay_table and Path(self.replay_table).is_file():
             out["replay_table"] = "sha256:" + hashlib.sha256(Path(self.replay_table).read_bytes()).hexdigest()
         return out
+
+
+def tracks_rejections(track_rejected: bool | None, backend: str) -> bool:
+    """A child MLflow run per rejected proposal? As asked, else not for what-if backends."""
+    return track_rejected if track_rejected is not None else backend not in WHAT_IF_BACKENDS
 
 
 def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> SweepSpec:

@@ -55,8 +55,12 @@ class Tracker:
         # server is down; the spool keeps records anyway, so fail fast unless the user chose otherwise
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
+        self._check_sqlite_file()  # before the client: MLflow retries an unusable SQLite file for minutes
+        try:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+        except Exception as exc:  # noqa: BLE001 -- e.g. an unknown scheme: the URI cannot be used
+            raise self._unusable(exc) from None
         self.experiment_name = experiment_name
         self.spool_path = Path(spool_path)
         self.experiment_id: str | None = None
@@ -71,10 +75,26 @@ class Tracker:
         try:
             self.client.search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 -- any failure here means the URI cannot be used
-            # redact before cutting: a cut could split a password from its '@'
-            text = str(exc).strip().splitlines()
-            why = redact_uri(text[0])[:300] if text else type(exc).__name__
-            raise TrackingError(f"cannot use the MLflow tracking URI {redact_uri(self.tracking_uri)!r}: {why}") from None
+            raise self._unusable(exc) from None
+
+    def _check_sqlite_file(self) -> None:
+        """A SQLite store in a directory that is missing or not writable (MLflow would retry for minutes)."""
+        if not self.tracking_uri.startswith("sqlite:///"):
+            return
+        path = Path(self.tracking_uri[len("sqlite:///"):])
+        target = path if path.exists() else path.parent
+        if not target.exists():
+            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
+                                f"directory {str(target)!r} does not exist")
+        if not os.access(target, os.W_OK):
+            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
+                                f"{str(target)!r} is not writable")
+
+    def _unusable(self, exc: Exception) -> TrackingError:
+        # redact before cutting: a cut could split a password from its '@'
+        text = str(exc).strip().splitlines()
+        why = redact_uri(text[0])[:300] if text else type(exc).__name__
+        return TrackingError(f"cannot use the MLflow tracking URI {redact_uri(self.tracking_uri)!r}: {why}")
 
     # ---- parent ------------------------------------------------------------------------------------
     def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None) -> str:

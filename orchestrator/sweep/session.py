@@ -32,8 +32,6 @@ from orchestrator.tracking import Tracker
 
 log = logging.getLogger("moe_autotune")
 
-# backends whose trials are predictions or recordings: their rejections go to one table on the parent run
-WHAT_IF_BACKENDS = ("analytic", "replay")
 # why a trial that was running when the sweep was stopped (Ctrl-C, SIGTERM from scancel) was failed
 INTERRUPTED = "sweep interrupted"
 
@@ -53,10 +51,7 @@ class Session:
 
     @property
     def track_rejected(self) -> bool:
-        """A child run per rejected proposal; by default not for what-if sweeps, where they outnumber trials."""
-        if self.spec.track_rejected is not None:
-            return self.spec.track_rejected
-        return self.spec.backend not in WHAT_IF_BACKENDS
+        return self.spec.tracks_rejections
 
     @property
     def memory_margin(self) -> float:

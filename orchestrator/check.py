@@ -1,0 +1,137 @@
+"""`moe-autotune check STUDY`: do the Optuna study and its MLflow experiment agree, trial by trial?
+
+The Optuna storage is the source of truth; MLflow is a view of it that must not lose, double or mix
+anything. Checked: no more measured trials than the budget, no layout measured twice; one live child run
+per finished trial (rejected proposals too when the sweep tracks them), whose layout params equal the
+trial's layout, whose status tag and metrics equal the stored result (one point per summary metric); no
+child run that belongs to no trial, and none left running by a trial that is not running.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import optuna
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.result import MEASURED_STATUSES
+
+from orchestrator import study as studies
+from orchestrator.spec import tracks_rejections
+from orchestrator.tracking import TRIAL_TAG, layout_params
+
+# result fields logged as metrics of the same name (step_time_s is a history, checked by its points' count)
+CHECKED_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
+
+
+def storage_problems(study: optuna.Study) -> list[str]:
+    """What is wrong with the study on its own: over the budget, a layout measured twice."""
+    problems = []
+    measured = studies.measured_trials(study)
+    budget = (study.user_attrs.get("budget") or {}).get("n_trials")
+    if budget is not None and len(measured) > budget:
+        problems.append(f"{len(measured)} trials were measured, over the budget of {budget}")
+    twice = [key for key, n in Counter(t.user_attrs.get("layout_key") for t in measured).items() if n > 1]
+    for key in twice:
+        numbers = [t.number for t in measured if t.user_attrs.get("layout_key") == key]
+        problems.append(f"layout {key} was measured {len(numbers)} times (trials {numbers})")
+    return problems
+
+
+def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
+    """Where MLflow's child runs disagree with the study's trials."""
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    experiment = study.user_attrs.get("mlflow_experiment_id")
+    if not parent or not experiment:
+        return ["the study records no MLflow parent run (it ran with tracking_uri none?)"]
+    client = MlflowClient(tracking_uri)
+    runs: dict[int, list[Any]] = {}
+    for run in _children(client, experiment, parent):
+        number = run.data.tags.get(TRIAL_TAG)
+        if number is not None:
+            runs.setdefault(int(number), []).append(run)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    problems = [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
+    problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
+                 for n, r in sorted(runs.items()) if n not in trials]
+    tracked = _tracks_rejections(study)
+    for number, trial in sorted(trials.items()):
+        run = runs.get(number, [None])[0]
+        problems += _trial_problems(client, trial, run, tracked)
+    return problems
+
+
+def _trial_problems(client: MlflowClient, trial, run, track_rejected: bool) -> list[str]:
+    status = trial.user_attrs.get("status")
+    if trial.state != TrialState.COMPLETE or not status:
+        if run is not None and trial.state != TrialState.RUNNING and run.info.status == "RUNNING":
+            return [f"trial {trial.number} is {trial.state.name.lower()} but its child run is still running"]
+        return []
+    if run is None:
+        return [] if status == "infeasible" and not track_rejected else [f"trial {trial.number} has no child run"]
+    out = []
+    try:
+        expected = layout_params(Layout.from_dict(trial.user_attrs.get("layout") or {}))
+    except SpecError:
+        expected = None
+    if expected is not None and dict(run.data.params) != expected:
+        diff = sorted(k for k in set(expected) | set(run.data.params) if expected.get(k) != run.data.params.get(k))
+        out.append(f"trial {trial.number}: child run's layout params differ in {', '.join(diff)}")
+    if run.data.tags.get("status") != status:
+        out.append(f"trial {trial.number}: child run says status {run.data.tags.get('status')!r}, the study {status!r}")
+    if status in MEASURED_STATUSES:
+        out += _metric_problems(client, trial, run)
+    return out
+
+
+def _metric_problems(client: MlflowClient, trial, run) -> list[str]:
+    result = trial.user_attrs.get("result") or {}
+    out = []
+    for key in CHECKED_METRICS:
+        value = result.get(key)
+        logged = run.data.metrics.get(key)
+        if not _finite(value):
+            if logged is not None:
+                out.append(f"trial {trial.number}: child run has {key} {logged}, the study none")
+            continue
+        if logged is None or not math.isclose(logged, float(value), rel_tol=1e-9, abs_tol=1e-12):
+            out.append(f"trial {trial.number}: child run has {key} {logged}, the study {value}")
+        elif key == "tokens_per_sec_per_gpu" and len(client.get_metric_history(run.info.run_id, key)) != 1:
+            out.append(f"trial {trial.number}: {key} was logged more than once to its child run")
+    return out
+
+
+def _children(client: MlflowClient, experiment: str, parent: str):
+    token = None
+    while True:
+        page = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'", max_results=1000,
+                                  page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def _tracks_rejections(study: optuna.Study) -> bool:
+    spec = study.user_attrs.get("spec") or {}
+    return tracks_rejections(spec.get("track_rejected"), spec.get("backend", study.user_attrs.get("backend")))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check(storage: str, study_name: str | None, tracking_uri: str | None = None) -> tuple[optuna.Study, list[str]]:
+    """(the study, every problem found); MLflow is checked when the study records a tracking URI (or one
+    is given)."""
+    study = studies.load_study(storage, study_name)
+    problems = storage_problems(study)
+    uri = tracking_uri or study.user_attrs.get("tracking_uri")
+    if uri and uri.lower() != "none":
+        problems += tracking_problems(study, uri)
+    return study, problems
