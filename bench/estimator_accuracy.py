@@ -235,5 +235,21 @@ def main() -> None:
     print(f"MAPE all        {result['mape_all']:5.1f}%")
 
 
+
+def section(r: dict) -> list[str]:
+    """The RESULTS.md section (bench/run_all.py)."""
+    lines = [f"Predicted vs published TF/s/GPU on {r['count']} published rows (Megatron-Bridge performance summary "
+             f"and MoE skill card; {r['skipped']} rows skipped as not expressible). **MAPE, all rows: {r['mape_all']}%**",
+             "", "| GPU family | MAPE % |", "|---|---|"]
+    lines += [f"| {fam} | {v} |" for fam, v in r["mape"].items()]
+    lines += ["", "| GPU | MAPE % |", "|---|---|"]
+    lines += [f"| {gpu} | {v} |" for gpu, v in r.get("mape_by_gpu", {}).items()]
+    lines += ["", "<details><summary>every row</summary>", "",
+              "| model | gpu | GPUs | seq | published | predicted | error % |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {x['model']} | {x['gpu']} | {x['num_gpus']} | {x['seq_len']} | {x['published_tflops']} | "
+              f"{x['predicted_tflops']} | {x['error_pct']} |" for x in r["rows"]]
+    return lines + ["", "</details>"]
+
+
 if __name__ == "__main__":
     main()

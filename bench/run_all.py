@@ -70,59 +70,21 @@ def _failed(title: str, outcome: dict) -> list[str]:
             "```", ""]
 
 
-def estimator_section(outcome: dict) -> list[str]:
-    title = "Estimator accuracy (bench/estimator_accuracy.py)"
+# (module, title, how run_all calls its run()); each module's section(result) writes its figures
+BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
+    ("estimator_accuracy", "Estimator accuracy", lambda m, a: m.run()),
+    ("search_efficiency", "Search efficiency", lambda m, a: m.run(quick=a.quick, verbose=True)),
+    ("sweep_speed", "What-if speed", lambda m, a: m.run()),
+    ("sweep_overhead", "Orchestration overhead", lambda m, a: m.run()),
+]
+
+
+def section(module: str, title: str, outcome: dict) -> list[str]:
+    lines = [f"## {title} (bench/{module}.py)", ""]
     if not outcome["ok"]:
-        return _failed(title, outcome)
-    r = outcome["result"]
-    lines = [f"## {title}", "",
-             f"Predicted vs published TF/s/GPU on {r['count']} published rows (Megatron-Bridge performance "
-             f"summary and MoE skill card; {r['skipped']} rows skipped as not expressible). "
-             f"**MAPE, all rows: {r['mape_all']}%**", "",
-             "| GPU family | MAPE % |", "|---|---|"]
-    lines += [f"| {fam} | {v} |" for fam, v in r["mape"].items()]
-    lines += ["", "| GPU | MAPE % |", "|---|---|"]
-    lines += [f"| {gpu} | {v} |" for gpu, v in r.get("mape_by_gpu", {}).items()]
-    lines += ["", "<details><summary>every row</summary>", "",
-              "| model | gpu | GPUs | seq | published | predicted | error % |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {x['model']} | {x['gpu']} | {x['num_gpus']} | {x['seq_len']} | {x['published_tflops']} | "
-              f"{x['predicted_tflops']} | {x['error_pct']} |" for x in r["rows"]]
-    lines += ["", "</details>", "", f"({outcome['seconds']} s)", ""]
-    return lines
-
-
-def search_section(outcome: dict) -> list[str]:
-    title = "Search efficiency (bench/search_efficiency.py)"
-    if not outcome["ok"]:
-        return _failed(title, outcome)
-    from bench import search_efficiency as se
-    r = outcome["result"]
-    e = r["errors"]
-    lines = [f"## {title}", "",
-             f"Trials until a measured layout is within {100 - 100 * r['target']:.0f}% of the exhaustive optimum, "
-             f"over {r['seeds']} seeds{''.join(f' ({k}: {v} seeds)' for k, v in se.FEWER_SEEDS.items())}, budget {r['budget']} trials (\">{r['budget']}\" = not reached). Landscapes "
-             f"from the cost model with deliberate model error (per dimension value: throughput "
-             f"x exp(N(0, {e['tokens_sigma']})), memory x exp(N(0, {e['memory_sigma']}))) and "
-             f"{e['noise_sigma']:.0%} measurement noise. GPU-hours = trials x num_gpus x "
-             f"({r['startup_s']:.0f} s start-up + {r['steps']} steps) of the modelled step time; "
-             "the exhaustive column is every layout of the case measured once. Made-up landscapes, not measurements: "
-             "they compare strategies, they do not predict a cluster.", "",
-             se.table(r), "", f"({outcome['seconds']} s)", ""]
-    return lines
-
-
-def overhead_section(outcome: dict) -> list[str]:
-    title = "Orchestration overhead (bench/sweep_overhead.py)"
-    if not outcome["ok"]:
-        return _failed(title, outcome)
-    r = outcome["result"]
-    lines = [f"## {title}", "",
-             f"Sweep of {r.get('trials')} trials (Optuna + Ray + MLflow around a trainer that returns at once): "
-             f"**{r.get('overhead_per_trial_s')} s orchestration overhead per trial**.", "",
-             "| figure | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in r.items()]
-    lines += ["", f"({outcome['seconds']} s)", ""]
-    return lines
+        return lines + [f"**Did not run:** `{outcome['error']}`", "", "```", outcome["traceback"].rstrip(), "```", ""]
+    body = importlib.import_module(f"bench.{module}").section(outcome["result"])
+    return lines + body + ["", f"({outcome['seconds']} s)", ""]
 
 
 def write_results(path: Path, info: dict, outcomes: dict[str, dict], started: str, seconds: float) -> None:
@@ -132,31 +94,31 @@ def write_results(path: Path, info: dict, outcomes: dict[str, dict], started: st
              f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB memory, {info['os']}; "
              f"Python {info['python']}; {v}. The machine was shared with other jobs while this ran: times are "
              "upper bounds.", ""]
-    lines += estimator_section(outcomes["estimator_accuracy"])
-    lines += search_section(outcomes["search_efficiency"])
-    lines += overhead_section(outcomes["sweep_overhead"])
+    for module, title, _ in BENCHMARKS:
+        lines += section(module, title, outcomes[module])
     path.write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller search-efficiency run")
+    parser.add_argument("--only", nargs="+", default=None, metavar="MODULE",
+                        help="run these benchmarks only; the others keep their last figures (from --json)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    parser.add_argument("--json", type=Path, default=None, help="also write the raw figures as JSON")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results.json",
+                        help="the raw figures of every benchmark (read back by --only)")
     args = parser.parse_args(argv)
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     start = time.monotonic()
-    outcomes = {
-        "estimator_accuracy": attempt("estimator_accuracy", lambda m: m.run()),
-        "search_efficiency": attempt("search_efficiency", lambda m: m.run(quick=args.quick, verbose=True)),
-        "sweep_overhead": attempt("sweep_overhead", lambda m: m.run()),
-    }
+    outcomes = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
+    for module, _, call in BENCHMARKS:
+        if not args.only or module in args.only or module not in outcomes:
+            outcomes[module] = attempt(module, lambda m, call=call: call(m, args))
     for name, outcome in outcomes.items():
         print(f"{name}: {'ok' if outcome['ok'] else 'FAILED ' + outcome['error']} ({outcome['seconds']} s)",
               file=sys.stderr)
     write_results(args.out, machine(), outcomes, started, time.monotonic() - start)
-    if args.json:
-        args.json.write_text(json.dumps(outcomes, indent=2, default=str))
+    args.json.write_text(json.dumps(outcomes, indent=2, default=str))
     print(f"wrote {args.out}")
     return 0 if all(o["ok"] for o in outcomes.values()) else 1
 

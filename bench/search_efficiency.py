@@ -12,16 +12,19 @@ The target is 98% of the exhaustive optimum of the truth (best truly fitting lay
 at the first trial that measures a layout whose true throughput is at least that. Each run stops there or
 after BUDGET trials (then it counts as "> BUDGET"). Strategies:
 
-  ours (calibrated)  orchestrator/search.py: rank by the cost model, correct throughput and memory online
-                     from measurements (Thompson sampling over per-value effects); no fixed memory screen
-  ours (TPE sweep)   the sweep's current proposer: rules of thumb, then multivariate TPE over the dimensions,
-                     cost-model screening (free), `instead_of` on repeats (orchestrator/sampler.py),
-                     20 proposals allowed per trial (the sweep's default)
-  plain TPE          Optuna TPE over the same dimensions with no prior; combinations that are not legal
-                     layouts are told as failures without costing a trial (generous to it)
-  random             legal layouts in random order
-  grid (NeMo AC)     legal layouts in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS (then VPP,
-                     ETP, the features), smallest first, no memory screening
+  calibrated      the sweep's default sampler (orchestrator/sweep/samplers.py CalibratedSampler): rank by the
+                  cost model, correct throughput and memory online from measurements (Thompson sampling over
+                  per-value effects); tries near misses of the memory model
+  tpe             the sweep's `--search tpe`: Optuna's multivariate TPE over the dimensions, the rules of
+                  thumb first, cost-model screening (free), repeats told as failures
+  random          the sweep's `--search random`: legal layouts in a seeded random order (screened)
+  grid (NeMo AC)  the sweep's `--search grid`: legal layouts in NeMo Auto-Configurator's loop order TP, PP,
+                  CP, EP, MBS (then the rest), smallest first (screened)
+  plain TPE       Optuna TPE over the same dimensions with no prior: no rules of thumb, no screening;
+                  combinations that are not legal layouts are told as failures without costing a trial
+
+The first four are the sweep's own samplers driven through Optuna's ask/tell, each trial screened by the
+sweep's own Screen (orchestrator/sweep/record.py), so the figures are those of `moe-autotune sweep --search`.
 
 GPU-hours per trial = num_gpus x (STARTUP_S + STEPS x true step time) / 3600 (an OOM trial: start-up plus
 one step). `run(quick=False) -> dict`; `python bench/search_efficiency.py [--quick]` prints the table.
@@ -52,10 +55,14 @@ from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.models import load_model  # noqa: E402
 from search_spaces.space import candidate_layouts  # noqa: E402
 
-from orchestrator.backends.replay import ReplayPrior, ReplayRow, ReplayTable  # noqa: E402
-from orchestrator.sampler import LayoutProposer, make_sampler, param_value  # noqa: E402
-from orchestrator.search import DIMENSIONS, CalibratedSearch, _value  # noqa: E402
+from orchestrator.backends.replay import ReplayRow, ReplayTable  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.study import DIRECTIONS  # noqa: E402
+from orchestrator.sweep.prior import ReplayPrior  # noqa: E402
+from orchestrator.sweep.record import Screen  # noqa: E402
+from orchestrator.sweep.samplers import make_sampler, memory_margin  # noqa: E402
+from orchestrator.sweep.space import SweepSpace  # noqa: E402
+from search_spaces.layout import SEARCH_DIMENSIONS  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -64,9 +71,7 @@ BUDGET = 60
 STARTUP_S = 300.0  # job start, model build, first compile: paid by every trial
 STEPS = 20
 TOKEN_ERROR, MEMORY_ERROR, NOISE = 0.10, 0.03, 0.02
-# strategies too slow for every seed would be listed here with their seed count (none now)
-FEWER_SEEDS: dict[str, int] = {}
-TPE_SWEEP_PROPOSALS_PER_TRIAL = 20  # the sweep's default budget.max_proposals_per_trial
+PROPOSALS_PER_TRIAL = 20  # the sweep's default budget.max_proposals_per_trial
 SIMPLE = {"cuda_graphs": "none", "dispatcher": "alltoall", "cp_comm_type": "p2p", "optimizer_offload": 0.0}
 
 
@@ -127,8 +132,8 @@ def build_landscape(case: Case, cap: int, seed: int = 0) -> Landscape:
     layouts = [lay for lay, _ in keep]
     onehot: dict[tuple[str, str], np.ndarray] = {}
     for i, lay in enumerate(layouts):
-        for dim in DIMENSIONS:
-            onehot.setdefault((dim, _value(lay, dim)), np.zeros(len(layouts), dtype=bool))[i] = True
+        for dim, value in lay.params(SEARCH_DIMENSIONS).items():
+            onehot.setdefault((dim, str(value)), np.zeros(len(layouts), dtype=bool))[i] = True
     return Landscape(case, layouts, np.array([e.tokens_per_sec_per_gpu for _, e in keep]),
                      np.array([e.peak_memory_gib for _, e in keep]), float(gpu.memory_gib), prior, onehot)
 
@@ -172,70 +177,38 @@ def trial_gpu_hours(land: Landscape, truth: Truth, i: int) -> float:
 
 # ---- strategies: propose(tried keys) -> Layout | None ; observe(layout, status, tokens, memory) --------
 
-class Ordered:
-    """Walks a fixed order of layouts (random search, grid)."""
+class SweepSampler:
+    """One of the sweep's samplers (`--search NAME`), driven as the sweep drives it: ask a trial, turn its
+    params into a layout, screen it with the cost model (free), tell the measurement."""
 
-    def __init__(self, order: list[Layout]):
-        self.order = order
-
-    def propose(self, tried: set[str]) -> Layout | None:
-        return next((lay for lay in self.order if lay.key() not in tried), None)
-
-    def observe(self, *args) -> None:
-        pass
-
-
-def grid_order(land: Landscape) -> list[Layout]:
-    def key(lay: Layout):
-        return (lay.tp, lay.pp, lay.cp, lay.ep, lay.mbs, lay.vpp, lay.etp, lay.recompute,
-                ",".join(lay.cuda_graphs), lay.precision, lay.dispatcher, lay.optimizer_offload)
-    return sorted(land.layouts, key=key)
-
-
-class Calibrated:
-    def __init__(self, land: Landscape, seed: int):
-        # as the sweep would build it: legal layouts predicted to need <= 1.15 x the GPU memory; it only
-        # proposes those its corrected memory prediction expects to fit
-        self.search = CalibratedSearch.from_prior(land.prior, seed=seed)
-
-    def propose(self, tried):
-        return self.search.propose(tried)
-
-    def observe(self, layout, status, tokens, memory):
-        self.search.observe(layout, status, tokens, memory)
-
-
-class TPESweep:
-    """The sweep's current proposal loop (orchestrator/driver.py `_propose`), without storage or MLflow."""
-
-    def __init__(self, land: Landscape, seed: int):
+    def __init__(self, land: Landscape, seed: int, search: str):
         self.prior = land.prior
-        self.proposer = LayoutProposer(self.prior, list(DIMENSIONS), seed=seed)
-        self.study = optuna.create_study(directions=["maximize", "minimize"], sampler=make_sampler(seed))
-        self.proposer.enqueue_seeds(self.study)
+        self.space = SweepSpace.from_prior(self.prior)
+        self.sampler = make_sampler(search, self.space, self.prior, seed)
+        self.screen = Screen(self.prior.memory_limit_gib, memory_margin(self.sampler))
+        self.study = optuna.create_study(directions=DIRECTIONS, sampler=self.sampler)
+        for layout in self.prior.seeds():
+            self.study.enqueue_trial(self.space.params(layout), user_attrs={"proposed_by": "rule-of-thumb"})
         self.pending: dict[str, Any] = {}
         self.proposals = 0
 
     def propose(self, tried):
-        while self.proposals < TPE_SWEEP_PROPOSALS_PER_TRIAL * BUDGET:
+        while self.proposals < PROPOSALS_PER_TRIAL * BUDGET:
             self.proposals += 1
-            trial = self.study.ask()
-            params = self.proposer.suggest(trial)
+            trial = self.study.ask(self.space.distributions())
+            if "proposed_by" not in trial.user_attrs and getattr(self.sampler, "exhausted", False):
+                return None
             try:
-                layout = self.proposer.layout_of(params)
+                layout = self.space.layout(trial.params)
             except SpecError:
-                self.study.tell(trial, [0.0, 0.0])
+                self._tell(trial, "infeasible", None, 0.0)
                 continue
             if layout.key() in tried:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                alt, _ = self.proposer.instead_of(layout, tried)
-                if alt is None:
-                    return None
-                self.study.enqueue_trial(alt)
                 continue
-            pred = self.prior.predict(layout)
-            if not pred.feasible:  # screened by the cost model: free
-                self.study.tell(trial, [0.0, pred.peak_memory_gib or 0.0])
+            prediction = self.prior.predict(layout)
+            if self.screen(prediction):
+                self._tell(trial, "infeasible", None, prediction.peak_memory_gib or 0.0)
                 continue
             self.pending[layout.key()] = trial
             return layout
@@ -244,7 +217,14 @@ class TPESweep:
     def observe(self, layout, status, tokens, memory):
         trial = self.pending.pop(layout.key())
         mem = memory if memory is not None else (self.prior.predict(layout).peak_memory_gib or 0.0)
-        self.study.tell(trial, [tokens if status == "ok" else 0.0, mem])
+        self._tell(trial, status, tokens, mem)
+
+    def _tell(self, trial, status, tokens, memory) -> None:
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("result", {"tokens_per_sec_per_gpu": tokens, "peak_memory_gib": memory})
+        trial.set_constraint("memory_over_limit_gib", max((memory or 0.0) - self.prior.memory_limit_gib, 0.0))
+        trial.set_constraint("not_measured_ok", 0.0 if status == "ok" else 1.0)
+        self.study.tell(trial, [tokens if status == "ok" else 0.0, memory or 0.0])
 
 
 class PlainTPE:
@@ -254,8 +234,8 @@ class PlainTPE:
         self.index = {lay.key(): lay for lay in land.layouts}
         self.base = land.layouts[0]
         self.choices = {}
-        for dim in DIMENSIONS:
-            values = sorted({param_value(lay, dim) for lay in land.layouts}, key=str)
+        for dim in SEARCH_DIMENSIONS:
+            values = sorted({lay.params([dim])[dim] for lay in land.layouts}, key=str)
             if len(values) > 1:
                 self.choices[dim] = values
         self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
@@ -269,7 +249,7 @@ class PlainTPE:
             trial = self.study.ask()
             params = {dim: trial.suggest_categorical(dim, values) for dim, values in self.choices.items()}
             try:
-                key = self.base.replace(**params).key()
+                key = Layout.from_params(params, base=self.base).key()
             except SpecError:
                 key = None
             if key is None or key not in self.index or key in tried:  # not a legal layout: free failure
@@ -287,11 +267,11 @@ class PlainTPE:
 
 
 STRATEGIES: dict[str, Callable[[Landscape, int], Any]] = {
-    "ours (calibrated)": lambda land, seed: Calibrated(land, seed),
-    "ours (TPE sweep)": lambda land, seed: TPESweep(land, seed),
+    "calibrated": lambda land, seed: SweepSampler(land, seed, "calibrated"),
+    "tpe": lambda land, seed: SweepSampler(land, seed, "tpe"),
+    "random": lambda land, seed: SweepSampler(land, seed, "random"),
+    "grid (NeMo AC)": lambda land, seed: SweepSampler(land, seed, "grid"),
     "plain TPE": lambda land, seed: PlainTPE(land, seed),
-    "random": lambda land, seed: Ordered(random.Random(seed).sample(land.layouts, len(land.layouts))),
-    "grid (NeMo AC)": lambda land, seed: Ordered(grid_order(land)),
 }
 
 
@@ -349,7 +329,7 @@ def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, v
         exhaustive = []
         for name, make in STRATEGIES.items():
             trials, hours, ran = [], [], []
-            for seed in range(min(seeds, FEWER_SEEDS.get(name, seeds))):
+            for seed in range(seeds):
                 truth = draw_truth(land, 1000 * seed + 17)
                 n, h, r = run_one(land, truth, make(land, seed))
                 trials.append(n)
@@ -409,6 +389,20 @@ def main() -> None:
     print(table(result))
     print(f"\n(target {TARGET:.0%} of the exhaustive optimum, budget {BUDGET} trials, {result['seeds']} seeds, "
           f"{result['seconds']} s)")
+
+
+
+def section(r: dict) -> list[str]:
+    """The RESULTS.md section (bench/run_all.py)."""
+    e = r["errors"]
+    return [f"Trials until a measured layout is within {100 - 100 * r['target']:.0f}% of the exhaustive optimum, "
+            f"over {r['seeds']} seeds, budget {r['budget']} trials (\">{r['budget']}\" = not reached). Landscapes "
+            f"from the cost model with deliberate model error (per dimension value: throughput x exp(N(0, "
+            f"{e['tokens_sigma']})), memory x exp(N(0, {e['memory_sigma']}))) and {e['noise_sigma']:.0%} measurement "
+            f"noise. GPU-hours = trials x num_gpus x ({r['startup_s']:.0f} s start-up + {r['steps']} steps) of the "
+            "modelled step time; the exhaustive column is every layout of the case measured once. The first four "
+            "strategies are the sweep's own samplers (`--search`). Made-up landscapes, not measurements: they "
+            "compare strategies, they do not predict a cluster.", "", table(r)]
 
 
 if __name__ == "__main__":

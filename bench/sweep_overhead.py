@@ -69,5 +69,14 @@ def main() -> None:
           f"(Optuna + Ray + MLflow; trainer process itself {result['trainer_process_s_per_trial']:.3f} s)")
 
 
+
+def section(r: dict) -> list[str]:
+    """The RESULTS.md section (bench/run_all.py)."""
+    lines = [f"Sweep of {r.get('trials')} trials (Optuna + Ray + MLflow around a trainer that returns at once): "
+             f"**{r.get('overhead_per_trial_s')} s orchestration overhead per trial**.", "",
+             "| figure | value |", "|---|---|"]
+    return lines + [f"| {k} | {v} |" for k, v in r.items()]
+
+
 if __name__ == "__main__":
     main()

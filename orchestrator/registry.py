@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow.exceptions import MlflowException
+
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
 
 from orchestrator import export
 from orchestrator.winner import TrialView
 
+log = logging.getLogger("moe_autotune")
 PRODUCTION = "production"
 PREVIOUS_TAG = "moe_autotune.previous_production"
 ARTIFACT_DIR = "layout"
@@ -93,8 +96,8 @@ def _experiment_id(client, ctx: dict[str, Any], study_name: str) -> str:
         try:
             if client.get_experiment(str(exp_id)) is not None:
                 return str(exp_id)
-        except Exception:  # recorded on another tracking server
-            pass
+        except MlflowException as exc:  # recorded on another tracking server: find it by name instead
+            log.info("experiment %s is not on this tracking server (%s); looking it up by name", exp_id, exc)
     exp = client.get_experiment_by_name(study_name)
     return exp.experiment_id if exp else client.create_experiment(study_name)
 

@@ -5,7 +5,7 @@ Storage contract (written by orchestrator/sweep, read by status, promote, report
                     mlflow_experiment_id, mlflow_parent_run_id, tracking_uri, driver_lease
   trial.params:     the layout's encoded values, one per searchable dimension (Layout.params)
   trial.user_attrs: layout, layout_key, proposed_by, prediction, backend, mlflow_run_id, status, result,
-                    reason, command (retry_of and measured_result on trials queued by --resume)
+                    reason, command (retry_of, retry_reason, measured_result on trials queued by --resume)
 Objectives: [tokens/s/GPU (maximize), peak memory GiB (minimize)]; constraints (feasible when <= 0):
   memory_over_limit_gib, and not_measured_ok (1 for infeasible/oom/error/timeout trials).
 """

@@ -211,19 +211,20 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
 def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)]).returncode != 0:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
         data = _spec(tmp_path, storage=f"sqlite:///{disk / 'optuna.db'}", gpus_per_node=8, seq_len=512,
                      budget={"n_trials": 150}, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
         spec = _write(tmp_path, data)
         filler = disk / "filler"
-        filler.write_bytes(b"\0" * (3 * 2 ** 20 + 512 * 1024))  # leaves room for a few dozen trials
+        filler.write_bytes(b"\0" * (15 * 2 ** 20 + 200 * 1024))  # leaves room for some dozens of trials
         full = subprocess.run([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env(),
                               capture_output=True, text=True, timeout=300)
         assert full.returncode == 4, full.stderr[-3000:]
         lines = full.stderr.strip().splitlines()
-        assert lines[-1].startswith("error: the Optuna storage's disk is full") and "tmpfs" in lines[-1], lines
+        assert len(lines) == 1 and "tmpfs" in lines[0], lines
+        assert lines[0].startswith("error: the Optuna storage's disk is full"), lines
         assert "Traceback" not in full.stderr and "max length" not in full.stderr
         stored = _measured(data["storage"], data["name"])
         assert 0 < stored < 150

@@ -57,7 +57,7 @@ def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server
         assert run.data.tags["backend"] == "analytic"
         if (t.user_attrs.get("prediction") or {}).get("tokens_per_sec_per_gpu") is not None:
             assert "predicted_tokens_per_sec_per_gpu" in run.data.metrics
-        assert {"tp", "cp", "ep", "pp", "mbs", "recompute_granularity"} <= set(run.data.params)
+        assert {"tp", "cp", "ep", "pp", "mbs", "recompute"} <= set(run.data.params)
         if t.user_attrs["status"] == "ok":
             assert t.user_attrs["mlflow_run_id"] == run.info.run_id
             for name in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib", "step_time_s"):

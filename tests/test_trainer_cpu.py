@@ -41,7 +41,7 @@ def test_layouts_that_keep_the_initialisation_reproduce_the_single_rank_loss(tmp
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name, expect", [
     ("ep2_allgather", dict(ep=2, dp=2, edp=1, dispatcher=["MoEAllGatherTokenDispatcher"])),
-    ("pp2_uneven", dict(pp=2, layers_per_rank=[3, 2], pipeline_split={"account_for_loss_in_pipeline_split": True},
+    ("pp2_uneven", dict(pp=2, layers_per_rank=[3, 2], pipeline_split={"pipeline_model_parallel_layout": "Ettt|ttL"},
                         schedule="forward_backward_pipelining_without_interleaving")),
     ("pp2_vpp2", dict(pp=2, vpp=2, layers_per_rank=[2, 2], schedule="forward_backward_pipelining_with_interleaving")),
     ("ep2_pp2_recompute", dict(ep=2, pp=2, dp=2, edp=1, dispatcher=["MoEAlltoAllTokenDispatcher"],
@@ -94,5 +94,5 @@ def test_gpu_only_features_on_cpu_are_invalid_before_megatron_starts(tmp_path):
     result, proc = run_trainer(tmp_path, 1, "--precision", "fp8", "--dispatcher", "deepep")
     assert proc.returncode == 0
     assert result.status == "invalid"
-    assert "GPU-only" in result.error and "fp8" in result.error and "deepep" in result.error
+    assert "gpu_only_feature" in result.error and "fp8" in result.error and "deepep" in result.error
     assert not result.loss and result.applied == {}

@@ -61,7 +61,7 @@ LAYOUTS = {
     "tp2_sp": (2, ["--tp", "2", *SAME_DATA], "tiny-moe"),
     "cp2": (2, ["--cp", "2", *SAME_DATA], "tiny-moe"),
     "ep2_allgather": (2, ["--ep", "2", "--dispatcher", "allgather", "--mbs", "1", "--gbs", "2"], "tiny-moe"),
-    # 5 layers over 2 stages: the loss counts as a layer (Megatron's account_for_loss_in_pipeline_split)
+    # 5 layers over 2 stages: placed as the cost model places them (an explicit pipeline_model_parallel_layout)
     "pp2_uneven": (2, ["--pp", "2", "--num-layers", "5", "--mbs", "1", "--gbs", "4"], "tiny-moe"),
     "pp2_vpp2": (2, ["--pp", "2", "--vpp", "2", "--mbs", "1", "--gbs", "4"], "tiny-moe"),
     "ep2_pp2_recompute": (4, ["--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4", "--recompute", "moe_act,layernorm"],

@@ -168,7 +168,18 @@ def _loss_func(loss_mask, output_tensor):
     return total, tokens, {"lm loss": torch.stack([total.detach().clone(), mask.sum().detach()])}
 
 
-def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: bool) -> None:
+@dataclass
+class Built:
+    """The model for the trial's layout on this rank: chunks (one per virtual stage), DDP and optimizer."""
+    device: torch.device
+    config: object
+    chunks: list
+    wrapped: list
+    optimizer: object
+    have_te: bool
+
+
+def _build(args, layout, model, on_cpu: bool) -> Built:
     if on_cpu:
         from trainers import cpu_compat
 
@@ -178,7 +189,6 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
 
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
@@ -192,15 +202,31 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
     torch.manual_seed(args.seed)
     chunks = _build_chunks(model, layout, config, args.seq_len, on_cpu, have_te)
     wrapped, optimizer = _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu)
-    chunk_index = {id(m): i for i, m in enumerate(wrapped)}
+    return Built(device, config, chunks, wrapped, optimizer, have_te)
 
+
+@dataclass
+class Steps:
+    """What the warm-up and measured steps produced on this rank."""
+    times: list[float]
+    losses: list  # per step (sum of token losses, tokens) on last-stage ranks, else None
+    activation_bytes: int
+    microbatches: int
+    schedule: object
+
+
+def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    chunk_index = {id(m): i for i, m in enumerate(built.wrapped)}
     fault = faults.from_env()
     microbatches = layout.grad_accum(world)
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     cp_group = ps.get_context_parallel_group()
     data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
     state = StepState(measure_step=max(args.warmup - 1, 0))
-    saved = measure.SavedActivations(exclude=measure.param_storage_keys(wrapped))
+    saved = measure.SavedActivations(exclude=measure.param_storage_keys(built.wrapped))
 
     def forward_step(data_iterator, chunk):
         if state.first_call:
@@ -218,52 +244,60 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
             saved.storages.clear()
         return output, partial(_loss_func, batch["loss_mask"])
 
-    forward_backward = get_forward_backward_func()
-    step_times, losses = [], []
+    schedule = get_forward_backward_func()
+    wrapped = built.wrapped
+    times, losses = [], []
     for step in range(args.warmup + args.steps):
         state.step, state.first_call = step, True
-        iterators = [data.microbatches(step, dp_rank, dp_size, device, cp_group) for _ in wrapped]
-        _sync(device)
+        iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in wrapped]
+        _sync(built.device)
         start = time.perf_counter()
-        optimizer.zero_grad()
+        built.optimizer.zero_grad()
         for m in wrapped:
             m.zero_grad_buffer()
-        reduced = forward_backward(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(wrapped) > 1 else iterators[0],
-            model=wrapped if len(wrapped) > 1 else wrapped[0],
-            num_microbatches=microbatches, seq_length=args.seq_len // layout.cp,
-            micro_batch_size=layout.mbs, forward_only=False)
-        optimizer.step()
-        _sync(device)
-        elapsed = time.perf_counter() - start
+        reduced = schedule(
+            forward_step_func=forward_step, data_iterator=iterators if len(wrapped) > 1 else iterators[0],
+            model=wrapped if len(wrapped) > 1 else wrapped[0], num_microbatches=microbatches,
+            seq_length=args.seq_len // layout.cp, micro_batch_size=layout.mbs, forward_only=False)
+        built.optimizer.step()
+        _sync(built.device)
         if step >= args.warmup:
-            step_times.append(elapsed)
-        # (sum of token losses, tokens) on this rank; only last-stage ranks have them.
+            times.append(time.perf_counter() - start)
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
+    return Steps(times, losses, state.activation_bytes, microbatches, schedule)
 
-    local = {
+
+def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
+    """This rank's figures, gathered on every rank and summed up by rank 0."""
+    from megatron.core import parallel_state as ps
+
+    modules = [m for c in built.chunks for m in c.modules()]
+    return {
         "rank": rank,
         "pipeline_rank": ps.get_pipeline_model_parallel_rank(),
-        "losses": losses if ps.get_tensor_model_parallel_rank() == 0 else None,
-        "step_times": step_times,
-        "memory_bytes": {**measure.static_components(wrapped, optimizer),
-                         "activations_per_microbatch": state.activation_bytes},
-        "peak": measure.peak_memory_gib(device),
-        "layers": sum(len(c.decoder.layers) for c in chunks),
-        "dispatchers": sorted({type(m.token_dispatcher).__name__ for c in chunks for m in c.modules()
-                               if hasattr(m, "token_dispatcher")}),
-        "core_attention": sorted({type(m.core_attention).__name__ for c in chunks for m in c.modules()
-                                  if hasattr(m, "core_attention")}),
-        "experts": sorted({type(m.experts).__name__ for c in chunks for m in c.modules()
-                           if getattr(m, "experts", None) is not None}),
+        "losses": steps.losses if ps.get_tensor_model_parallel_rank() == 0 else None,
+        "step_times": steps.times,
+        "memory_bytes": {**measure.static_components(built.wrapped, built.optimizer),
+                         "activations_per_microbatch": steps.activation_bytes},
+        "peak": measure.peak_memory_gib(built.device),
+        "layers": sum(len(c.decoder.layers) for c in built.chunks),
+        "dispatchers": sorted({type(m.token_dispatcher).__name__ for m in modules if hasattr(m, "token_dispatcher")}),
+        "core_attention": sorted({type(m.core_attention).__name__ for m in modules if hasattr(m, "core_attention")}),
+        "experts": sorted({type(m.experts).__name__ for m in modules if getattr(m, "experts", None) is not None}),
         "graphs_captured": _graphs_captured(),
     }
+
+
+def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: bool) -> None:
+    from megatron.core import parallel_state as ps
+
+    built = _build(args, layout, model, on_cpu)
+    steps = _train(args, layout, model, built, rank, world)
     gathered = [None] * world
-    dist.all_gather_object(gathered, local)
-    applied = _applied(ps, config, model, layout, optimizer, forward_backward, microbatches, gathered, on_cpu,
-                       have_te)
+    dist.all_gather_object(gathered, _rank_report(built, steps, rank))
+    applied = _applied(ps, built.config, model, layout, built.optimizer, steps.schedule, steps.microbatches,
+                       gathered, on_cpu, built.have_te)
     if rank == 0:
         _fill_result(result, args, layout, model, gpu, world, gathered, applied)
 

@@ -108,11 +108,12 @@ def _kill_group(pgid: int) -> None:
 
 def _die_with_parent() -> None:
     """Linux: the launcher gets SIGKILL if the Ray worker that started it dies."""
+    import ctypes
+
     try:
-        import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    except (OSError, AttributeError):  # not Linux's libc: no parent-death signal; the hang timeout still kills it
+        return
 
 
 def _tail(path: str) -> str:

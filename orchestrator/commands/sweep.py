@@ -82,6 +82,7 @@ def status(
     """Leaderboard of a running or finished sweep, from the Optuna storage."""
     from orchestrator import study as studies
     from search_spaces.errors import SpecError
+    from search_spaces.layout import PARALLEL_SIZES
     from search_spaces.inputs import check_output_file
 
     if csv is not None:
@@ -98,7 +99,7 @@ def status(
     console.print(f"study {study.study_name}: {ran} trials run, {running} running, "
                   f"{int((frame['status'] == 'infeasible').sum()) if not frame.empty else 0} rejected by the cost model")
     table = Table()
-    cols = ["trial", "status", "tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute", "tokens_per_sec_per_gpu",
+    cols = ["trial", "status", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
             "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
     for col in cols:
         table.add_column(col.replace("_per_", "/").replace("tokens", "tok"))

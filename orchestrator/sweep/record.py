@@ -132,8 +132,9 @@ class Recorder:
                 if self.tracker:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)
             except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume finds it RUNNING
-                log.warning("could not mark trial %d as interrupted (%s: %s); --resume will re-run it",
-                            p.trial.number, type(exc).__name__, exc)
+                why = type(studies.storage_failure(exc, self.session.spec.storage)).__name__ \
+                    if isinstance(exc, studies.STORAGE_ERRORS) else f"{type(exc).__name__}: {exc}"
+                log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", p.trial.number, why)
 
 
 def short_label(layout: Layout) -> str:

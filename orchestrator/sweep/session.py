@@ -76,8 +76,9 @@ class Session:
     def close(self) -> None:
         try:
             self.lease.release()
-        except studies.STORAGE_ERRORS as exc:  # a full disk: the lease expires on its own
-            log.warning("could not release the study's lease (%s); it expires when this process is gone", exc)
+        except studies.STORAGE_ERRORS as exc:  # a full disk (its own error line says so): the lease expires
+            log.info("could not release the study's lease (%s); it expires when this process is gone",
+                     type(studies.storage_failure(exc, self.spec.storage)).__name__)
 
 
 def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,
@@ -180,7 +181,7 @@ def _recover(session: Session) -> None:
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if tracker:
             tracker.mark_failed(t.number, reason)
-        attrs = {"proposed_by": "resume", "retry_of": t.number}
+        attrs = {"proposed_by": "resume", "retry_of": t.number, "retry_reason": reason}
         if rec and rec["attrs"].get("result"):  # measured, but the storage refused it: recorded, not re-run
             attrs["measured_result"] = rec["attrs"]["result"]
         if t.params:
