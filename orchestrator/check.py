@@ -23,7 +23,7 @@ from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
 from orchestrator.spec import tracks_rejections
-from orchestrator.tracking import TRIAL_TAG, layout_params
+from orchestrator.tracking import PROXY_PARAM, TRIAL_TAG, layout_params
 
 # result fields logged as metrics of the same name (step_time_s is a history, checked by its points' count)
 CHECKED_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
@@ -36,10 +36,13 @@ def storage_problems(study: optuna.Study) -> list[str]:
     budget = (study.user_attrs.get("budget") or {}).get("n_trials")
     if budget is not None and len(measured) > budget:
         problems.append(f"{len(measured)} trials were measured, over the budget of {budget}")
-    twice = [key for key, n in Counter(t.user_attrs.get("layout_key") for t in measured).items() if n > 1]
-    for key in twice:
-        numbers = [t.number for t in measured if t.user_attrs.get("layout_key") == key]
-        problems.append(f"layout {key} was measured {len(numbers)} times (trials {numbers})")
+    def runs(t) -> tuple[str, str]:  # a layout may run once at each fidelity (confirm re-runs a proxy at full size)
+        return t.user_attrs.get("layout_key"), t.user_attrs.get("fidelity") or "full"
+
+    for (key, fidelity), n in Counter(runs(t) for t in measured).items():
+        if n > 1:
+            numbers = [t.number for t in measured if runs(t) == (key, fidelity)]
+            problems.append(f"layout {key} was measured {n} times at {fidelity} size (trials {numbers})")
     return problems
 
 
@@ -79,8 +82,9 @@ def _trial_problems(client: MlflowClient, trial, run, track_rejected: bool) -> l
         expected = layout_params(Layout.from_dict(trial.user_attrs.get("layout") or {}))
     except SpecError:
         expected = None
-    if expected is not None and dict(run.data.params) != expected:
-        diff = sorted(k for k in set(expected) | set(run.data.params) if expected.get(k) != run.data.params.get(k))
+    logged = {k: v for k, v in run.data.params.items() if not k.startswith(PROXY_PARAM)}  # proxy.*: what it ran
+    if expected is not None and logged != expected:
+        diff = sorted(k for k in set(expected) | set(logged) if expected.get(k) != logged.get(k))
         out.append(f"trial {trial.number}: child run's layout params differ in {', '.join(diff)}")
     if run.data.tags.get("status") != status:
         out.append(f"trial {trial.number}: child run says status {run.data.tags.get('status')!r}, the study {status!r}")

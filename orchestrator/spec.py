@@ -79,6 +79,11 @@ class SweepSpec(_Strict):
     # torchrun for the real trainer; python runs the module as one process (test trainers)
     launcher: Literal["torchrun", "python"] = "torchrun"
     replay_table: str | None = None
+    # full: every trial at the target size (nodes x gpus_per_node); proxy: on the fewest GPUs that reproduce its
+    # per-GPU work (search_spaces/proxy.py), composed back to full size; auto: full when it fits in trial_gpus
+    fidelity: Literal["auto", "full", "proxy"] = "auto"
+    # the most GPUs one trial may use (default: the whole target cluster); sizes the Slurm allocation
+    trial_gpus: int | None = Field(None, ge=1, strict=True)
     # a child run for each proposal the cost model rejected; default: yes, except for what-if (analytic,
     # replay) sweeps, where rejections outnumber trials and go to one table on the parent run instead
     track_rejected: bool | None = None
@@ -137,6 +142,12 @@ class SweepSpec(_Strict):
             raise ValueError(f"warmup ({self.warmup}) must be smaller than steps ({self.steps})")
         if self.backend == "replay" and not self.replay_table:
             raise ValueError("backend replay needs replay_table")
+        if self.trial_gpus is not None and self.trial_gpus > self.num_gpus:
+            raise ValueError(f"trial_gpus ({self.trial_gpus}) is more than the target cluster's "
+                             f"{self.num_gpus} GPUs (nodes x gpus_per_node)")
+        if self.fidelity == "full" and self.trial_gpus is not None and self.trial_gpus < self.num_gpus:
+            raise ValueError(f"fidelity full runs every trial on {self.num_gpus} GPUs, more than trial_gpus "
+                             f"({self.trial_gpus}); use fidelity auto or proxy")
         return self
 
     # ---- derived ---------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ from orchestrator.errors import StorageError, StorageFull
 from orchestrator.redact import redact_uri
 
 DIRECTIONS = ["maximize", "minimize"]
+# leaderboard columns beyond the replay table's (a replay table read back skips them)
+LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
+                     "reason", "mlflow_run_id")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -154,6 +157,16 @@ def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return max(ok, key=lambda t: t.values[0], default=None)
 
 
+def gpu_hours(study: optuna.Study) -> tuple[float, float]:
+    """(GPU-hours the study's trials used, GPU-hours the same trials would have used at full size)."""
+    used = full = 0.0
+    for t in measured_trials(study):
+        extra = (t.user_attrs.get("result") or {}).get("extra") or {}
+        used += extra.get("gpu_seconds") or 0.0
+        full += extra.get("full_size_gpu_seconds") or extra.get("gpu_seconds") or 0.0
+    return used / 3600.0, full / 3600.0
+
+
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     front = [t for t in study.best_trials if fits(t)]
     return sorted(front, key=lambda t: -t.values[0])
@@ -179,6 +192,8 @@ def _row(study_attrs: dict[str, Any], trial: optuna.trial.FrozenTrial) -> dict[s
         **{k: result.get(k) for k in NUMBER_COLUMNS},
         "predicted_tokens_per_sec_per_gpu": pred.get("tokens_per_sec_per_gpu"),
         "predicted_peak_memory_gib": pred.get("peak_memory_gib"),
+        "fidelity": ua.get("fidelity"),
+        "gpu_seconds": (result.get("extra") or {}).get("gpu_seconds"),
         "reason": ua.get("reason"),
         "mlflow_run_id": ua.get("mlflow_run_id"),
     }
@@ -191,8 +206,7 @@ def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.Data
               or t.state != optuna.trial.TrialState.COMPLETE]
     rows = [_row(attrs, t) for t in trials if t.user_attrs.get("layout")
             and (include_infeasible or t.user_attrs.get("status") != "infeasible")]
-    frame = pd.DataFrame(rows, columns=["trial", *TABLE_COLUMNS, "predicted_tokens_per_sec_per_gpu",
-                                        "predicted_peak_memory_gib", "reason", "mlflow_run_id"])
+    frame = pd.DataFrame(rows, columns=["trial", *TABLE_COLUMNS, *LEADERBOARD_EXTRA])
     if frame.empty:
         return frame
     frame["_ok"] = frame["status"].eq("ok")

@@ -216,7 +216,12 @@ class Tracker:
                 RunTag(TRIAL_TAG, str(number))]
         if payload.get("reason"):
             tags.append(RunTag("reason", str(payload["reason"])[:4000]))
-        self.client.log_batch(run_id, metrics=metrics, tags=tags)
+        size_metrics, size_params, size_tags = _trial_size_records(result.get("extra") or {}, t)
+        self.client.log_batch(run_id, metrics=metrics + size_metrics, params=size_params, tags=tags + size_tags)
+        composed = (result.get("extra") or {}).get("composed")
+        if composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
+            self.client.log_dict(run_id, {"composed": composed, "proxy": (result.get("extra") or {}).get("proxy")},
+                                 "composed.json")
         # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
         if payload.get("status") != "infeasible" and payload.get("backend") != "analytic":
             self.client.log_dict(run_id, {k: payload.get(k) for k in ("result", "prediction", "layout")},
@@ -323,6 +328,29 @@ def _spool_record(line: str) -> dict[str, Any] | None:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+PROXY_PARAM = "proxy."  # params of the layout a proxy trial ran (its world, layers, changed fields)
+
+
+def _trial_size_records(extra: dict[str, Any], t: int) -> tuple[list[Metric], list[Param], list[RunTag]]:
+    """Fidelity tag, GPU-seconds, and for a proxy trial its proxy's params and the measured/composed metrics."""
+    metrics = [Metric(k, float(extra[k]), t, 0) for k in ("gpu_seconds", "full_size_gpu_seconds")
+               if _finite(extra.get(k))]
+    tags = [RunTag("fidelity", str(extra["fidelity"]))] if extra.get("fidelity") else []
+    proxy = extra.get("proxy")
+    if not proxy:
+        return metrics, [], tags
+    params = [Param(f"{PROXY_PARAM}world", str(proxy["world"])),
+              Param(f"{PROXY_PARAM}num_layers", str(proxy["num_layers"]))]
+    params += [Param(f"{PROXY_PARAM}{c['field']}", str(c["proxy"])) for c in proxy.get("changes", [])
+               if c["field"] not in ("world", "num_layers")]
+    composed = extra.get("composed") or {}
+    metrics += [Metric(f"composed_{k}", float(composed[k]), t, 0)
+                for k in ("tokens_per_sec_per_gpu", "step_time_s", "peak_memory_gib") if _finite(composed.get(k))]
+    metrics += [Metric(f"proxy_measured_{k}", float(v), t, 0) for k, v in (extra.get("proxy_measured") or {}).items()
+                if _finite(v)]
+    return metrics, params, tags
 
 
 def layout_params(layout: Layout) -> dict[str, str]:

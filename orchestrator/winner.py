@@ -36,6 +36,7 @@ class TrialView:
     mlflow_run_id: str | None
     memory_limit_gib: float | None
     constraints: tuple[float, ...] = ()
+    fidelity: str = "full"  # proxy: measured on a proxy and composed to full size
 
     @property
     def tokens_per_sec_per_gpu(self) -> float | None:
@@ -62,7 +63,11 @@ class TrialView:
             return bool(self.prediction["fits"])
         return False
 
-    def refusal(self, allow_estimated: bool = False) -> str | None:
+    @property
+    def proxy(self) -> bool:
+        return self.fidelity == "proxy"
+
+    def refusal(self, allow_estimated: bool = False, allow_proxy: bool = False) -> str | None:
         """Why this trial may not be promoted, or None."""
         if self.layout is None:
             return f"trial {self.number} has no layout recorded"
@@ -77,6 +82,9 @@ class TrialView:
         if self.estimated and not allow_estimated:
             return (f"trial {self.number} came from the analytic backend (a prediction, not a measurement); "
                     "pass --allow-estimated to promote it anyway")
+        if self.proxy and not allow_proxy:
+            return (f"trial {self.number} was measured on a proxy and composed to full size; confirm it at full "
+                    f"size (moe-autotune confirm) or pass --allow-proxy")
         if self.tokens_per_sec_per_gpu is None:
             return f"trial {self.number} has no measured throughput"
         return None
@@ -113,26 +121,29 @@ def views(study: optuna.Study) -> list[TrialView]:
             number=trial.number, status=status, layout=layout, result=attrs.get("result") or {},
             prediction=attrs.get("prediction") or {}, backend=attrs.get("backend") or study_backend,
             reason=attrs.get("reason"), mlflow_run_id=attrs.get("mlflow_run_id"), memory_limit_gib=limit,
-            constraints=tuple(float(c) for c in (getattr(trial, "constraints", None) or {}).values())))
+            constraints=tuple(float(c) for c in (getattr(trial, "constraints", None) or {}).values()),
+            fidelity=attrs.get("fidelity") or "full"))
     return out
 
 
-def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: bool = False) -> TrialView:
+def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: bool = False,
+         allow_proxy: bool = False) -> TrialView:
     """The named trial if promotable, else the best promotable one by tokens/s/GPU."""
     all_views = views(study)
     if trial_number is not None:
         named = [v for v in all_views if v.number == trial_number]
         if not named:
             raise SpecError(f"study {study.study_name!r} has no finished trial {trial_number}")
-        why = named[0].refusal(allow_estimated)
+        why = named[0].refusal(allow_estimated, allow_proxy)
         if why:
             raise SpecError(f"refusing to promote: {why}")
         return named[0]
-    good = [v for v in all_views if v.refusal(allow_estimated) is None]
+    good = [v for v in all_views if v.refusal(allow_estimated, allow_proxy) is None]
     if not good:
         hint = ""
-        if any(v.refusal(True) is None for v in all_views):
-            hint = " (only analytic estimates succeeded: pass --allow-estimated)"
+        if any(v.refusal(True, True) is None for v in all_views):
+            hint = (" (only proxy measurements or analytic estimates succeeded: confirm the best at full size, "
+                    "or pass --allow-proxy / --allow-estimated)")
         raise SpecError(f"study {study.study_name!r} has no trial that succeeded and fits{hint}")
     return max(good, key=lambda v: v.tokens_per_sec_per_gpu)
 

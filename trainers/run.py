@@ -209,6 +209,7 @@ def _build(args, layout, model, on_cpu: bool) -> Built:
 class Steps:
     """What the warm-up and measured steps produced on this rank."""
     times: list[float]
+    forward_backward: list[float]  # the schedule's share of each measured step (the rest is the optimizer)
     losses: list  # per step (sum of token losses, tokens) on last-stage ranks, else None
     activation_bytes: int
     microbatches: int
@@ -246,7 +247,7 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
 
     schedule = get_forward_backward_func()
     wrapped = built.wrapped
-    times, losses = [], []
+    times, forward_backward, losses = [], [], []
     for step in range(args.warmup + args.steps):
         state.step, state.first_call = step, True
         iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in wrapped]
@@ -259,13 +260,16 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
             forward_step_func=forward_step, data_iterator=iterators if len(wrapped) > 1 else iterators[0],
             model=wrapped if len(wrapped) > 1 else wrapped[0], num_microbatches=microbatches,
             seq_length=args.seq_len // layout.cp, micro_batch_size=layout.mbs, forward_only=False)
+        _sync(built.device)
+        schedule_done = time.perf_counter()
         built.optimizer.step()
         _sync(built.device)
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+            forward_backward.append(schedule_done - start)
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
-    return Steps(times, losses, state.activation_bytes, microbatches, schedule)
+    return Steps(times, forward_backward, losses, state.activation_bytes, microbatches, schedule)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -278,6 +282,7 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "pipeline_rank": ps.get_pipeline_model_parallel_rank(),
         "losses": steps.losses if ps.get_tensor_model_parallel_rank() == 0 else None,
         "step_times": steps.times,
+        "forward_backward_times": steps.forward_backward,
         "memory_bytes": {**measure.static_components(built.wrapped, built.optimizer),
                          "activations_per_microbatch": steps.activation_bytes},
         "peak": measure.peak_memory_gib(built.device),
@@ -300,6 +305,19 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
                        gathered, on_cpu, built.have_te)
     if rank == 0:
         _fill_result(result, args, layout, model, gpu, world, gathered, applied)
+
+
+def _oversubscription(gpu) -> float:
+    """Ranks per core on this host when there are more ranks than cores (CPU runs share the cores, so a
+    rank's speed falls with it); 1 on GPUs and on a CPU host with a core per rank."""
+    if not gpu.is_cpu:
+        return 1.0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return max(1.0, local / host_cores())
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -359,17 +377,20 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
         loss.append(total / tokens if tokens else float("nan"))
     # Each step ends when the slowest rank finishes it.
     step_times = [max(g["step_times"][i] for g in gathered) for i in range(args.steps)]
+    schedule = [max(g["forward_backward_times"][i] for g in gathered) for i in range(args.steps)]
     step_time = statistics.mean(step_times) if step_times else None
 
     per_rank = [{k: v / measure.GIB for k, v in g["memory_bytes"].items()} for g in gathered]
+
+    def inflight(r: int) -> float:
+        return measure.inflight_microbatches(gathered[r]["pipeline_rank"], layout.pp, layout.vpp,
+                                             applied["microbatches"])
 
     def load(r: int) -> float:
         """Static memory plus the activations of the microbatches this rank holds at once (the cost
         model's "most loaded rank": under 1F1B the first pipeline stage holds the most)."""
         m = per_rank[r]
-        inflight = measure.inflight_microbatches(gathered[r]["pipeline_rank"], layout.pp, layout.vpp,
-                                                 applied["microbatches"])
-        return m["weights"] + m["gradients"] + m["optimizer_states"] + inflight * m["activations_per_microbatch"]
+        return m["weights"] + m["gradients"] + m["optimizer_states"] + inflight(r) * m["activations_per_microbatch"]
 
     heaviest = max(range(world), key=load)
     peaks = [g["peak"]["allocated"] for g in gathered]
@@ -390,6 +411,13 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
         model_overrides={"num_layers": args.num_layers, "hidden_size": args.hidden_size},
         loss_includes_warmup=True,
         tokens_per_step=layout.gbs * args.seq_len,
+        # what a proxy trial's composition needs: the schedule (forward, backward, pipeline) and the optimizer
+        step_parts_s={"forward_backward": statistics.mean(schedule) if schedule else None,
+                      "optimizer": statistics.mean(t - f for t, f in zip(step_times, schedule)) if schedule else None},
+        inflight_microbatches=inflight(heaviest),
+        peak_components_gib=load(heaviest),  # the peak the cost model predicts, without buffers and runtime
+        oversubscription=_oversubscription(gpu),
+        host_cores=host_cores(),
     )
     if step_time:
         result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world

@@ -28,8 +28,8 @@ NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
 TABLE_COLUMNS = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, "status", *NUMBER_COLUMNS]
 REQUIRED_COLUMNS = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", "status", *NUMBER_COLUMNS]
 # what `status --csv` writes besides the table columns; read past, not used
-EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "reason",
-                 "mlflow_run_id", "note")
+EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
+                 "reason", "mlflow_run_id", "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
 

@@ -1,4 +1,5 @@
-"""`moe-autotune check [STUDY]`: the Optuna study and its MLflow experiment, compared trial by trial."""
+"""`moe-autotune check [STUDY]`: the Optuna study and its MLflow experiment, compared trial by trial;
+`moe-autotune confirm [STUDY] --top K`: the best proxy-measured layouts run again at full size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     app.command("check")(check)
+    app.command("confirm")(confirm)
 
 
 def check(
@@ -28,3 +30,34 @@ def check(
     verdict = "consistent" if not problems else f"{len(problems)} difference(s)"
     typer.echo(f"study {study.study_name}: {finished} finished trials; {verdict}")
     return 1 if problems else 0
+
+
+def confirm(
+    study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
+    top: int = typer.Option(3, "--top", min=1, help="how many of the best proxy-measured layouts to confirm"),
+    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL"),
+    trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="GPUs one trial may use now "
+                                                                        "(at least the layout's full size)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
+    quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
+) -> int:
+    """Run the best proxy-measured layouts at full size, as trials of the same study (before promote)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.sweep.confirm import confirm as run_confirm
+
+    done, outcome = run_confirm(storage, study_name, top, {"trial_gpus": trial_gpus, "tracking_uri": tracking_uri,
+                                                            "ray_address": ray_address, "show_progress": not quiet})
+    table = Table(title="composed from the proxy vs measured at full size (tokens/s/GPU)")
+    for col in ("layout", "proxy trial", "composed", "full trial", "measured", "error"):
+        table.add_column(col)
+    for c in done:
+        full = c.full
+        table.add_row(c.proxy.user_attrs.get("layout_key", ""), str(c.proxy.number), f"{c.proxy.values[0]:,.1f}",
+                      str(full.number) if full else "-", f"{full.values[0]:,.1f}" if full and c.error is not None
+                      else (full.user_attrs.get("status", "-") if full else "-"),
+                      f"{c.error:+.1%}" if c.error is not None else "-")
+    Console().print(table)
+    return outcome.exit_code

@@ -19,6 +19,8 @@ _TRACKING = typer.Option(None, "--tracking-uri",
                               "$MLFLOW_TRACKING_URI, sqlite:///mlflow.db).")
 _TRIAL = typer.Option(None, "--trial", help="Trial number (default: the best measured trial that fits).")
 _ESTIMATED = typer.Option(False, "--allow-estimated", help="Accept trials from the analytic backend.")
+_PROXY = typer.Option(False, "--allow-proxy", help="Accept a proxy trial's composed figures (not confirmed at "
+                                                   "full size).")
 
 
 def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: Optional[str]):
@@ -36,6 +38,7 @@ def promote(
     storage: str = _STORAGE,
     tracking_uri: Optional[str] = _TRACKING,
     allow_estimated: bool = _ESTIMATED,
+    allow_proxy: bool = _PROXY,
     rollback: bool = typer.Option(False, "--rollback",
                                   help="Move 'production' back to the previous production version."),
     name: Optional[str] = typer.Option(None, "--name", help="Registered model to roll back (instead of STUDY)."),
@@ -44,8 +47,8 @@ def promote(
     from orchestrator import registry, winner
 
     if rollback:
-        if trial is not None or allow_estimated:
-            raise SpecError("--rollback takes no --trial or --allow-estimated")
+        if trial is not None or allow_estimated or allow_proxy:
+            raise SpecError("--rollback takes no --trial, --allow-estimated or --allow-proxy")
         if name:
             registry.use_tracking_uri(tracking_uri)
         else:
@@ -58,12 +61,12 @@ def promote(
     if name:
         raise SpecError("--name is only for --rollback (a promotion names its model from the study)")
     study, ctx = _study_and_tracking(study_name, storage, tracking_uri)
-    view = winner.pick(study, trial, allow_estimated)
+    view = winner.pick(study, trial, allow_estimated, allow_proxy)
     done = registry.promote(view, ctx, study.study_name)
     was = f" (was version {done.previous})" if done.previous else ""
+    how = ", estimated" if view.estimated else (", composed from a proxy" if view.proxy else "")
     typer.echo(f"promoted {study.study_name} trial {view.number} ({view.tokens_per_sec_per_gpu:.1f} tokens/s/GPU"
-               f"{', estimated' if view.estimated else ''}) to models:/{done.name}@{registry.PRODUCTION}: "
-               f"version {done.version}{was}")
+               f"{how}) to models:/{done.name}@{registry.PRODUCTION}: version {done.version}{was}")
     typer.echo(f"layout: {view.layout.key()}")
 
 
@@ -75,6 +78,7 @@ def export(
     storage: str = _STORAGE,
     tracking_uri: Optional[str] = _TRACKING,
     allow_estimated: bool = _ESTIMATED,
+    allow_proxy: bool = _PROXY,
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
                                                 help="GPUs per node for sbatch (default: the sweep's)."),
 ) -> None:
@@ -100,7 +104,7 @@ def export(
     ctx = winner.context(study)
     if gpus_per_node:
         ctx["gpus_per_node"] = gpus_per_node
-    view = winner.pick(study, trial, allow_estimated)
+    view = winner.pick(study, trial, allow_estimated, allow_proxy)
     typer.echo(registry.render(view, ctx, study.study_name)[filename], nl=False)
 
 

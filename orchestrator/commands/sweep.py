@@ -31,6 +31,8 @@ def sweep(
     seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
     replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
     search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe | random | grid"),
+    fidelity: Optional[str] = typer.Option(None, "--fidelity", help="auto (default) | full | proxy"),
+    trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="the most GPUs one trial may use"),
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
@@ -41,19 +43,20 @@ def sweep(
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                                  "ray_address": ray_address, "seed": seed, "replay_table": replay_table,
-                                 "search": search})
+                                 "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus})
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
     console = Console()
     console.print(f"sweep {spec.name}: {outcome.n_measured} trials run, {outcome.n_infeasible} proposals "
                   f"rejected by the cost model, {outcome.wall_time_s:.1f} s")
+    console.print(_gpu_hours_line(outcome.study))
     if outcome.pareto:
         table = Table(title="Pareto front (tokens/s/GPU vs peak memory)")
-        for col in ("trial", "layout", "tokens/s/GPU", "peak GiB"):
+        for col in ("trial", "layout", "fidelity", "tokens/s/GPU", "peak GiB"):
             table.add_column(col)
         for t in outcome.pareto:
-            table.add_row(str(t.number), t.user_attrs.get("layout_key", ""), f"{t.values[0]:,.1f}",
+            table.add_row(str(t.number), t.user_attrs.get("layout_key", ""), _fidelity(t), f"{t.values[0]:,.1f}",
                           f"{t.values[1]:.2f}")
         console.print(table)
     if outcome.best is not None:
@@ -98,8 +101,12 @@ def status(
     ran = len(studies.measured_trials(study))
     console.print(f"study {study.study_name}: {ran} trials run, {running} running, "
                   f"{int((frame['status'] == 'infeasible').sum()) if not frame.empty else 0} rejected by the cost model")
+    lease = study.user_attrs.get("driver_lease")
+    if lease:
+        console.print(f"being run by pid {lease.get('pid')} on {lease.get('host')}")
+    console.print(_gpu_hours_line(study))
     table = Table()
-    cols = ["trial", "status", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
+    cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
             "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
     for col in cols:
         table.add_column(col.replace("_per_", "/").replace("tokens", "tok"))
@@ -111,6 +118,23 @@ def status(
         console.print(f"best that fits: trial {best.number} {best.user_attrs.get('layout_key')} "
                       f"{best.values[0]:,.1f} tokens/s/GPU")
     return 0
+
+
+def _fidelity(trial) -> str:
+    """full, or proxy with the GPUs its proxy ran on."""
+    size = trial.user_attrs.get("trial_size") or {}
+    if trial.user_attrs.get("fidelity") == "proxy":
+        return f"proxy ({size.get('world')} GPUs)"
+    return trial.user_attrs.get("fidelity") or "full"
+
+
+def _gpu_hours_line(study) -> str:
+    from orchestrator import study as studies
+
+    used, full = studies.gpu_hours(study)
+    proxies = sum(1 for t in studies.measured_trials(study) if t.user_attrs.get("fidelity") == "proxy")
+    saved = f"; the same trials at full size: {full:,.1f} GPU-h ({proxies} ran as proxies)" if proxies else ""
+    return f"GPU time: {used:,.1f} GPU-h{saved}"
 
 
 def _cell(value) -> str:

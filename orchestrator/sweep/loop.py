@@ -29,6 +29,7 @@ from search_spaces.result import TrialResult
 from orchestrator import study as studies
 from orchestrator.backends import make_backend
 from orchestrator.progress import SweepProgress
+from orchestrator.sweep.fidelity import trial_size
 from orchestrator.sweep.prior import Prior
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
 from orchestrator.sweep.session import Session, open_session
@@ -69,7 +70,7 @@ class Dispatcher:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(proposal.measured)
         else:
-            future = self.backend.submit(self.session.request(proposal.trial.number, proposal.layout))
+            future = self.backend.submit(self.session.request(proposal.trial.number, proposal.size))
         self.running[future] = proposal
 
     def done(self, timeout: float) -> list[tuple[Proposal, TrialResult]]:
@@ -86,8 +87,8 @@ class Dispatcher:
         return out
 
     @property
-    def busy(self) -> set[str]:
-        return {p.layout.key() for p in self.running.values()}
+    def busy(self) -> set[tuple[str, str]]:
+        return {(p.layout.key(), p.size.fidelity) for p in self.running.values()}
 
     def close(self) -> None:
         self.backend.close()
@@ -104,7 +105,9 @@ class Sweep:
         self.screen = Screen(session.prior.memory_limit_gib, session.memory_margin)
         self.show_progress = show_progress
         finished = studies.finished_trials(self.study)
-        self.taken = {t.user_attrs["layout_key"] for t in finished if t.user_attrs.get("layout_key")}
+        # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
+        self.taken = {(t.user_attrs["layout_key"], t.user_attrs.get("fidelity") or "full") for t in finished
+                      if t.user_attrs.get("layout_key")}
         self.measured = len(studies.measured_trials(self.study))
         self.proposals = 0
         self.stop_reason: str | None = None
@@ -146,7 +149,7 @@ class Sweep:
                 if proposal is None:
                     view.advance(None, len(dispatcher.running), self.measured)
                     continue
-                self.taken.add(proposal.layout.key())
+                self.taken.add((proposal.layout.key(), proposal.size.fidelity))
                 dispatcher.submit(proposal)
             if not dispatcher.running:
                 return
@@ -154,7 +157,7 @@ class Sweep:
                 self.measured += 1
                 view.advance(self.recorder.finish(proposal, result), len(dispatcher.running), self.measured)
 
-    def _propose(self, busy: set[str]) -> Proposal | None:
+    def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
         trial = self.study.ask(self.session.space.distributions())
         if "proposed_by" not in trial.user_attrs:  # sampled (not a rule of thumb or a re-run from the queue)
@@ -168,16 +171,17 @@ class Sweep:
         except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
             self.recorder.infeasible(trial, None, None, str(exc))
             return None
-        key = layout.key()
-        if key in self.taken or key in busy:
-            self.recorder.discard(trial, f"repeated proposal of {key}")
+        size = trial_size(self.spec, self.session.prior.model, self.session.prior.gpu, layout)
+        taken = (layout.key(), size.fidelity)
+        if taken in self.taken or taken in busy:
+            self.recorder.discard(trial, f"repeated proposal of {taken[0]} ({taken[1]} size)")
             return None
         prediction = self.session.prior.predict(layout)
-        reason = self.screen(prediction)
+        reason = self.screen(prediction) or size.refusal
         if reason:
             self.recorder.infeasible(trial, layout, prediction, reason)
             return None
-        proposal = Proposal(trial, layout, prediction, measured=_kept_result(trial))
+        proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(trial))
         self.recorder.start(proposal)
         return proposal
 

@@ -18,9 +18,9 @@ from optuna.trial import TrialState
 
 from search_spaces.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
-from search_spaces.validation import validate
 
 from orchestrator import study as studies
+from orchestrator.sweep.fidelity import TrialSize, full_scale, gpu_seconds
 from orchestrator.sweep.prior import Prediction
 from orchestrator.sweep.session import INTERRUPTED, Session
 
@@ -32,6 +32,7 @@ class Proposal:
     trial: optuna.Trial
     layout: Layout
     prediction: Prediction
+    size: TrialSize  # at full size or as a proxy
     measured: TrialResult | None = None  # a result an earlier run measured but could not store
 
 
@@ -60,7 +61,8 @@ class Recorder:
     def start(self, p: Proposal) -> None:
         trial = p.trial
         for key, value in {"layout": p.layout.to_dict(), "layout_key": p.layout.key(), "prediction": p.prediction.data,
-                           "backend": self.session.spec.backend}.items():
+                           "backend": self.session.spec.backend, "fidelity": p.size.fidelity,
+                           "trial_size": p.size.record()}.items():
             trial.set_user_attr(key, value)
         if self.tracker:
             run_id = self.tracker.child(trial.number, p.layout, self.session.spec.backend)
@@ -95,7 +97,11 @@ class Recorder:
     def finish(self, p: Proposal, result: TrialResult) -> dict[str, Any]:
         """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
         trial = p.trial
-        result = validate(result, p.layout, self.session.prior.gpu)  # numbers that cannot be true: invalid
+        spec = self.session.spec
+        # a proxy's measurement composed to the full layout; numbers that cannot be true become invalid
+        result = full_scale(p.size, result, self.session.prior.gpu, spec.seq_len)
+        used, at_full = gpu_seconds(p.size, result, spec)
+        result.extra.update(gpu_seconds=used, full_size_gpu_seconds=at_full)
         memory = result.peak_memory_gib if result.peak_memory_gib is not None else p.prediction.peak_memory_gib
         ok = result.status == "ok" and result.tokens_per_sec_per_gpu is not None
         over = (memory or 0.0) - self.limit
@@ -119,6 +125,7 @@ class Recorder:
             payload = self.session.payload(trial.number, {**dict(trial.user_attrs), **attrs})
             self.tracker.record(trial.number, payload)
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
+                "fidelity": p.size.fidelity,
                 "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
                 "memory": result.peak_memory_gib}
 

@@ -17,12 +17,12 @@ import optuna
 from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
 from search_spaces.space import explore
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest
-from orchestrator.spec import SweepSpec
+from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
+from orchestrator.sweep.fidelity import TrialSize
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.prior import Prior, make_prior
 from orchestrator.sweep.samplers import make_sampler, memory_margin
@@ -57,13 +57,18 @@ class Session:
     def memory_margin(self) -> float:
         return memory_margin(self.study.sampler)
 
-    def request(self, number: int, layout: Layout) -> TrialRequest:
+    def request(self, number: int, size: TrialSize) -> TrialRequest:
+        """What the backend runs: the layout at its size (what-if backends answer for the full layout)."""
         spec = self.spec
+        if spec.backend in WHAT_IF_BACKENDS and size.plan is not None:
+            layout, world, layers = size.plan.full_layout, spec.num_gpus, spec.model_overrides.num_layers
+        else:
+            layout, world, layers = size.layout, size.world, size.num_layers
+        nodes, per_node = (spec.nodes, spec.gpus_per_node) if world == spec.num_gpus else size.gpus_per_node(spec)
         return TrialRequest(layout=layout, model=spec.model, seq_len=spec.seq_len, gpu=spec.gpu,
-                            num_gpus=spec.num_gpus, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                            num_gpus=world, nodes=nodes, gpus_per_node=per_node,
                             steps=spec.steps, warmup=spec.warmup, timeout_s=spec.trial_timeout_s,
-                            workdir=self.workdir / f"trial-{number:04d}",
-                            num_layers=spec.model_overrides.num_layers,
+                            workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number)
 
     def payload(self, number: int, attrs: dict[str, Any]) -> dict[str, Any]:

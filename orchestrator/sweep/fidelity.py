@@ -1,0 +1,138 @@
+"""Which size a trial runs at, what it costs in GPU time, and the full-scale result of a proxy trial.
+
+`fidelity: full` runs every layout at its target size; `proxy` runs its proxy (search_spaces.proxy) whenever
+that is smaller; `auto` (the default) runs at full size when the layout's world fits in `trial_gpus`, else as
+a proxy. A proxy that does not fit in `trial_gpus` either cannot run: the screen says so, for free.
+The analytic backend predicts the full layout directly; it records the fidelity a real sweep would use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from search_spaces.costmodel import estimate
+from search_spaces.hardware import GPUSpec
+from search_spaces.layout import Layout
+from search_spaces.models import ModelSpec
+from search_spaces.proxy import Composed, ProxyMeasurement, ProxyPlan, compose, derive_proxy
+from search_spaces.result import TrialResult
+from search_spaces.validation import validate
+
+from orchestrator.spec import SweepSpec
+
+# a trial's fixed cost (job start, model build, first compile), for GPU-time estimates of what-if trials
+STARTUP_S = 300.0
+WHAT_IF_SOURCES = ("costmodel", "replay")  # TrialResult.extra["source"] of the analytic and replay backends
+
+
+@dataclass(frozen=True)
+class TrialSize:
+    """How one proposal runs: at full size, or as a proxy (with its plan)."""
+    fidelity: str  # full | proxy
+    layout: Layout  # what the backend runs
+    world: int
+    num_layers: int | None  # a model override for the trainer (None: the spec's)
+    plan: ProxyPlan | None = None
+    refusal: str | None = None  # why it cannot run within trial_gpus
+
+    def gpus_per_node(self, spec: SweepSpec) -> tuple[int, int]:
+        """(nodes, GPUs per node) for `world` GPUs on the spec's nodes."""
+        per_node = min(spec.gpus_per_node, self.world)
+        return math.ceil(self.world / per_node), per_node
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fidelity": self.fidelity, "world": self.world}
+        if self.plan is not None:
+            out["proxy"] = self.plan.to_dict()
+        return out
+
+
+def trial_size(spec: SweepSpec, model: ModelSpec, gpu: GPUSpec, layout: Layout) -> TrialSize:
+    limit = spec.trial_gpus or spec.num_gpus
+    full = TrialSize("full", layout, spec.num_gpus, spec.model_overrides.num_layers)
+    if spec.fidelity == "full" or (spec.fidelity == "auto" and spec.num_gpus <= limit):
+        return full
+    plan = derive_proxy(model, layout, gpu, spec.num_gpus)
+    if not plan.strictly_smaller:  # the layout is its own proxy
+        too_big = f"it needs its full {spec.num_gpus} GPUs (no smaller proxy), more than trial_gpus ({limit})"
+        return full if spec.num_gpus <= limit else TrialSize("full", layout, spec.num_gpus, full.num_layers,
+                                                             refusal=too_big)
+    refusal = f"its proxy needs {plan.world} GPUs, more than trial_gpus ({limit})" if plan.world > limit else None
+    return TrialSize("proxy", plan.layout, plan.world, plan.model.num_layers, plan, refusal)
+
+
+def gpu_seconds(size: TrialSize, result: TrialResult, spec: SweepSpec) -> tuple[float | None, float | None]:
+    """(GPU-seconds the trial used, GPU-seconds the same trial would have used at full size); estimated from
+    the step time for what-if trials (a start-up of STARTUP_S plus the steps)."""
+    steps = spec.steps + spec.warmup
+    step = result.step_time_s
+    if result.extra.get("source") in WHAT_IF_SOURCES or not result.wall_time_s:
+        if step is None:
+            return None, None
+        proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or step
+        return (STARTUP_S + steps * proxy_step) * size.world, (STARTUP_S + steps * step) * spec.num_gpus
+    used = result.wall_time_s * size.world
+    if size.fidelity == "full":
+        return used, used
+    proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or 0.0
+    fixed = max(result.wall_time_s - steps * proxy_step, 0.0)
+    return used, (fixed + steps * (step or proxy_step)) * spec.num_gpus
+
+
+def full_scale(size: TrialSize, raw: TrialResult, gpu: GPUSpec, seq_len: int) -> TrialResult:
+    """The result the sweep records: a full-size run's as measured; a proxy's composed to the full layout,
+    the proxy's own figures kept beside it. Judged (validation) against what actually ran."""
+    if raw.extra.get("source") in WHAT_IF_SOURCES:  # a prediction (or recording) of the full layout itself
+        raw.extra.update(size.record())
+        if size.plan is not None:
+            proxy = estimate(size.plan.model, gpu, size.plan.world, seq_len, size.plan.layout, with_time=True)
+            raw.extra["proxy_measured"] = {"step_time_s": proxy.step_time_s}  # what the proxy would take
+        return validate(raw, size.layout if size.plan is None else size.plan.full_layout, gpu)
+    raw = validate(raw, size.layout, gpu)
+    if size.plan is None or raw.status != "ok":
+        raw.extra.update(size.record())
+        return raw
+    composed = compose(size.plan, _measurement(raw), gpu, seq_len, full_oversubscription=_full_oversubscription(
+        size, raw))
+    out = TrialResult.from_dict(raw.to_dict())
+    out.tokens_per_sec_per_gpu = composed.tokens_per_sec_per_gpu
+    out.step_time_s = composed.step_time_s
+    out.peak_memory_gib = composed.peak_memory_gib
+    out.tflops_per_gpu = _scaled(raw.tflops_per_gpu, composed, raw)
+    out.mfu = _scaled(raw.mfu, composed, raw)
+    out.memory_gib = {k: v for part in composed.memory_gib.values() for k, v in part.items()}
+    out.extra.update(size.record())
+    out.extra["composed"] = composed.to_dict()
+    out.extra["proxy_measured"] = {k: getattr(raw, k) for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
+                                                                "step_time_s", "peak_memory_gib")}
+    return out
+
+
+def _measurement(raw: TrialResult) -> ProxyMeasurement:
+    parts = raw.extra.get("step_parts_s") or {}
+    mem = raw.memory_gib
+    step = raw.step_time_s or 0.0
+    fwd_bwd = parts.get("forward_backward") if parts.get("forward_backward") is not None else step
+    optimizer = parts.get("optimizer") if parts.get("optimizer") is not None else max(step - fwd_bwd, 0.0)
+    return ProxyMeasurement(forward_backward_s=fwd_bwd, optimizer_s=optimizer, weights_gib=mem.get("weights", 0.0),
+                            gradients_gib=mem.get("gradients", 0.0),
+                            optimizer_states_gib=mem.get("optimizer_states", 0.0),
+                            activations_per_microbatch_gib=mem.get("activations_per_microbatch", 0.0),
+                            oversubscription=float(raw.extra.get("oversubscription") or 1.0))
+
+
+def _full_oversubscription(size: TrialSize, raw: TrialResult) -> float:
+    """Ranks per core had the full layout run on the proxy's CPU host (1 on GPUs: a rank per GPU)."""
+    cores = raw.extra.get("host_cores")
+    if raw.gpu != "cpu" or not cores or size.plan is None:
+        return 1.0
+    return max(1.0, size.plan.full_world / float(cores))
+
+
+def _scaled(value: float | None, composed: Composed, raw: TrialResult) -> float | None:
+    """A per-GPU rate scales with tokens/s (same FLOPs per token)."""
+    if value is None or not raw.tokens_per_sec_per_gpu:
+        return None
+    return value * composed.tokens_per_sec_per_gpu / raw.tokens_per_sec_per_gpu

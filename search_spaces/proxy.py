@@ -1,0 +1,201 @@
+"""Proxy trials: measure a big layout on the fewest GPUs that reproduce its per-GPU work, and compose the
+full-scale step and peak memory from what the proxy measured plus what only the cost model can see.
+
+`derive_proxy(model, layout, gpu, num_gpus)` keeps every per-GPU shape and every communication pattern inside a
+pipeline stage (TP, CP and its communication type, EP, ETP, MBS, the sequence, recompute, CUDA-graph scopes,
+precision, dispatcher, offload) and shrinks the rest, each change with its reason:
+- PP becomes 2 when it is above 1 (the stage boundary's send/recv is measured) and the model keeps, per
+  pipeline rank, as many layers as the full layout's heaviest rank (its VPP chunks kept);
+- DP and EDP shrink to the smallest sizes parallel folding allows: the proxy's world is
+  lcm(TP*CP, EP*ETP) * PP;
+- the batch shrinks to enough microbatches for the 1F1B steady state.
+
+`compose(plan, measured, ...)` turns the proxy's measurement back into the full layout's:
+    step  = per-microbatch stage time (measured) x (microbatches + pipeline bubble at full PP*VPP)
+            + the optimizer step (measured, re-sharded to the full DP/EDP)
+            + what the proxy cannot see (modelled): DP/EDP gradient reduce and parameter gather at full DP,
+              the extra EP/CP traffic when the full layout spans more NVLink domains than the proxy
+    peak  = weights and gradients (measured) + optimizer states (measured, re-sharded)
+            + activations per microbatch (measured) x microbatches in flight on stage 0 at full PP*VPP
+            + buffers (modelled: dispatcher, CUDA graphs, runtime, allocator margin)
+Every composed figure keeps its breakdown, measured and modelled parts side by side.
+Pure Python: no torch, no orchestrator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from search_spaces.costmodel import Estimate, estimate
+from search_spaces.hardware import GPUSpec
+from search_spaces.layout import Layout
+from search_spaces.memory import inflight_per_chunk
+from search_spaces.models import ModelSpec
+from search_spaces.pipeline import placement
+
+PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured
+# 1F1B reaches its steady state once every stage has work in flight; four per stage also averages the noise
+STEADY_MICROBATCHES_PER_STAGE = 4
+# time components of the cost model that the proxy measures itself (its own compute and communication)
+MODELLED_TIME = ("dp_comm",)  # what a proxy with a smaller DP/EDP cannot see
+SCALE_OUT_TIME = ("ep_comm", "cp_comm")  # what it sees only in part when it spans fewer NVLink domains
+BUFFERS = ("dispatcher_buffers", "cuda_graphs", "runtime_overhead", "allocator_margin")
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    full: Any
+    proxy: Any
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "full": self.full, "proxy": self.proxy, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ProxyPlan:
+    model: ModelSpec  # the proxy's model: the full one with fewer layers
+    layout: Layout  # the proxy's layout
+    world: int  # the proxy's GPUs
+    full_world: int
+    full_layout: Layout
+    full_model: ModelSpec
+    heavy_rank: int  # the full layout's pipeline rank whose stage the proxy reproduces
+    changes: tuple[Change, ...] = ()
+
+    @property
+    def strictly_smaller(self) -> bool:
+        return self.world < self.full_world
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world": self.world, "full_world": self.full_world, "num_layers": self.model.num_layers,
+                "layout": self.layout.to_dict(), "heavy_rank": self.heavy_rank,
+                "changes": [c.to_dict() for c in self.changes]}
+
+
+def derive_proxy(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) -> ProxyPlan:
+    """The smallest runnable layout that keeps `layout`'s per-GPU work (see the module docstring)."""
+    changes: list[Change] = []
+    heavy = _heaviest_rank(model, layout, gpu, num_gpus)
+    pp = PROXY_PP if layout.pp > 1 else 1
+    if pp != layout.pp:
+        changes.append(Change("pp", layout.pp, pp, "two stages keep one stage boundary (its send/recv is "
+                                                   "measured); more stages repeat the same work"))
+    layers = _layers_of_rank(model, layout, heavy) * pp
+    proxy_model = model.with_overrides(num_layers=layers) if layers != model.num_layers else model
+    if layers != model.num_layers:
+        changes.append(Change("num_layers", model.num_layers, layers,
+                              f"each of the {pp} stage(s) holds the {layers // pp} layers of the full layout's "
+                              f"heaviest pipeline rank ({heavy})"))
+    world = math.lcm(layout.tp * layout.cp, layout.ep * layout.etp) * pp
+    if world != num_gpus:
+        changes.append(Change("world", num_gpus, world, "the smallest DP and EDP that parallel folding allows: "
+                              "lcm(TP*CP, EP*ETP) * PP GPUs"))
+    dp = world // (layout.tp * layout.cp * pp)
+    microbatches = min(layout.grad_accum(num_gpus) or 1, STEADY_MICROBATCHES_PER_STAGE * pp)
+    microbatches = max(microbatches - microbatches % pp, pp)  # the interleaved schedule wants whole rounds
+    gbs = layout.mbs * dp * microbatches
+    if gbs != layout.gbs:
+        changes.append(Change("gbs", layout.gbs, gbs, f"{microbatches} microbatches per step reach the 1F1B "
+                                                      f"steady state on {pp} stage(s)"))
+    proxy_layout = layout.replace(pp=pp, gbs=gbs)
+    return ProxyPlan(proxy_model, proxy_layout, world, num_gpus, layout, model, heavy, tuple(changes))
+
+
+def _heaviest_rank(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) -> int:
+    """The pipeline rank that sets the pace (the cost model's slowest rank: most layers, or the head)."""
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None or layout.pp == 1:
+        return 0
+    layers = [sum(1 for u in place.rank_units(r) if u.is_layer) for r in range(layout.pp)]
+    return max(range(layout.pp), key=lambda r: (layers[r], r == layout.pp - 1))
+
+
+def _layers_of_rank(model: ModelSpec, layout: Layout, rank: int) -> int:
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None or layout.pp == 1:
+        return model.num_layers
+    return sum(1 for u in place.rank_units(rank) if u.is_layer and not u.is_mtp)
+
+
+# ---- composition ------------------------------------------------------------------------------------
+
+@dataclass
+class Composed:
+    """The full layout's figures, composed from a proxy measurement; every part says where it came from."""
+    step_time_s: float
+    tokens_per_sec_per_gpu: float
+    peak_memory_gib: float
+    time_s: dict[str, dict[str, float]] = field(default_factory=dict)  # {"measured": {...}, "modelled": {...}}
+    memory_gib: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_time_s, "tokens_per_sec_per_gpu": self.tokens_per_sec_per_gpu,
+                "peak_memory_gib": self.peak_memory_gib, "time_s": self.time_s, "memory_gib": self.memory_gib}
+
+
+@dataclass(frozen=True)
+class ProxyMeasurement:
+    """What the proxy run measured on its heaviest rank (seconds per step, GiB)."""
+    forward_backward_s: float  # the schedule's forward and backward passes of one step (bubble included)
+    optimizer_s: float  # the optimizer step
+    weights_gib: float
+    gradients_gib: float
+    optimizer_states_gib: float
+    activations_per_microbatch_gib: float
+    oversubscription: float = 1.0  # ranks per core on a CPU host (1 on GPUs): per-rank speed scales with it
+
+
+def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: int,
+            full_oversubscription: float = 1.0) -> Composed:
+    full = plan.full_layout
+    est_full = estimate(plan.full_model, gpu, plan.full_world, seq_len, full)
+    est_proxy = estimate(plan.model, gpu, plan.world, seq_len, plan.layout)
+    time = _compose_time(plan, measured, est_full, est_proxy, full_oversubscription)
+    memory = _compose_memory(plan, measured, est_full, est_proxy)
+    step = sum(time["measured"].values()) + sum(time["modelled"].values())
+    peak = sum(memory["measured"].values()) + sum(memory["modelled"].values())
+    tokens = full.gbs * seq_len / step / plan.full_world
+    return Composed(step, tokens, peak, time, memory)
+
+
+def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_proxy: Estimate,
+                  full_oversubscription: float) -> dict[str, dict[str, float]]:
+    full, proxy = plan.full_layout, plan.layout
+    m_full = full.grad_accum(plan.full_world) or 1
+    m_proxy = proxy.grad_accum(plan.world) or 1
+    # per-microbatch stage time: the schedule's time over its microbatches plus its own bubble
+    per_mb = m.forward_backward_s / (m_proxy + (proxy.pp - 1) / proxy.vpp)
+    speed = full_oversubscription / m.oversubscription  # CPU ranks share cores; GPUs do not
+    measured = {"stage_compute_and_comm": per_mb * speed * m_full,
+                "pipeline_bubble": per_mb * speed * (full.pp - 1) / full.vpp,
+                "optimizer": m.optimizer_s * speed * _ratio(est_full, est_proxy, "optimizer")}
+    t_full, t_proxy = est_full.breakdown["time_s"], est_proxy.breakdown["time_s"]
+    modelled = {k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME}
+    for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy already paid
+        extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy
+        modelled[f"{k}_scale_out"] = max(0.0, extra) * m_full
+    return {"measured": measured, "modelled": modelled}
+
+
+def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
+                    est_proxy: Estimate) -> dict[str, dict[str, float]]:
+    full = plan.full_layout
+    counts = inflight_per_chunk(full, 0, full.grad_accum(plan.full_world) or 1)
+    inflight = sum(counts) / len(counts)  # the measured activations cover all of a rank's chunks
+    measured = {"weights": m.weights_gib, "gradients": m.gradients_gib,
+                "optimizer_states": m.optimizer_states_gib * _ratio(est_full, est_proxy, "optimizer_states",
+                                                                      "memory_gib"),
+                "activations": m.activations_per_microbatch_gib * inflight}
+    mem_full = est_full.breakdown["memory_gib"]
+    modelled = {k: float(mem_full.get(k, 0.0)) for k in BUFFERS}
+    return {"measured": measured, "modelled": modelled}
+
+
+def _ratio(full: Estimate, proxy: Estimate, key: str, part: str = "time_s") -> float:
+    """How the cost model scales a measured part from the proxy to the full layout (re-sharding)."""
+    a, b = full.breakdown[part].get(key, 0.0), proxy.breakdown[part].get(key, 0.0)
+    return a / b if b > 0 else 1.0
