@@ -17,9 +17,9 @@ after BUDGET trials (then it counts as "> BUDGET"). Strategies:
                   per-value effects); tries near misses of the memory model
   tpe             the sweep's `--search tpe`: Optuna's multivariate TPE over the dimensions, the rules of
                   thumb first, cost-model screening (free), repeats told as failures
-  random          the sweep's `--search random`: legal layouts in a seeded random order (screened)
-  grid (NeMo AC)  the sweep's `--search grid`: legal layouts in NeMo Auto-Configurator's loop order TP, PP,
-                  CP, EP, MBS (then the rest), smallest first (screened)
+  random          the sweep's `--search random`: legal layouts predicted to fit, in a seeded random order
+  grid (NeMo AC)  the sweep's `--search grid`: legal layouts predicted to fit, in NeMo Auto-Configurator's loop
+                  order TP, PP, CP, EP, MBS (then the rest), smallest first
   plain TPE       Optuna TPE over the same dimensions with no prior: no rules of thumb, no screening;
                   combinations that are not legal layouts are told as failures without costing a trial
 

@@ -141,9 +141,11 @@ def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: 
     good = [v for v in all_views if v.refusal(allow_estimated, allow_proxy) is None]
     if not good:
         hint = ""
-        if any(v.refusal(True, True) is None for v in all_views):
-            hint = (" (only proxy measurements or analytic estimates succeeded: confirm the best at full size, "
-                    "or pass --allow-proxy / --allow-estimated)")
+        if any(v.refusal(allow_estimated, True) is None for v in all_views):
+            hint = (" at full size (only proxy measurements did: run `moe-autotune confirm` to measure the best at "
+                    "full size, or pass --allow-proxy)")
+        elif any(v.refusal(True, True) is None for v in all_views):
+            hint = " (only analytic estimates succeeded: pass --allow-estimated)"
         raise SpecError(f"study {study.study_name!r} has no trial that succeeded and fits{hint}")
     return max(good, key=lambda v: v.tokens_per_sec_per_gpu)
 

@@ -395,3 +395,12 @@ COUNT_KEYS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense
 
 def to_gib(breakdown: dict[str, float]) -> dict[str, float]:
     return {k: (v if k in COUNT_KEYS else v / GIB) for k, v in breakdown.items()}
+
+
+def rank_memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+                          rank: int) -> dict[str, float]:
+    """The memory components (bytes) of one pipeline rank (memory_breakdown gives the most loaded one)."""
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None:
+        raise ValueError("layout has no pipeline placement (check rules first)")
+    return _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)

@@ -24,6 +24,7 @@ Pure Python: no torch, no orchestrator.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,10 @@ def derive_proxy(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) 
         changes.append(Change("num_layers", model.num_layers, layers,
                               f"each of the {pp} stage(s) holds the {layers // pp} layers of the full layout's "
                               f"heaviest pipeline rank ({heavy})"))
+    if model.mtp_layers and pp != layout.pp:
+        proxy_model = dataclasses.replace(proxy_model, mtp_layers=0)
+        changes.append(Change("mtp_layers", model.mtp_layers, 0, "the MTP block sits on one stage of the full "
+                              "pipeline; the cost model charges it (stage balance)"))
     world = math.lcm(layout.tp * layout.cp, layout.ep * layout.etp) * pp
     if world != num_gpus:
         changes.append(Change("world", num_gpus, world, "the smallest DP and EDP that parallel folding allows: "
@@ -170,15 +175,24 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_
     # per-microbatch stage time: the schedule's time over its microbatches plus its own bubble
     per_mb = m.forward_backward_s / (m_proxy + (proxy.pp - 1) / proxy.vpp)
     speed = full_oversubscription / m.oversubscription  # CPU ranks share cores; GPUs do not
+    slots = m_full + (full.pp - 1) / full.vpp  # microbatch times in a full step: m plus the bubble
     measured = {"stage_compute_and_comm": per_mb * speed * m_full,
                 "pipeline_bubble": per_mb * speed * (full.pp - 1) / full.vpp,
-                "optimizer": m.optimizer_s * speed * _ratio(est_full, est_proxy, "optimizer")}
+                "optimizer": m.optimizer_s * speed * _ratio(est_full, est_proxy, "optimizer", "optimizer_offload")}
     t_full, t_proxy = est_full.breakdown["time_s"], est_proxy.breakdown["time_s"]
-    modelled = {k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME}
+    # the full pipeline's slowest stage need not be the proxy's (the embedding, the output head, an MTP
+    # block, an uneven split): the cost model's compute per microbatch of each slowest stage corrects it
+    balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
+    modelled = {"stage_balance": per_mb * speed * (balance - 1.0) * slots}
+    modelled.update({k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME})
     for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy already paid
         extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy
         modelled[f"{k}_scale_out"] = max(0.0, extra) * m_full
     return {"measured": measured, "modelled": modelled}
+
+
+def _per_mb(times: dict[str, float], keys: tuple[str, ...], microbatches: int) -> float:
+    return max(sum(times.get(k, 0.0) for k in keys) / microbatches, 1e-30)
 
 
 def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
@@ -188,14 +202,15 @@ def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
     inflight = sum(counts) / len(counts)  # the measured activations cover all of a rank's chunks
     measured = {"weights": m.weights_gib, "gradients": m.gradients_gib,
                 "optimizer_states": m.optimizer_states_gib * _ratio(est_full, est_proxy, "optimizer_states",
-                                                                      "memory_gib"),
+                                                                      part="memory_gib"),
                 "activations": m.activations_per_microbatch_gib * inflight}
     mem_full = est_full.breakdown["memory_gib"]
     modelled = {k: float(mem_full.get(k, 0.0)) for k in BUFFERS}
     return {"measured": measured, "modelled": modelled}
 
 
-def _ratio(full: Estimate, proxy: Estimate, key: str, part: str = "time_s") -> float:
+def _ratio(full: Estimate, proxy: Estimate, *keys: str, part: str = "time_s") -> float:
     """How the cost model scales a measured part from the proxy to the full layout (re-sharding)."""
-    a, b = full.breakdown[part].get(key, 0.0), proxy.breakdown[part].get(key, 0.0)
+    a = sum(full.breakdown[part].get(k, 0.0) for k in keys)
+    b = sum(proxy.breakdown[part].get(k, 0.0) for k in keys)
     return a / b if b > 0 else 1.0

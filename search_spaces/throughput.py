@@ -566,10 +566,11 @@ def pp_comm_time(job: Job) -> float:
 
 
 def pipeline_bubble_time(layout: Layout, per_microbatch: float, microbatches: int) -> float:
-    """Warm-up and drain of the interleaved schedule: (PP-1)/(VPP*m) of the time of the m microbatches."""
+    """Warm-up and drain of the (interleaved) 1F1B schedule: (PP-1)/(VPP*m) of the time of the m microbatches,
+    i.e. (PP-1)/VPP microbatch times whatever m is (Megatron's bubble; the step is t_mb * (m + (PP-1)/VPP))."""
     if layout.pp <= 1:
         return 0.0
-    return per_microbatch * (layout.pp - 1) / (layout.vpp * microbatches)
+    return per_microbatch * microbatches * (layout.pp - 1) / (layout.vpp * microbatches)
 
 
 # ---- once per step --------------------------------------------------------------------------------------------

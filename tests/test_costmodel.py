@@ -170,9 +170,11 @@ def test_cp_ring_hides_behind_attention_and_linear_layers_pay_all_to_all():
     assert linear_attention_cp_time(job, 2) == pytest.approx(2 * linear_attention_cp_time(job, 1))
 
 
-def test_pipeline_bubble_is_zero_without_pp_and_shrinks_with_vpp_and_microbatches():
+def test_pipeline_bubble_is_pp_minus_one_over_vpp_microbatch_times():
+    """1F1B: a step is t_mb * (m + (PP-1)/VPP); the bubble's share of the step falls as m grows."""
     from search_spaces.throughput import pipeline_bubble_time
 
     assert pipeline_bubble_time(Layout(pp=1), 1.0, 8) == 0.0
-    assert pipeline_bubble_time(Layout(pp=4), 1.0, 8) == pytest.approx(3 / 8)
-    assert pipeline_bubble_time(Layout(pp=4, vpp=3), 1.0, 8) == pytest.approx(3 / 24)
+    assert pipeline_bubble_time(Layout(pp=4), 1.0, 8) == pytest.approx(3.0)
+    assert pipeline_bubble_time(Layout(pp=4, vpp=3), 1.0, 8) == pytest.approx(1.0)
+    assert pipeline_bubble_time(Layout(pp=4), 1.0, 32) / 32 < pipeline_bubble_time(Layout(pp=4), 1.0, 8) / 8

@@ -54,13 +54,6 @@ FLAG_TO_FIELD = {
 def _quiet_import():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-        from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig
-        from megatron.core.models.gpt.gpt_model import GPTModel
-        from megatron.core.optimizer.optimizer_config import OptimizerConfig
-        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-        from megatron.training.arguments import add_megatron_arguments
-        from megatron.training.config.training_config import TrainingConfig
     return locals()
 
 

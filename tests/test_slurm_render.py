@@ -100,13 +100,23 @@ def test_ray_check_driver(capsys, spec):
     (["--sbatch-arg", "--x=1 --y"], "slurm setting extra_sbatch"),
     (["--env", "NOEQUALS"], "expected KEY=VALUE"),
     (["--env", "1BAD=x"], "not an environment variable name"),
-    (["--nodes", "1"], "fewer than the spec's nodes per trial"),
+    (["--nodes", "1"], "fewer than one trial needs"),
     (["--gpu-mode", "tpu"], "slurm setting gpu_mode"),
 ])
 def test_bad_settings_are_one_line_errors(capsys, spec, args, message):
     assert main(["slurm", "render", str(spec), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_allocation_is_sized_by_trial_gpus_not_the_target_cluster(capsys, tmp_path):
+    """A 4-node target run as proxies of at most 2 GPUs needs one node of 2 GPUs, not four."""
+    path = tmp_path / "proxies.yaml"
+    path.write_text(SPEC.replace("nodes: 2", "nodes: 4") + "trial_gpus: 2\n")
+    assert directives(render(capsys, path))["--nodes"] == "1"
+    path.write_text(SPEC.replace("nodes: 2", "nodes: 4") + "trial_gpus: 3\n")
+    assert directives(render(capsys, path))["--nodes"] == "2"
+    assert directives(render(capsys, path, "--nodes", "3"))["--nodes"] == "3"
 
 
 def test_unknown_site_setting_and_missing_spec(capsys, spec, tmp_path):

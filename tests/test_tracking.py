@@ -11,7 +11,6 @@ from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import Tracker, safe_environment
 from orchestrator.errors import TrackingError
-from search_spaces.errors import SpecError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
 from tests.sweep_helpers import prior_for
 

@@ -32,14 +32,17 @@ def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options
                                  "storage": sweep_options.get("storage")})
     settings["env"] = slurm_job.parse_env_pairs(settings.pop("env"))
     settings["extra_sbatch"] = settings.pop("sbatch_arg") or None
-    defaults = {"nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "job_name": spec.name,
+    # the allocation holds one trial at a time: its size is trial_gpus (a proxy's), not the target cluster
+    trial_nodes = -(-(spec.trial_gpus or spec.num_gpus) // spec.gpus_per_node)
+    defaults = {"nodes": trial_nodes, "gpus_per_node": spec.gpus_per_node, "job_name": spec.name,
                 "gpu_mode": "fake" if spec.gpu == "cpu" else "gpus", "venv": slurm_job.default_venv(),
                 "workdir": os.getcwd()}
     merged = slurm_job.load_settings(site, **settings)
     given = merged.model_fields_set
     s = merged.model_copy(update={k: v for k, v in defaults.items() if k not in given})
-    if s.nodes < spec.nodes:
-        raise SpecError(f"--nodes {s.nodes} is fewer than the spec's nodes per trial ({spec.nodes})")
+    if s.nodes < trial_nodes:
+        raise SpecError(f"--nodes {s.nodes} is fewer than one trial needs ({trial_nodes} nodes of "
+                        f"{spec.gpus_per_node} GPUs for trial_gpus {spec.trial_gpus or spec.num_gpus})")
     if ray_check:
         driver, link = slurm_job.ray_check_argv(s.nodes), []
     else:
@@ -51,7 +54,7 @@ def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options
 def _command(submit: bool):
     def command(
         spec: Spec,
-        nodes: Annotated[Optional[int], _opt("nodes in the allocation (default: the spec's nodes)")] = None,
+        nodes: Annotated[Optional[int], _opt("nodes in the allocation (default: enough for trial_gpus)")] = None,
         gpus_per_node: Annotated[Optional[int], _opt("GPUs per node (default: the spec's)")] = None,
         partition: Annotated[Optional[str], _opt("sbatch --partition")] = None,
         account: Annotated[Optional[str], _opt("sbatch --account")] = None,

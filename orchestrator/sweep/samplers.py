@@ -4,8 +4,9 @@
                 measurement (orchestrator.sweep.calibrated.CalibratedSearch: Thompson sampling over
                 per-value effects); tries near misses of the memory model on purpose
     tpe         Optuna's multivariate TPE over the dimensions (proposals the cost model rejects are free)
-    random      the legal layouts in a seeded random order
-    grid        the legal layouts in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS, then the rest
+    random      the legal layouts predicted to fit, in a seeded random order
+    grid        the legal layouts predicted to fit, in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS,
+                then the rest
 
 The layout samplers are relative samplers: each trial gets a whole layout at once (every search dimension
 is one categorical parameter, `SweepSpace`), and before each proposal they read the study, so they learn
@@ -44,6 +45,7 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         self.space = space
         self.exhausted = False  # nothing untried is left: the sweep stops proposing
         self._observed: set[int] = set()
+        self._keys: dict[int, str] = {}
 
     # ---- what subclasses decide ------------------------------------------------------------------
     def next_layout(self, taken: set[str]) -> Layout | None:
@@ -90,10 +92,22 @@ class LayoutSampler(optuna.samplers.BaseSampler):
         keys = set()
         for t in trials:
             if t.state in _TAKEN and t.number != current:
-                layout = self._layout_of(t.params or t.system_attrs.get("fixed_params") or {})
-                if layout is not None:
-                    keys.add(layout.key())
+                key = self._key_of(t)
+                if key is not None:
+                    keys.add(key)
         return keys
+
+    def _key_of(self, t: FrozenTrial) -> str | None:
+        """The layout key of a trial's params, remembered (a trial's params never change once set)."""
+        if t.number not in self._keys:
+            params = t.params or t.system_attrs.get("fixed_params") or {}
+            layout = self._layout_of(params)
+            if layout is None:
+                return None
+            if t.params:  # a queued trial's params are final only once it runs
+                self._keys[t.number] = layout.key()
+            return layout.key()
+        return self._keys[t.number]
 
     def _layout_of(self, params: dict[str, Any]) -> Layout | None:
         if not params:
@@ -141,10 +155,12 @@ def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None)
     if search == "tpe":
         # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+    # the baselines walk the layouts the sweep's screen would let through (legal, predicted to fit)
     if search == "random":
-        return OrderedSampler(space, random.Random(seed).sample(prior.candidates, len(prior.candidates)))
+        feasible = [lay for lay in prior.candidates if prior.predict(lay).feasible]
+        return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
     if search == "grid":
-        return OrderedSampler(space, nemo_grid_order(prior.candidates))
+        return OrderedSampler(space, nemo_grid_order(lay for lay in prior.candidates if prior.predict(lay).feasible))
     raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
 
 
