@@ -126,11 +126,65 @@ def layout_args(layout: Layout) -> list[str]:
     return argv
 
 
-def model_args(model: Any, seq_len: int) -> list[str]:
-    """Architecture flags from a ModelSpec (RMSNorm, RoPE, no linear bias, as the catalog's MoE models).
+def _layer_pattern(kinds: list[str], kind: str, last: str) -> str:
+    """Megatron's per-layer frequency argument (1 = `kind`): the integer N when every N-th layer is `last`
+    and the others `kind` (Megatron's int form), else a list expression Megatron-LM evaluates."""
+    bits = [int(k == kind) for k in kinds]
+    for n in range(2, len(bits) + 1):
+        if bits == [0 if (i + 1) % n == 0 else 1 for i in range(len(bits))] and kinds[n - 1] == last:
+            return str(n)
+    return "[" + ",".join(map(str, bits)) + "]"
 
-    Not exported: linear/sliding-window attention patterns (Qwen3-Next, gpt-oss) need Megatron's
-    experimental attention flags, which a user adds by hand.
+
+def family_fields(model: Any) -> dict[str, Any]:
+    """TransformerConfig fields of the layer kinds besides full attention, as Megatron-Bridge's Qwen3-Next and
+    gpt-oss bridges set them: gated delta-net layers (experimental attention variant), sliding windows,
+    attention sinks, gated attention output, the shared-expert gate, linear biases and gpt-oss's clamped GLU
+    (its quick-GELU activation is a function: Megatron-LM's --quick-geglu, Bridge's provider sets it)."""
+    kinds = list(model.attention_kinds()) if hasattr(model, "attention_kinds") else []
+    hf = _attr(model, "hf_config", {}) or {}
+    out: dict[str, Any] = {}
+    if "linear" in kinds:
+        out.update(experimental_attention_variant="gated_delta_net",
+                   linear_attention_freq=_layer_pattern(kinds, "linear", "full"),
+                   linear_conv_kernel_dim=int(_attr(model, "linear_conv_kernel_dim", 4) or 4),
+                   linear_key_head_dim=int(model.linear_key_head_dim),
+                   linear_value_head_dim=int(model.linear_value_head_dim),
+                   linear_num_key_heads=int(model.linear_num_key_heads),
+                   linear_num_value_heads=int(model.linear_num_value_heads))
+    if "sliding" in kinds:  # HF's window counts the query itself, Megatron's does not
+        out.update(window_size=[int(model.sliding_window) - 1, 0],
+                   window_attn_skip_freq=_layer_pattern(kinds, "sliding", "full"))
+    if _attr(model, "attention_sinks", False):
+        out["softmax_type"] = "learnable"
+    for flag, field in (("attention_output_gate", "attention_output_gate"), ("qk_layernorm", "qk_layernorm"),
+                        ("shared_expert_gate", "moe_shared_expert_gate")):
+        if _attr(model, flag, False):
+            out[field] = True
+    if str(hf.get("model_type", "")) == "qwen3_next":
+        out["layernorm_zero_centered_gamma"] = True  # Qwen3-Next's (1 + weight) norms
+    if _attr(model, "linear_bias", False):
+        out.update(add_bias_linear=True, glu_linear_offset=1.0,
+                   activation_func_clamp_value=float(hf.get("swiglu_limit", 7.0)))
+    return out
+
+
+def _family_flags(model: Any) -> list[str]:
+    argv: list[str] = []
+    for field, value in family_fields(model).items():
+        flag = {"layernorm_zero_centered_gamma": "--apply-layernorm-1p"}.get(field, "--" + field.replace("_", "-"))
+        if field == "add_bias_linear":
+            continue  # Megatron-LM's default; model_args leaves out --disable-bias-linear
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv
+
+
+def model_args(model: Any, seq_len: int) -> list[str]:
+    """Architecture flags from a ModelSpec (RMSNorm, RoPE, no linear bias unless the model has them), with the
+    layer kinds of Qwen3-Next (gated delta-net) and gpt-oss (sliding window, sinks, biases): `family_fields`.
     """
     heads = int(model.num_attention_heads)
     argv = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
@@ -166,9 +220,16 @@ def model_args(model: Any, seq_len: int) -> list[str]:
     if not _attr(model, "tie_embeddings", False):
         argv += ["--untie-embeddings-and-output-weights"]
     argv += ["--normalization", "RMSNorm"]
-    if _attr(model, "gated_mlp", True):
+    if _attr(model, "linear_bias", False):
+        argv += ["--quick-geglu"]  # gpt-oss: gated quick-GELU (clamp and offset in family_fields)
+    elif _attr(model, "gated_mlp", True):
         argv += ["--swiglu"]
-    argv += ["--disable-bias-linear", "--position-embedding-type", "rope"]
+    argv += ([] if _attr(model, "linear_bias", False) else ["--disable-bias-linear"])
+    argv += ["--position-embedding-type", "rope"]
+    rotary = float((_attr(model, "hf_config", {}) or {}).get("partial_rotary_factor", 1.0))
+    if rotary != 1.0:
+        argv += ["--rotary-percent", repr(rotary)]
+    argv += _family_flags(model)
     eps = (_attr(model, "hf_config", {}) or {}).get("rms_norm_eps")
     if eps:
         argv += ["--norm-epsilon", repr(float(eps))]
@@ -323,10 +384,15 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
 }
 
 
-def bridge_overrides(layout: Layout, seq_len: int) -> dict[str, dict[str, Any]]:
+def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[str, dict[str, Any]]:
     """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.*; one
-    rendering per dimension of the registry."""
-    out: dict[str, dict[str, Any]] = {"model": {}, "train": {}, "optimizer": {}, "ddp": {},
+    rendering per dimension of the registry; with `model`, also its layer kinds (`family_fields`)."""
+    family = family_fields(model) if model is not None else {}
+    if "linear_attention_freq" in family:  # Bridge takes the Python value, not Megatron-LM's string
+        family["linear_attention_freq"] = _pattern_value(family["linear_attention_freq"])
+    if "window_attn_skip_freq" in family:
+        family["window_attn_skip_freq"] = _pattern_value(family["window_attn_skip_freq"])
+    out: dict[str, dict[str, Any]] = {"model": family, "train": {}, "optimizer": {}, "ddp": {},
                                       "dataset": {"sequence_length": int(seq_len)}}
     for dim in DIMENSIONS:
         render = _BRIDGE.get(dim.name)
@@ -336,8 +402,12 @@ def bridge_overrides(layout: Layout, seq_len: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def bridge_overrides_yaml(layout: Layout, seq_len: int) -> str:
-    return yaml.safe_dump(bridge_overrides(layout, seq_len), sort_keys=False)
+def _pattern_value(text: str) -> int | list[int]:
+    return [int(b) for b in text.strip("[]").split(",")] if text.startswith("[") else int(text)
+
+
+def bridge_overrides_yaml(layout: Layout, seq_len: int, model: Any = None) -> str:
+    return yaml.safe_dump(bridge_overrides(layout, seq_len, model), sort_keys=False)
 
 
 def layout_yaml(layout: Layout, **context: Any) -> str:

@@ -84,7 +84,7 @@ def render(view: TrialView, ctx: dict[str, Any], study_name: str) -> dict[str, s
         "layout.yaml": export.layout_yaml(layout, model=ctx["model"], seq_len=seq_len, gpu=ctx["gpu"],
                                           num_gpus=ctx["num_gpus"], study=study_name, trial=view.number),
         "megatron-args.txt": export.megatron_args_text(layout, model, seq_len),
-        "bridge-overrides.yaml": export.bridge_overrides_yaml(layout, seq_len),
+        "bridge-overrides.yaml": export.bridge_overrides_yaml(layout, seq_len, model),
         "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx["num_gpus"], ctx["gpus_per_node"]),
         "trial.json": json.dumps(trial, indent=2, default=str) + "\n",
     }

@@ -83,12 +83,7 @@ def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is
     n = model.num_attention_heads
     attn: dict[str, float] = {}
     if kind == "linear":
-        qk = model.linear_key_head_dim * model.linear_num_key_heads
-        v = model.linear_value_head_dim * model.linear_num_value_heads
-        nv = model.linear_num_value_heads
-        # conv in/out for q,k,v, gates, gated norm in/out, chunked recurrent states (fp32, 64-token chunks)
-        attn["attention"] = (t / tp) * e * (2 * (2 * qk + v) + 3 * v + 4 * nv) \
-            + (t / 64) * nv * model.linear_key_head_dim * model.linear_value_head_dim * 4 / tp
+        attn["attention"] = linear_attention_activations(model, L, t, e, g, cpu)
     elif model.is_mla:
         qd, vd = model.q_head_dim, model.v_head_dim
         # down projections (saved by the q/kv norms) and the norm outputs (saved by the up projections)
@@ -124,6 +119,31 @@ def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is
     return out
 
 
+def linear_attention_activations(model: ModelSpec, L: Layout, t: float, e: int, g: int, cpu: bool) -> float:
+    """What one gated delta-net layer (Megatron-Core's GatedDeltaNet, Qwen3-Next) saves beyond its input norm,
+    for t tokens on this CP rank. TP splits every head-wise tensor; CP all-to-alls the sequence back
+    together and splits heads, so per rank it is still t tokens' worth of width / TP."""
+    qk = model.linear_key_head_dim * model.linear_num_key_heads
+    v = model.linear_value_head_dim * model.linear_num_value_heads
+    nk, nv = model.linear_num_key_heads, model.linear_num_value_heads
+    kernel_qk = 2 * nv * model.linear_key_head_dim  # q and k repeated to the value heads (GQA-style)
+    in_proj = 2 * qk + 2 * v + 2 * nv  # q, k, v, gate z, beta, alpha: the causal conv keeps it (via a view)
+    tl = t / L.tp
+    if cpu:
+        # measured on the CPU trainer (cpu_compat's FLA references): in the activation dtype the conv output
+        # with its w-1 causal pad, the kernel's saved q, k, v, beta, the gate, product and out projection input;
+        # in fp32 (Megatron and the references upcast) the l2norm input and rsqrt, the decay g and its two
+        # inputs, the gated norm's silu and normalised output, the norm's input, output and rsqrt
+        pad = L.mbs * (model.linear_conv_kernel_dim - 1) / L.cp
+        return (tl * (e * (in_proj + kernel_qk + v + nv + 2 * v) + 4 * (2 * qk + 2 * nk + 3 * nv + 4 * v + nv))
+                + e * (t + pad) * (2 * qk + v) / L.tp)
+    # GPU (TE + flash-linear-attention): FLA's conv and l2norm keep their input / output and rsqrt, its chunk
+    # kernel keeps q, k, v, g and beta plus the fp32 WY matrix A (64 per token and head); TE's norm keeps the
+    # input and rsqrt, the gate and its product are kept for the out projection.
+    return tl * (e * (in_proj + (2 * qk + v) + 2 * qk + kernel_qk + v + 3 * v) + g * v
+                 + 4 * (2 * nk + 2 * nv + 64 * nv + nv))
+
+
 def _core_attn(t, seq_len, L, heads, qd, vd, e, cpu, kv_heads=None) -> float:
     """What core attention itself keeps beyond its q/k/v inputs."""
     n = heads / L.tp
@@ -150,6 +170,10 @@ def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, 
         out = {"router": tsp * h * e + tsp * model.num_experts * 4 * 2,
                "moe": routed * h * e + routed * f * e + 2 * routed * h * e,
                "moe_act": 4 * routed * f * e}
+        if model.linear_bias:
+            # gpt-oss's GLU, unfused on CPU (clamped gate through quick-GELU times clamped linear + 1): two
+            # more token-copy x ffn tensors (measured on tiny-gpt-oss); fused on GPU (bias_activation_fusion)
+            out["moe_act"] += 2 * routed * f * e
     else:
         # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
         # unpermute, so the expert output is not kept)
@@ -226,7 +250,7 @@ def _rank_params(model: ModelSpec, tp: int, ep: int, etp: int, units: tuple[Unit
         elif u == LOSS:
             dense += h + (0 if model.tie_embeddings and has_embedding else vocab * h / tp)
         else:
-            norms = 2 * h + (h * model.num_experts if model.layer_is_moe(u.layer) else 0)
+            norms = 2 * h + (model.router_params() if model.layer_is_moe(u.layer) else 0)  # not TP-sharded
             dense += (model.dense_params_per_layer(u.layer) - norms) / tp + norms
             if model.layer_is_moe(u.layer):
                 expert += model.expert_params_per_layer() / (ep * etp)

@@ -59,6 +59,11 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     gated_mlp: bool = True  # SwiGLU: 3 projections per MLP
+    # gpt-oss: a bias in every linear layer (attention, router, experts) and a learnable attention sink
+    # (softmax offset) per head; Qwen3-Next: a sigmoid gate on the shared expert's output
+    linear_bias: bool = False
+    attention_sinks: bool = False
+    shared_expert_gate: bool = False
     tie_embeddings: bool = False
     max_position_embeddings: int = 0
     hf_config: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -123,10 +128,19 @@ class ModelSpec:
         q = self.num_attention_heads * self.head_dim
         kv = 2 * self.num_kv_heads * self.head_dim
         gate = q if self.attention_output_gate else 0
-        return h * (q + kv + gate) + q * h + (2 * self.head_dim if self.qk_layernorm else 0)
+        biases = (q + kv + gate + h) if self.linear_bias else 0
+        sinks = self.num_attention_heads if self.attention_sinks else 0
+        return h * (q + kv + gate) + q * h + (2 * self.head_dim if self.qk_layernorm else 0) + biases + sinks
 
     def mlp_params(self, ffn: int) -> int:
-        return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
+        glu = 2 if self.gated_mlp else 1
+        biases = (glu * ffn + self.hidden_size) if self.linear_bias and ffn else 0
+        return (glu + 1) * self.hidden_size * ffn + biases
+
+    def router_params(self) -> int:
+        """Router (and shared-expert gate) of one MoE layer: never sharded by TP."""
+        return (self.hidden_size * self.num_experts + (self.num_experts if self.linear_bias else 0)
+                + (self.hidden_size if self.shared_expert_gate else 0))
 
     def expert_params_per_layer(self) -> int:
         """Routed-expert parameters of one MoE layer (all experts)."""
@@ -136,7 +150,7 @@ class ModelSpec:
         """Parameters of a decoder layer that are not routed experts (attention, norms, dense/shared MLP, router)."""
         p = self.attention_params(index) + 2 * self.hidden_size
         if self.layer_is_moe(index):
-            p += self.hidden_size * self.num_experts + self.mlp_params(self.shared_expert_ffn_hidden_size)
+            p += self.router_params() + self.mlp_params(self.shared_expert_ffn_hidden_size)
         else:
             p += self.mlp_params(self.ffn_hidden_size)
         return p
@@ -327,6 +341,9 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
         attention_output_gate=f.flag("attention_output_gate", model_type == "qwen3_next"),
         qk_layernorm=f.flag("qk_layernorm", model_type.startswith("qwen3") and not attention["kv_lora_rank"]),
         gated_mlp=f.text("hidden_act", "silu") in ("silu", "swiglu") or model_type == "gpt_oss",
+        linear_bias=f.flag("linear_bias", model_type == "gpt_oss"),
+        attention_sinks=f.flag("attention_sinks", model_type == "gpt_oss"),
+        shared_expert_gate=f.flag("shared_expert_gate", model_type == "qwen3_next"),
         tie_embeddings=f.flag("tie_word_embeddings", False),
         max_position_embeddings=f.integer("max_position_embeddings"),
         hf_config=dict(cfg),

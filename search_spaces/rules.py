@@ -49,6 +49,11 @@ RULES = (
     "tp_in_nvlink",       # TP inside one NVLink domain
     "ep_in_nvlink",       # EP*ETP within 8 NVLink domains; beyond one domain the throughput model charges the
                           # scale-out share of the all-to-all (the soft penalty), beyond 8 it is refused
+    # the layer kinds besides full attention, as Megatron-Core 0.19.2 / Transformer Engine support them
+    "linear_heads_cp",    # gated delta-net splits its key and value heads over TP*CP
+    "linear_fp8_align",   # fp8: the gated delta-net input projection width is a multiple of 16 (mxfp8: 32)
+    "expert_bias_etp",    # MoE with linear biases (gpt-oss) needs ETP = 1
+    "cp_window_sinks",    # TE's CP: sliding windows need cp_comm_type allgather or a2a, attention sinks a2a
 )
 
 
@@ -111,6 +116,7 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
             bad.append(f"cp_comm_type {L.cp_comm_type} (the CPU trainer all-gathers K/V)")
         _ok(not bad, "gpu_only_feature", f"not available on cpu: {', '.join(bad)}", v)
     _graph_conflicts(L, v)
+    _layer_kind_rules(model, gpu, L, v)
     _ok(L.optimizer_offload == 0 or L.distributed_optimizer, "offload_needs_distopt",
         "optimizer CPU offload needs the distributed optimizer", v)
     _ok(L.tp <= gpu.nvlink_domain, "tp_in_nvlink",
@@ -118,6 +124,33 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
     _ok(L.ep * L.etp <= gpu.nvlink_domain * 8 if model.is_moe else True, "ep_in_nvlink",
         f"EP*ETP={L.ep * L.etp} spans more than 8 NVLink domains ({gpu.nvlink_domain} GPUs each)", v)
     return v
+
+
+def _layer_kind_rules(model: ModelSpec, gpu: GPUSpec, L: Layout, v: list[Violation]) -> None:
+    """What Megatron-Core 0.19.2 (TransformerConfig, GatedDeltaNet, MoE) and Transformer Engine refuse for
+    gated delta-net layers (Qwen3-Next), sliding windows, attention sinks and linear biases (gpt-oss)."""
+    if "L" in model.attention_pattern:
+        if L.cp > 1:
+            split = L.tp * L.cp
+            _ok(model.linear_num_key_heads % split == 0 and model.linear_num_value_heads % split == 0,
+                "linear_heads_cp", f"gated delta-net all-to-alls its heads over CP: {model.linear_num_key_heads} "
+                f"key / {model.linear_num_value_heads} value heads do not divide by TP*CP = {split}", v)
+        if L.precision.startswith("fp8") or L.precision == "mxfp8":
+            width = 2 * model.linear_key_head_dim * model.linear_num_key_heads + 2 * (
+                model.linear_value_head_dim + 1) * model.linear_num_value_heads
+            align = 32 if L.precision == "mxfp8" else 16
+            _ok(width % align == 0, "linear_fp8_align",
+                f"{L.precision} needs the gated delta-net input projection width ({width}) divisible by {align}", v)
+    if model.is_moe and model.linear_bias:
+        _ok(L.etp == 1, "expert_bias_etp", f"Megatron-Core supports expert biases only with ETP = 1, not {L.etp}", v)
+    # On cpu the trainer's own CP attention handles windows and sinks (it all-gathers K/V): TE's limits only.
+    if L.cp > 1 and not gpu.is_cpu:
+        if model.attention_sinks:
+            _ok(L.cp_comm_type == "a2a", "cp_window_sinks",
+                f"Transformer Engine runs attention sinks under CP with cp_comm_type a2a only, not {L.cp_comm_type}", v)
+        elif "S" in model.attention_pattern:
+            _ok(L.cp_comm_type in ("allgather", "a2a"), "cp_window_sinks", "Transformer Engine runs sliding-window "
+                f"attention under CP with cp_comm_type allgather or a2a only, not {L.cp_comm_type}", v)
 
 
 def _graph_conflicts(L: Layout, v: list[Violation]) -> None:

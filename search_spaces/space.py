@@ -37,8 +37,8 @@ FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + (
 _LEVEL_RULES = {
     "pipe": ("pipeline_split", "vpp_needs_pp"),
     "tp": ("heads_tp", "tp_in_nvlink", "moe_tp_needs_sp"),
-    "cp": ("sequence_cp", "world_dense"),
-    "ep": ("dense_model_ep", "experts_ep", "expert_ffn_etp", "world_expert", "ep_in_nvlink"),
+    "cp": ("sequence_cp", "world_dense", "linear_heads_cp"),
+    "ep": ("dense_model_ep", "experts_ep", "expert_ffn_etp", "world_expert", "ep_in_nvlink", "expert_bias_etp"),
     "mbs": ("global_batch",),
 }
 

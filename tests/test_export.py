@@ -14,6 +14,7 @@ import subprocess
 import warnings
 
 import pytest
+import yaml
 
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
@@ -34,7 +35,8 @@ LAYOUTS = [
     Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
     Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
 ]
-MODELS = ["tiny-moe", "tiny-mla-moe", "deepseek-v3", "qwen3-30b-a3b"]
+MODELS = ["tiny-moe", "tiny-mla-moe", "deepseek-v3", "qwen3-30b-a3b", "tiny-qwen3-next", "qwen3-next-80b-a3b",
+          "tiny-gpt-oss", "gpt-oss-120b"]
 
 # The few flags whose config field has another name (or that are GPTModel arguments, not config fields).
 FLAG_TO_FIELD = {
@@ -48,6 +50,8 @@ FLAG_TO_FIELD = {
     "seq-length": "sequence_length",  # GPTDatasetConfig
     "max-position-embeddings": "max_sequence_length",  # GPTModel(...)
     "untie-embeddings-and-output-weights": "share_embeddings_and_output_weights",  # GPTModel(...)
+    "quick-geglu": "activation_func",  # + gated_linear_unit
+    "apply-layernorm-1p": "layernorm_zero_centered_gamma",
 }
 
 
@@ -115,6 +119,49 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
             assert ns.moe_layer_freq == [0] * model.first_k_dense + [1] * (model.num_layers - model.first_k_dense)
         assert ns.multi_latent_attention == model.is_mla
         assert ns.position_embedding_type == "rope"
+        _assert_layer_kinds(ns, model)
+
+
+def _assert_layer_kinds(ns, model):
+    """The parsed flags give Megatron-Core the model's layer pattern, as its own helpers read them."""
+    from types import SimpleNamespace
+
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_linear_attention_pattern
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    kinds = model.attention_kinds()
+    if "linear" in kinds:
+        assert ns.experimental_attention_variant == "gated_delta_net"
+        cfg = SimpleNamespace(linear_attention_freq=ns.linear_attention_freq, num_layers=ns.num_layers,
+                              experimental_attention_variant=ns.experimental_attention_variant)
+        assert get_linear_attention_pattern(cfg) == [int(k == "linear") for k in kinds]
+        assert (ns.linear_key_head_dim, ns.linear_value_head_dim, ns.linear_num_key_heads,
+                ns.linear_num_value_heads) == (model.linear_key_head_dim, model.linear_value_head_dim,
+                                               model.linear_num_key_heads, model.linear_num_value_heads)
+        assert ns.attention_output_gate and ns.moe_shared_expert_gate and ns.qk_layernorm
+        assert ns.layernorm_zero_centered_gamma and ns.rotary_percent == 0.25 and not ns.add_bias_linear
+    else:
+        assert ns.experimental_attention_variant is None
+    if "sliding" in kinds:
+        assert ns.window_size == (model.sliding_window - 1, 0)
+        assert [is_layer_window_attention(ns.window_size, ns.window_attn_skip_freq, n + 1)
+                for n in range(model.num_layers)] == [k == "sliding" for k in kinds]
+        assert ns.softmax_type == "learnable" and ns.add_bias_linear and ns.quick_geglu and not ns.swiglu
+        assert (ns.glu_linear_offset, ns.activation_func_clamp_value) == (1.0, 7.0)
+    else:
+        assert ns.window_size is None and ns.softmax_type == "vanilla"
+
+
+def test_uneven_layer_patterns_are_exported_as_lists(megatron_parser):
+    model = load_model("tiny-qwen3-next").with_overrides(num_layers=7)  # LLLFLLL: still Megatron's "4"
+    assert "4" == export.family_fields(model)["linear_attention_freq"]
+    assert "3" == export.family_fields(dataclasses.replace(load_model("tiny-gpt-oss"), attention_pattern="SSF"))[
+        "window_attn_skip_freq"]  # S S F S: every third layer full
+    odd = dataclasses.replace(load_model("tiny-gpt-oss"), attention_pattern="SFF")  # S F F S: no every-Nth form
+    assert export.family_fields(odd)["window_attn_skip_freq"] == "[1,0,0,1]"
+    ns = megatron_parser.parse_args(export.megatron_args(Layout(), odd, 4096))
+    assert ns.window_attn_skip_freq == [1, 0, 0, 1]
+    assert export.bridge_overrides(Layout(), 4096, odd)["model"]["window_attn_skip_freq"] == [1, 0, 0, 1]
 
 
 def test_every_flag_names_a_megatron_core_field(mcore):
@@ -166,6 +213,31 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
         for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe"):
             if key in model:
                 assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
+
+
+@pytest.mark.parametrize("model_name", ["tiny-qwen3-next", "qwen3-next-80b-a3b", "tiny-gpt-oss", "gpt-oss-120b"])
+def test_bridge_overrides_carry_the_layer_kinds_megatron_core_accepts(mcore, model_name):
+    model = load_model(model_name)
+    overrides = export.bridge_overrides(Layout(), 65536, model)["model"]
+    hints = {f.name: str(f.type) for f in dataclasses.fields(mcore["TransformerConfig"])}
+    family = export.family_fields(model)
+    assert family and set(family) <= set(overrides) <= set(hints)
+    for key in ("experimental_attention_variant", "softmax_type"):
+        if key in overrides:
+            assert f"'{overrides[key]}'" in hints[key]
+    # Megatron-Core's own validation accepts the fields with the model's sizes
+    arch = dict(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                num_attention_heads=model.num_attention_heads, num_query_groups=model.num_kv_heads,
+                kv_channels=model.head_dim, num_moe_experts=model.num_experts, moe_router_topk=model.topk,
+                moe_ffn_hidden_size=model.moe_ffn_hidden_size, normalization="RMSNorm",
+                moe_shared_expert_intermediate_size=model.shared_expert_ffn_hidden_size or None)
+    model_fields = {k: v for k, v in overrides.items() if k in family}
+    if "window_size" in model_fields:
+        model_fields["window_size"] = tuple(model_fields["window_size"])
+    model_fields.setdefault("add_bias_linear", False)
+    cfg = mcore["TransformerConfig"](**arch, **model_fields, bias_dropout_fusion=False)
+    assert cfg.num_layers == model.num_layers
+    assert yaml.safe_load(export.bridge_overrides_yaml(Layout(), 65536, model))["model"] == overrides
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -1,7 +1,8 @@
 """The cost model's memory components match what the real trainer measures (issue 3, "done when").
 
 For the layouts the CPU trainer tests run anyway (tiny-moe: DP, TP+SP, CP, EP allgather, uneven PP, PP+VPP,
-EP×PP with selective recompute; tiny-mla-moe: every recompute choice), the predicted weights, gradients,
+EP×PP with selective recompute; tiny-mla-moe: every recompute choice; tiny-qwen3-next and tiny-gpt-oss:
+single rank, CP2, TP2, EP2×PP2 at 512 tokens), the predicted weights, gradients,
 optimizer states and activations per microbatch of the most loaded rank are within 10% of the measured ones.
 """
 
@@ -37,3 +38,5 @@ def test_predicted_memory_components_match_the_measured_ones(tmp_path_factory, n
 
 def test_at_least_eight_layouts_must_match():
     assert len(set(LAYOUTS)) >= 8
+    assert {model for _, _, model in LAYOUTS.values()} >= {"tiny-moe", "tiny-mla-moe", "tiny-qwen3-next",
+                                                            "tiny-gpt-oss"}

@@ -1,5 +1,7 @@
 """Each legality rule: a layout that breaks it (the rule is named) and a close one that does not."""
 
+import dataclasses
+
 import pytest
 
 from search_spaces.hardware import load_gpu
@@ -34,6 +36,12 @@ CASES = [
      dict(optimizer_offload=0.5)),
     ("tp_in_nvlink", ("deepseek-v3", "h100", 16, 4096), dict(tp=16), dict(tp=8, cp=2)),
     ("ep_in_nvlink", ("deepseek-v3", "h100", 128, 4096), dict(ep=128), dict(ep=64)),
+    # tiny-qwen3-next: 2 key / 4 value delta-net heads, a 2*32 + 2*(64+4) = 200-wide in_proj (not 16-aligned)
+    ("linear_heads_cp", ("tiny-qwen3-next", "cpu", 4, 512), dict(tp=2, cp=2), dict(cp=2)),
+    ("linear_fp8_align", ("tiny-qwen3-next", "h100", 1, 512), dict(precision="fp8"), dict(precision="bf16")),
+    ("expert_bias_etp", ("tiny-gpt-oss", "h100", 2, 512), dict(etp=2), dict(ep=2)),
+    ("cp_window_sinks", ("tiny-gpt-oss", "h100", 2, 512), dict(cp=2, cp_comm_type="allgather"),
+     dict(cp=2, cp_comm_type="a2a")),
 ]
 
 
@@ -68,3 +76,18 @@ def test_uneven_pipeline_splits_of_the_seed_recipes_are_legal():
     assert "pipeline_split" not in rules_broken("qwen3-235b-a22b", "gb200", 256, 131072, tp=4, cp=4, ep=32, pp=4, vpp=12,
                                                 gbs=64)
     assert "pipeline_split" not in rules_broken("deepseek-v3", "h100", 256, 131072, cp=32, ep=32, pp=8, vpp=4, gbs=128)
+
+
+def test_layer_kind_rules_follow_megatron_and_transformer_engine():
+    # the real models: Qwen3-Next's 16/32 delta-net heads split over TP*CP up to 16; 12352-wide in_proj is fp8-
+    # and mxfp8-aligned; gpt-oss's sinks need a2a CP on GPUs, its sliding windows alone would take allgather
+    assert "linear_heads_cp" not in rules_broken("qwen3-next-80b-a3b", "h100", 64, 131072, tp=2, cp=8, ep=4)
+    assert "linear_heads_cp" in rules_broken("qwen3-next-80b-a3b", "h100", 64, 131072, tp=4, cp=8, ep=2)
+    assert "linear_fp8_align" not in rules_broken("qwen3-next-80b-a3b", "b200", 8, 4096, ep=8, precision="mxfp8")
+    assert "cp_window_sinks" in rules_broken("gpt-oss-120b", "h100", 8, 65536, cp=8, cp_comm_type="p2p")
+    assert not rules_broken("gpt-oss-120b", "h100", 8, 65536, cp=8, cp_comm_type="a2a")
+    windows_only = {v.rule for v in check(dataclasses.replace(load_model("gpt-oss-120b"), attention_sinks=False),
+                                          load_gpu("h100"), 8, 65536, Layout(cp=8, cp_comm_type="allgather"))}
+    assert "cp_window_sinks" not in windows_only
+    # on cpu the trainer's own CP attention all-gathers K/V with windows and sinks: no TE limit applies
+    assert "cp_window_sinks" not in rules_broken("tiny-gpt-oss", "cpu", 2, 512, cp=2)

@@ -126,10 +126,49 @@ def test_the_sweep_and_the_trainer_agree_on_every_layout_of_a_small_space(model)
 
 
 def test_the_trainer_names_what_it_cannot_build():
-    qwen_next = load_model("qwen3-next-80b-a3b")
-    assert "full-attention layers only" in config.refusal(qwen_next, load_gpu("h100"), L(), world=1, seq_len=4096)
     assert "MTP" in " ".join(config.capability_gaps(load_model("deepseek-v3"), L()))
-    assert config.capability_gaps(TINY, L()) == []
+    assert "full_iteration" in " ".join(config.capability_gaps(TINY, L(cuda_graphs="full_iteration")))
+    for name in ("tiny-moe", "qwen3-next-80b-a3b", "gpt-oss-120b", "tiny-qwen3-next", "tiny-gpt-oss"):
+        assert config.capability_gaps(load_model(name), L()) == [], name  # every attention kind is built
+    assert config.refusal(load_model("qwen3-next-80b-a3b"), load_gpu("h100"), L(), world=1, seq_len=4096) is None
+
+
+def test_qwen3_next_maps_onto_megatrons_gated_delta_net_variant():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    model = load_model("tiny-qwen3-next").with_overrides(num_layers=6)  # the pattern survives a proxy
+    kw = config.transformer_config_kwargs(model, L(tp=2, gbs=2), on_cpu=True)
+    assert kw["experimental_attention_variant"] == "gated_delta_net"
+    assert kw["linear_attention_freq"] == [1, 1, 1, 0, 1, 1]
+    assert (kw["linear_key_head_dim"], kw["linear_value_head_dim"], kw["linear_num_key_heads"],
+            kw["linear_num_value_heads"], kw["linear_conv_kernel_dim"]) == (16, 16, 2, 4, 4)
+    assert kw["attention_output_gate"] and kw["qk_layernorm"] and kw["moe_shared_expert_gate"]
+    assert "window_size" not in kw and kw["add_bias_linear"] is False
+    cfg = TransformerConfig(**kw)
+    assert cfg.linear_attention_freq == [1, 1, 1, 0, 1, 1] and cfg.sequence_parallel
+    assert config.model_kwargs(model, 128)["rotary_percent"] == 0.25
+
+
+def test_gpt_oss_maps_onto_windows_sinks_and_biases():
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    model = load_model("tiny-gpt-oss")
+    kw = config.transformer_config_kwargs(model, L(gbs=1), on_cpu=False, have_te=True)
+    assert kw["window_size"] == (31, 0)  # HF's 32-token window includes the query itself
+    assert kw["window_attn_skip_freq"] == [1, 0, 1, 0]
+    assert kw["softmax_type"] == "learnable"
+    assert kw["add_bias_linear"] and kw["activation_func"] is quick_gelu and kw["gated_linear_unit"]
+    assert (kw["glu_linear_offset"], kw["activation_func_clamp_value"]) == (1.0, 7.0)
+    assert kw["bias_dropout_fusion"] is False  # TEGroupedMLP refuses it with biases
+    assert "experimental_attention_variant" not in kw
+    cfg = TransformerConfig(**{**kw, "bias_activation_fusion": False, "apply_rope_fusion": False,
+                               "masked_softmax_fusion": False, "gradient_accumulation_fusion": False,
+                               "moe_permute_fusion": False, "cross_entropy_loss_fusion": False})
+    # layers 1 and 3 (1-based) slide, 2 and 4 are full, as the HF layer_types say
+    assert [is_layer_window_attention(cfg.window_size, cfg.window_attn_skip_freq, n) for n in (1, 2, 3, 4)] == [
+        True, False, True, False]
 
 
 def test_flags_round_trip_through_the_trainer_parser(tmp_path):
@@ -190,3 +229,117 @@ def test_cp_chunks_cover_the_sequence_once_in_megatron_order(monkeypatch):
         batch = get_batch_on_this_cp_rank({"position_ids": torch.arange(seq).unsqueeze(0)}, is_hybrid_cp=False,
                                           cp_group=FakeGroup(rank))
         assert batch["position_ids"][0].tolist() == cp_chunk_positions(rank, cp, seq // cp).tolist()
+
+
+# ---- the CPU references of flash-linear-attention's kernels (cpu_compat) against a step-by-step recurrence ----
+
+def _naive_gated_delta_rule(q, k, v, g, beta):
+    """FLA's naive recurrence, one token at a time: S = exp(g) S; u = beta (v - S^T k); S += k u^T; o = S^T q s."""
+    batch, seq, heads, key_dim = q.shape
+    state = torch.zeros(batch, heads, key_dim, v.shape[-1], dtype=q.dtype)
+    out = torch.zeros(batch, seq, heads, v.shape[-1], dtype=q.dtype)
+    for t in range(seq):
+        state = state * g[:, t].exp()[..., None, None]
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], state))
+        state = state + torch.einsum("bhk,bhv->bhkv", k[:, t], u)
+        out[:, t] = key_dim ** -0.5 * torch.einsum("bhk,bhkv->bhv", q[:, t], state)
+    return out, state
+
+
+def _delta_rule_inputs(seq=150):
+    gen = torch.Generator().manual_seed(3)
+    shape = (2, seq, 3)
+    q = torch.randn(*shape, 8, generator=gen, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(*shape, 8, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(*shape, 6, generator=gen, dtype=torch.float64)
+    g = -0.5 * torch.rand(*shape, generator=gen, dtype=torch.float64)  # log decay
+    beta = torch.rand(*shape, generator=gen, dtype=torch.float64)
+    return [q, k, v, g, beta]
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_reference_gated_delta_rule_equals_the_recurrence_forward_and_backward(chunk_size):
+    inputs = _delta_rule_inputs()  # 150 tokens: whole chunks plus a padded tail
+    expected, state = _naive_gated_delta_rule(*inputs)
+    out, final = cpu_compat.reference_chunk_gated_delta_rule(*inputs, output_final_state=True,
+                                                             chunk_size=chunk_size)
+    assert torch.allclose(out, expected, rtol=0, atol=1e-10) and torch.allclose(final, state, rtol=0, atol=1e-10)
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        o = fn(*leaves)
+        (o * torch.cos(o)).sum().backward()
+        return [t.grad for t in leaves]
+
+    naive = grads(lambda *t: _naive_gated_delta_rule(*t)[0])
+    # the path Megatron takes (no state in or out): the recomputing autograd function
+    chunked = grads(lambda *t: cpu_compat.reference_chunk_gated_delta_rule(*t, chunk_size=chunk_size)[0])
+    for name, a, b in zip("q k v g beta".split(), naive, chunked):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10), name
+
+
+def test_reference_gated_delta_rule_keeps_only_its_inputs_for_backward():
+    inputs = [t.float().requires_grad_() for t in _delta_rule_inputs(seq=128)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        cpu_compat.reference_chunk_gated_delta_rule(*inputs)
+    assert sum(t.numel() for t in saved) == sum(t.numel() for t in inputs)  # q, k, v, g, beta as FLA keeps them
+    with pytest.raises(NotImplementedError, match="packed"):
+        cpu_compat.reference_chunk_gated_delta_rule(*inputs, cu_seqlens=torch.tensor([0, 64, 128]))
+
+
+def test_reference_causal_conv1d_and_l2norm_equal_their_definitions():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 20, 6, generator=gen, dtype=torch.float64)
+    weight, bias = torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    y, final = cpu_compat.reference_causal_conv1d(x, weight, bias, activation="silu")
+    expected = torch.zeros_like(y)
+    for t in range(20):  # output t sees inputs t-3..t (weight[:, -1] on the newest)
+        acc = bias + sum(x[:, t - 3 + j] * weight[:, j] for j in range(4) if t - 3 + j >= 0)
+        expected[:, t] = torch.nn.functional.silu(acc)
+    assert final is None and torch.allclose(y, expected, rtol=0, atol=1e-12)
+    norm = cpu_compat.reference_l2norm(x)
+    assert torch.allclose(norm, x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6), rtol=0, atol=1e-12)
+
+
+def test_cpu_attention_windows_and_sinks_equal_megatrons_local_softmax(monkeypatch):
+    """The CPU stand-in for TE's sliding-window + sink attention against Megatron-Core's own local pieces:
+    its window mask (get_sliding_window_causal_mask) and its sink softmax (SoftmaxOne), and a per-query loop."""
+    from megatron.core import parallel_state
+    from megatron.core.fusions.fused_softmax import SoftmaxOne
+    from megatron.core.transformer import utils as mcore_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from trainers.cp_attention import ContextParallelDotProductAttention
+
+    for name, value in (("get_tensor_model_parallel_world_size", 1), ("get_tensor_model_parallel_rank", 0),
+                        ("get_context_parallel_world_size", 1), ("get_context_parallel_rank", 0),
+                        ("get_context_parallel_group", None)):
+        monkeypatch.setattr(parallel_state, name, lambda value=value: value)
+    kw = config.transformer_config_kwargs(load_model("tiny-gpt-oss"), L(gbs=1, precision="fp32"), on_cpu=True)
+    cfg = TransformerConfig(**kw)
+    window, full = (ContextParallelDotProductAttention(cfg, layer_number=n, attn_mask_type=None,
+                                                       attention_type="self") for n in (1, 2))
+    assert window.window_size == (31, 0) and full.window_size is None
+    gen = torch.Generator().manual_seed(11)
+    seq, heads, groups, dim = 80, 4, 2, 16
+    q = torch.randn(seq, 1, heads, dim, generator=gen)
+    k, v = (torch.randn(seq, 1, groups, dim, generator=gen) for _ in range(2))
+    with torch.no_grad():
+        window.softmax_offset.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+        out = window(q, k, v)
+    # Megatron's local attention: scores, its sliding-window causal mask, SoftmaxOne with the sinks
+    kr, vr = (t.repeat_interleave(heads // groups, dim=2) for t in (k, v))
+    scores = torch.einsum("qbhd,kbhd->bhqk", q, kr) / dim ** 0.5
+    cpu_ones = torch.ones  # Megatron builds the mask on device="cuda"
+    monkeypatch.setattr(torch, "ones", lambda *size, device=None, **kwargs: cpu_ones(*size, **kwargs))
+    hidden = mcore_utils.get_sliding_window_causal_mask(seq, seq, cfg.window_size)
+    probs = SoftmaxOne(-1, window.softmax_offset.detach())(scores.masked_fill(hidden, -10000.0))
+    expected = torch.einsum("bhqk,kbhd->qbhd", probs, vr).reshape(seq, 1, -1)
+    assert torch.allclose(out, expected, atol=1e-6)
+    # and a per-query loop: keys i-31..i, one extra exp(sink) in the denominator
+    i, h = 70, 2
+    logits = scores[0, h, i, i - 31:i + 1]
+    weights = logits.exp() / (logits.exp().sum() + torch.exp(torch.tensor(2.0)))
+    assert torch.allclose(out[i, 0, h * dim:(h + 1) * dim], weights @ vr[i - 31:i + 1, 0, h], atol=1e-6)
+    assert not torch.allclose(full(q, k, v)[i], out[i])  # the full layer sees the whole prefix

@@ -1,13 +1,14 @@
 """The real Megatron-Core trainer on CPU: multi-process gloo runs of tiny MoE models.
 
-Every layout family runs once; CP2, TP2 and DP2 must reproduce the single-rank loss on the same data
+Every layout family runs once (tiny-qwen3-next and tiny-gpt-oss too); CP2, TP2 and DP2 must reproduce the
+single-rank loss on the same data
 (same initialisation, same global batch); recompute must lower the saved activations without changing the
 loss; an injected OOM must come back as status oom with every rank gone.
 """
 
 import pytest
 
-from tests.trainer_helpers import LAYOUTS, RECOMPUTE_CHOICES, assert_ok, run_trainer, shared_run
+from tests.trainer_helpers import FAMILY_MODELS, LAYOUTS, RECOMPUTE_CHOICES, assert_ok, run_trainer, shared_run
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,36 @@ def test_parallel_layouts_run_and_report_what_megatron_applied(tmp_path_factory,
     assert set(result.memory_gib) >= {"weights", "gradients", "optimizer_states", "activations_per_microbatch"}
     assert all(v > 0 for v in result.memory_gib.values())
     assert result.versions["megatron-core"].startswith("0.19.2")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", FAMILY_MODELS)
+def test_new_layer_kinds_reproduce_the_single_rank_loss_under_cp2_and_tp2(tmp_path_factory, family):
+    """Qwen3-Next's gated delta-net layers (Megatron's GatedDeltaNet: heads all-to-all'd over CP, split over
+    TP) and gpt-oss's windows and sinks (the CPU stand-in for TE's attention) are exact under CP and TP."""
+    single, proc = shared_run(tmp_path_factory, f"{family}_single")
+    assert_ok(single, proc)
+    assert single.loss[-1] < single.loss[0]
+    for name, sizes in (("cp2", (1, 2)), ("tp2", (2, 1))):
+        result, proc = shared_run(tmp_path_factory, f"{family}_{name}")
+        assert_ok(result, proc)
+        assert result.loss == pytest.approx(single.loss, rel=1e-4), name  # well within 1e-3
+        assert (result.applied["tp"], result.applied["cp"]) == sizes
+    if family == "qwen3_next":
+        assert single.applied["attention"] == ["GatedDeltaNet", "SelfAttention"]
+    else:
+        assert single.applied["core_attention"] == ["ContextParallelDotProductAttention"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", FAMILY_MODELS)
+def test_new_families_train_on_four_ranks_with_ep2_and_pp2_at_512_tokens(tmp_path_factory, family):
+    result, proc = shared_run(tmp_path_factory, f"{family}_ep2_pp2_seq512")
+    assert_ok(result, proc)
+    assert result.seq_len == 512 and len(result.loss) == 3
+    assert all(later < earlier for earlier, later in zip(result.loss, result.loss[1:])), result.loss
+    for key, value in dict(ep=2, pp=2, dp=2, edp=1, layers_per_rank=[2, 2, 2, 2]).items():
+        assert result.applied[key] == value, key
 
 
 @pytest.mark.timeout(900)

@@ -67,6 +67,19 @@ LAYOUTS = {
     "ep2_pp2_recompute": (4, ["--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4", "--recompute", "moe_act,layernorm"],
                           "tiny-moe"),
 }
+# The families with other layer kinds: tiny-qwen3-next (gated delta-net layers between gated full-attention
+# layers, a gated shared expert) and tiny-gpt-oss (sliding-window layers, attention sinks, linear biases).
+# 128 tokens: two delta-net chunks and four 32-token windows, so CP chunks cross both.
+FAMILY_DATA = ["--seq-len", "128", "--mbs", "2", "--gbs", "4"]
+FAMILY_MODELS = {"qwen3_next": "tiny-qwen3-next", "gpt_oss": "tiny-gpt-oss"}
+for _family, _model in FAMILY_MODELS.items():
+    LAYOUTS.update({
+        f"{_family}_single": (1, FAMILY_DATA, _model),
+        f"{_family}_cp2": (2, [*FAMILY_DATA, "--cp", "2"], _model),
+        f"{_family}_tp2": (2, [*FAMILY_DATA, "--tp", "2"], _model),
+        f"{_family}_ep2_pp2_seq512": (4, ["--seq-len", "512", "--ep", "2", "--pp", "2", "--mbs", "1", "--gbs", "4"],
+                                      _model),
+    })
 # tiny-mla-moe has every kind of module (MLA, a dense first layer, shared and routed experts): one single-rank
 # run per recompute choice.
 RECOMPUTE_CHOICES = ("none", "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "full")

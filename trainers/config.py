@@ -35,10 +35,9 @@ def refusal(model, gpu, layout: Layout, world: int, seq_len: int) -> str | None:
 
 def capability_gaps(model, layout: Layout) -> list[str]:
     """What this trainer cannot build although the legality rules allow it (the GPU-only features on CPU
-    are rules of their own: search_spaces.rules `gpu_only_feature`)."""
+    are rules of their own: search_spaces.rules `gpu_only_feature`). Full, sliding-window and gated
+    delta-net layers are all built (what Megatron-Core refuses for them are rules too)."""
     gaps = []
-    if set(model.attention_pattern) != {"F"}:
-        gaps.append(f"attention pattern {model.attention_pattern!r}: this trainer builds full-attention layers only")
     if model.mtp_layers:
         gaps.append(f"{model.mtp_layers} MTP layer(s): this trainer does not build multi-token prediction")
     if "full_iteration" in layout.cuda_graphs:
@@ -92,9 +91,11 @@ def _model_architecture_kwargs(model) -> dict[str, Any]:
         if model.num_shared_experts and model.shared_expert_ffn_hidden_size:
             # ModelSpec gives the total width of the shared experts, as Megatron wants it.
             kwargs["moe_shared_expert_intermediate_size"] = model.shared_expert_ffn_hidden_size
+            kwargs["moe_shared_expert_gate"] = bool(model.shared_expert_gate)
         first_dense = int(getattr(model, "first_k_dense", 0) or 0)
         if first_dense:
             kwargs["moe_layer_freq"] = [0] * first_dense + [1] * (model.num_layers - first_dense)
+    kwargs.update(_attention_variant_kwargs(model))
     if model.is_mla:
         kwargs.update(
             multi_latent_attention=True,
@@ -105,6 +106,39 @@ def _model_architecture_kwargs(model) -> dict[str, Any]:
             v_head_dim=model.v_head_dim,
             rope_type="rope",
         )
+    return kwargs
+
+
+def _attention_variant_kwargs(model) -> dict[str, Any]:
+    """Megatron-Core's names for the layer kinds besides full attention, per layer as lists (layer patterns
+    survive a --num-layers proxy): gated delta-net layers (Qwen3-Next) through the experimental attention
+    variant, sliding windows and attention sinks (gpt-oss), gated attention output, linear biases and
+    gpt-oss's clamped, offset quick-GELU GLU. Megatron-Bridge's Qwen3-Next and gpt-oss bridges set the same.
+    Not set: Qwen3-Next's zero-centered norm weights (a re-parametrisation: the same function and, without
+    weight decay, the same Adam updates; the CPU torch norm refuses it) and gpt-oss's YaRN RoPE scaling."""
+    hf = getattr(model, "hf_config", None) or {}
+    kinds = model.attention_kinds()
+    kwargs: dict[str, Any] = {}
+    if "linear" in kinds:
+        kwargs.update(experimental_attention_variant="gated_delta_net",
+                      linear_attention_freq=[int(k == "linear") for k in kinds],
+                      linear_conv_kernel_dim=model.linear_conv_kernel_dim or 4,
+                      linear_key_head_dim=model.linear_key_head_dim, linear_value_head_dim=model.linear_value_head_dim,
+                      linear_num_key_heads=model.linear_num_key_heads,
+                      linear_num_value_heads=model.linear_num_value_heads)
+    if "sliding" in kinds:
+        # HF's window counts the query itself; Megatron's/TE's (left, right) does not (Bridge: window - 1)
+        kwargs.update(window_size=(model.sliding_window - 1, 0),
+                      window_attn_skip_freq=[int(k == "sliding") for k in kinds])
+    if model.attention_sinks:
+        kwargs["softmax_type"] = "learnable"
+    if model.attention_output_gate:
+        kwargs["attention_output_gate"] = True
+    if model.linear_bias:
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kwargs.update(add_bias_linear=True, activation_func=quick_gelu, glu_linear_offset=1.0,
+                      activation_func_clamp_value=float(hf.get("swiglu_limit", 7.0)))
     return kwargs
 
 
@@ -193,6 +227,8 @@ def transformer_config_kwargs(model, layout: Layout, on_cpu: bool, have_te: bool
     if layout.cuda_graphs and have_te:
         kwargs["use_te_rng_tracker"] = True  # TE's RNG tracker is capturable
     kwargs.update(_kernel_kwargs(on_cpu, have_te))
+    if kwargs.get("add_bias_linear"):
+        kwargs["bias_dropout_fusion"] = False  # TEGroupedMLP refuses it with biases (so does Bridge's gpt-oss)
     return kwargs
 
 
@@ -209,6 +245,7 @@ def model_kwargs(model, seq_len: int, tp: int = 1) -> dict[str, Any]:
         vocab_size=padded_vocab_size(model.vocab_size, tp),
         max_sequence_length=seq_len,
         position_embedding_type="rope",
+        rotary_percent=float(hf.get("partial_rotary_factor", 1.0)),  # Qwen3-Next rotates a quarter of each head
         rotary_base=int(hf.get("rope_theta", 10000)),
         share_embeddings_and_output_weights=bool(getattr(model, "tie_embeddings", False)),
     )

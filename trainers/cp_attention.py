@@ -9,6 +9,12 @@ follows Megatron's CP semantics so CP layouts can be measured on CPU:
 - the causal mask is built from global token positions, so the result equals the CP=1 attention.
 It also serves MLA on CPU at any CP: Megatron-Core 0.19.2's MLA passes k_channels/v_channels (query/key and
 value head widths differ), which the local DotProductAttention does not accept.
+
+And it stands in for Transformer Engine's sliding-window and attention-sink attention (gpt-oss) at any CP:
+a query at global position i sees keys in [i - window_size[0], i + window_size[1]] on the layers
+`is_layer_window_attention` picks, and `softmax_type` adds a per-head sink logit to the softmax denominator
+(learnable: the `softmax_offset` parameter TE and Megatron keep per TP rank). The learnable sinks are drawn
+full-size and sliced per TP rank, like every CPU-initialised TP weight, so TP does not change the model.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.utils import is_layer_window_attention
 
 
 def cp_chunk_positions(cp_rank: int, cp_size: int, local_len: int) -> torch.Tensor:
@@ -42,6 +49,11 @@ class ContextParallelDotProductAttention(MegatronModule):
         self.cp_group = parallel_state.get_context_parallel_group()
         self.cp_size = parallel_state.get_context_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
+        windowed = is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number)
+        self.window_size = tuple(config.window_size) if windowed else None
+        if self.window_size is not None and self.window_size[1] not in (0, -1):
+            raise NotImplementedError(f"causal attention with a look-ahead window {self.window_size}")
+        self.softmax_offset = _softmax_offset(config, tp, parallel_state.get_tensor_model_parallel_rank())
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
@@ -61,8 +73,39 @@ class ContextParallelDotProductAttention(MegatronModule):
         # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
-        future = key_pos[None, :] > query_pos[:, None]
-        scores = scores.masked_fill(future, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        scores = scores.masked_fill(self._hidden(query_pos, key_pos), float("-inf"))
+        probs = sink_softmax(scores.float(), self.softmax_offset).to(q.dtype)
         context = torch.matmul(probs, v)
         return context.permute(2, 0, 1, 3).reshape(local_len, batch, -1)
+
+    def _hidden(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """[queries, keys] True where a query may not look: the future, and outside its sliding window."""
+        distance = query_pos[:, None] - key_pos[None, :]
+        hidden = distance < 0
+        if self.window_size is not None and self.window_size[0] >= 0:
+            hidden = hidden | (distance > self.window_size[0])
+        return hidden
+
+
+def sink_softmax(scores: torch.Tensor, sink) -> torch.Tensor:
+    """Softmax over the last dimension of [b, heads, q, k] scores with an extra per-head logit `sink` in the
+    denominator (no sink: the plain softmax). A fully masked row gives zeros plus the sink's share."""
+    if sink is None:
+        return torch.softmax(scores, dim=-1)
+    column = sink.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+
+def _softmax_offset(config, tp: int, tp_rank: int):
+    """The per-head sink logits of this TP rank: a parameter (learnable), zeros (off-by-one) or None."""
+    heads = config.num_attention_heads
+    if config.softmax_type == "vanilla":
+        return None
+    if config.softmax_type == "off-by-one":
+        return torch.zeros(heads // tp)
+    full = torch.empty(heads, dtype=torch.float32)
+    if config.perform_initialization:
+        config.init_method(full)
+    offset = torch.nn.Parameter(full.chunk(tp)[tp_rank].clone().to(config.params_dtype))
+    offset.tensor_model_parallel, offset.partition_dim, offset.partition_stride = tp > 1, 0, 1
+    return offset

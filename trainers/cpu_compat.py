@@ -12,6 +12,8 @@ import contextlib
 import functools
 import importlib
 
+import torch
+
 PINNED_MEGATRON_CORE = "0.19.2"
 
 # (module, attribute) pairs patched below: if an upgrade renames one, apply() says which.
@@ -22,6 +24,17 @@ PATCHED_SYMBOLS = (
     ("megatron.core.transformer.moe.moe_utils", "maybe_move_tensor_to_cpu"),
     ("megatron.core.transformer.moe.token_dispatcher", "maybe_move_tensor_to_cpu"),
     ("megatron.core.transformer.torch_norm", "WrappedTorchNorm"),
+    # gated delta-net (Qwen3-Next): the flash-linear-attention kernels Megatron-Core imports, its jit-compiled
+    # helpers, and the TE-only spec helpers of its experimental attention variant
+    ("megatron.core.ssm.gated_delta_net.common", "HAVE_FLA"),
+    ("megatron.core.ssm.gated_delta_net.common", "causal_conv1d"),
+    ("megatron.core.ssm.gated_delta_net.common", "l2norm"),
+    ("megatron.core.ssm.gated_delta_net.common", "chunk_gated_delta_rule"),
+    ("megatron.core.ssm.gated_delta_net.common", "_GDNBase"),
+    ("megatron.core.ssm.gated_delta_net.gdn", "causal_conv1d"),
+    ("megatron.core.ssm.gated_delta_net.gdn", "chunk_gated_delta_rule"),
+    ("megatron.core.models.gpt.experimental_attention_variant_module_specs", "_get_backend_spec_provider"),
+    ("megatron.core.models.gpt.experimental_attention_variant_module_specs", "_get_self_attention_module_spec"),
 )
 
 _applied = False
@@ -68,6 +81,7 @@ def apply() -> None:
     _redirect_cuda_tensors_to_cpu()
     _patch_megatron_internals()
     _patch_gloo_uneven_collectives()
+    _patch_gated_delta_net()
     _applied = True
 
 
@@ -224,6 +238,8 @@ def _patch_megatron_internals() -> None:
 
     def new_norm(cls, config, hidden_size, eps=1e-5, persist_layer_norm=False, zero_centered_gamma=False,
                  normalization="LayerNorm"):
+        if config.layernorm_zero_centered_gamma:  # refused like the original torch norm does
+            raise NotImplementedError("zero-centered gamma is not supported by the CPU torch norm")
         norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
         for param in norm.parameters():
             param.sequence_parallel = config.sequence_parallel
@@ -265,3 +281,140 @@ def _patch_gloo_uneven_collectives() -> None:
 
     dist.all_gather = uneven_all_gather
     dist.reduce_scatter = uneven_reduce_scatter
+
+
+# --- gated delta-net: flash-linear-attention's kernels in plain PyTorch --------------------------------
+# Megatron-Core's GatedDeltaNet calls exactly three FLA (Triton) functions. The references below follow
+# FLA's signatures and semantics (shapes [batch, seq, heads, dim], g = log decay, scale = key_dim^-0.5);
+# tests/test_trainer_config.py checks them against a step-by-step recurrence.
+
+def reference_l2norm(x, eps: float = 1e-6, output_dtype=None):
+    """fla.modules.l2norm.l2norm: x / sqrt(sum(x^2) + eps) over the last dimension, computed in fp32."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    y = work * torch.rsqrt(work.pow(2).sum(-1, keepdim=True) + eps)
+    return y.to(output_dtype or x.dtype)
+
+
+def reference_causal_conv1d(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
+                            activation=None, cu_seqlens=None, **unused):
+    """fla.modules.convolution.causal_conv1d: depthwise causal convolution of x [b, s, d] with weight [d, w]
+    (output t sees inputs t-w+1..t), then the activation; returns (y, final_state)."""
+    import torch.nn.functional as F
+
+    if residual is not None or initial_state is not None or output_final_state or cu_seqlens is not None:
+        raise NotImplementedError("CPU causal_conv1d: no residual, initial/final state or packed sequences")
+    seq, width = x.shape[1], weight.shape[-1]
+    y = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=width - 1, groups=weight.shape[0])
+    y = y[..., :seq].transpose(1, 2)
+    if activation in ("silu", "swish"):
+        y = F.silu(y)
+    elif activation is not None:
+        raise NotImplementedError(f"CPU causal_conv1d: activation {activation!r}")
+    return y, None
+
+
+def reference_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size: int = 64,
+                                     **unused):
+    """fla.ops.gated_delta_rule.chunk_gated_delta_rule: q, k [b, s, h, dk], v [b, s, h, dv], g and beta
+    [b, s, h]; returns (o [b, s, h, dv], final state [b, h, dk, dv] or None).
+
+    Per head the state S [dk, dv] follows S_t = exp(g_t) S_{t-1} + k_t u_t^T with
+    u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t), and o_t = scale * S_t^T q_t (scale = dk^-0.5). Like FLA's
+    kernel, the backward recomputes the chunks from the saved inputs rather than keeping the intermediates."""
+    if cu_seqlens is not None:
+        raise NotImplementedError("CPU chunk_gated_delta_rule: packed sequences (cu_seqlens) are not supported")
+    if use_qk_l2norm_in_kernel:
+        q, k = reference_l2norm(q), reference_l2norm(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if initial_state is None and not output_final_state:  # how Megatron-Core's GatedDeltaNet calls it
+        return _RecomputedGatedDeltaRule.apply(q, k, v, g, beta, scale, chunk_size), None
+    out, state = gated_delta_rule_chunks(q, k, v, g, beta, scale, initial_state, chunk_size)
+    return out, (state if output_final_state else None)
+
+
+def gated_delta_rule_chunks(q, k, v, g, beta, scale, initial_state=None, chunk_size: int = 64):
+    """The gated delta rule over whole chunks of `chunk_size` tokens, in fp32 like FLA (fp64 stays fp64).
+    Inside a chunk the u's solve one unit lower-triangular system (the WY form): matrix products, no token
+    loop. Returns (o [b, s, h, dv], final state)."""
+    dtype = v.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    # [b, s, h, d] -> [b, h, s, d], the sequence padded to whole chunks (g = beta = k = 0: no change)
+    q, k, v, g, beta = (t.transpose(1, 2).to(work) for t in (q, k, v, g, beta))
+    seq = q.shape[2]
+    pad = -seq % chunk_size
+    if pad:
+        q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = (torch.nn.functional.pad(t, (0, pad)) for t in (g, beta))
+    batch, heads, _, key_dim = k.shape
+    state = (torch.zeros(batch, heads, key_dim, v.shape[-1], dtype=work) if initial_state is None
+             else initial_state.to(work))
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool).tril()
+    outputs = []
+    for start in range(0, seq + pad, chunk_size):
+        part = slice(start, start + chunk_size)
+        out, state = _gated_delta_chunk(q[:, :, part] * scale, k[:, :, part], v[:, :, part], g[:, :, part],
+                                        beta[:, :, part], state, causal)
+        outputs.append(out)
+    return torch.cat(outputs, dim=2)[:, :, :seq].transpose(1, 2).to(dtype), state
+
+
+class _RecomputedGatedDeltaRule(torch.autograd.Function):
+    """Saves q, k, v, g, beta only; the backward reruns the chunks with autograd and differentiates them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, chunk_size):
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+        return gated_delta_rule_chunks(q, k, v, g, beta, scale, None, chunk_size)[0]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = gated_delta_rule_chunks(*inputs, ctx.scale, None, ctx.chunk_size)[0]
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
+        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
+
+
+def _gated_delta_chunk(q, k, v, g, beta, state, causal):
+    """One chunk: outputs and the state after it (see gated_delta_rule_chunks)."""
+    cum = g.cumsum(-1)  # log decay from the chunk start to each token
+    # exp(cum_i - cum_j) for j <= i, 0 above the diagonal (masked before exp: no overflow)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    start_decay = cum.exp()[..., None]
+    strict = decay * (k @ k.transpose(-1, -2)) * beta[..., None]
+    system = strict.tril(-1) + torch.eye(causal.shape[0], dtype=strict.dtype)
+    rhs = beta[..., None] * (v - start_decay * (k @ state))
+    u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    out = start_decay * (q @ state) + (decay * (q @ k.transpose(-1, -2))) @ u
+    end_decay = (cum[..., -1:] - cum).exp()[..., None]
+    state = cum[..., -1, None, None].exp() * state + (k * end_decay).transpose(-1, -2) @ u
+    return out, state
+
+
+def _patch_gated_delta_net() -> None:
+    """Gated delta-net on CPU: the FLA references above in place of the Triton kernels; Megatron's jit_fuser
+    (torch.compile) run eagerly; its TE-only experimental-attention spec built from CPU modules; TP-invariant
+    initialisation of the parameters GatedDeltaNet draws per TP shard."""
+    import megatron.core.models.gpt.experimental_attention_variant_module_specs as variant_specs
+    import megatron.core.ssm.gated_delta_net as gdn_package
+    import megatron.core.ssm.gated_delta_net.common as gdn_common
+    import megatron.core.ssm.gated_delta_net.gdn as gdn_module
+
+    from trainers import cpu_linear_attention
+
+    kernels = {"causal_conv1d": reference_causal_conv1d, "l2norm": reference_l2norm,
+               "chunk_gated_delta_rule": reference_chunk_gated_delta_rule}
+    for module in (gdn_common, gdn_module, gdn_package):
+        for name, kernel in kernels.items():
+            if hasattr(module, name):
+                setattr(module, name, kernel)
+    gdn_common.HAVE_FLA = True
+    # Megatron's jit_fuser is torch.compile: on CPU every new shape would compile C++ with inductor (minutes on
+    # a few cores, again whenever the tokens per expert change); eager runs the same functions.
+    torch._dynamo.config.disable = True
+    variant_specs._get_backend_spec_provider = lambda config: cpu_linear_attention.CPUSpecProvider()
+    variant_specs._get_self_attention_module_spec = cpu_linear_attention.local_self_attention_spec
+    cpu_linear_attention.make_gdn_init_tp_invariant(gdn_common._GDNBase)

@@ -21,9 +21,9 @@ class CPUGroupedLinear(torch.nn.Module):
     def __init__(self, num_local_experts, input_size, output_size, /, *, config, init_method, bias, skip_bias_add,
                  is_expert, tp_comm_buffer_name, pg_collection, name=None, parallel_mode="column"):
         super().__init__()
-        if bias:
-            raise NotImplementedError("CPU grouped expert linears have no bias (add_bias_linear=False)")
         etp = parallel_state.get_expert_tensor_parallel_world_size()
+        if bias and etp > 1:
+            raise NotImplementedError("expert biases need ETP = 1 (as Megatron-Core's MoE)")
         if parallel_mode == "column":
             shape, partition_dim = (output_size // etp, input_size), 0
         else:
@@ -39,10 +39,23 @@ class CPUGroupedLinear(torch.nn.Module):
             weight.partition_dim = partition_dim
             weight.partition_stride = 1
             self.register_parameter(f"weight{index}", weight)
+        # TE's GroupedLinear: one zero-initialised bias per expert; with skip_bias_add (fc2) the biases are
+        # returned for Megatron to add scaled by the routing probabilities.
+        self.return_bias = bias and skip_bias_add
+        for index in range(num_local_experts if bias else 0):
+            bias_param = torch.nn.Parameter(torch.zeros(shape[0], dtype=config.params_dtype))
+            bias_param.allreduce = False
+            self.register_parameter(f"bias{index}", bias_param)
+        self.use_bias = bias
 
     def forward(self, x, tokens_per_expert):
         counts = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
-        outputs = [F.linear(rows, getattr(self, f"weight{i}")) for i, rows in enumerate(torch.split(x, counts))]
+        biases = [getattr(self, f"bias{i}") if self.use_bias and not self.return_bias else None
+                  for i in range(self.num_local_experts)]
+        outputs = [F.linear(rows, getattr(self, f"weight{i}"), biases[i])
+                   for i, rows in enumerate(torch.split(x, counts))]
+        if self.return_bias:
+            return torch.cat(outputs, dim=0), [getattr(self, f"bias{i}") for i in range(self.num_local_experts)]
         return torch.cat(outputs, dim=0), None
 
     def backward_dw(self):

@@ -65,12 +65,10 @@ def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bo
     """One GPTModel per virtual pipeline stage on this rank, with its layers placed by Megatron."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     chunks = []
     for vp_stage in range(layout.vpp) if layout.vpp > 1 else [None]:
-        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=have_te and not on_cpu,
-                                          normalization=config.normalization, vp_stage=vp_stage)
+        spec = _block_spec(config, on_cpu, have_te, vp_stage)
         if on_cpu:
             _use_cpu_modules(spec, config, layout)
         chunk = GPTModel(
@@ -86,20 +84,41 @@ def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bo
     return chunks
 
 
+def _block_spec(config, on_cpu: bool, have_te: bool, vp_stage):
+    """Megatron's decoder block spec for this pipeline stage: the GPT spec, or for gated delta-net layers
+    (Qwen3-Next) the experimental attention variant's, which Megatron builds from TE modules only (on CPU
+    from the stand-ins cpu_compat points it at)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    if config.experimental_attention_variant is None:
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=have_te and not on_cpu,
+                                          normalization=config.normalization, vp_stage=vp_stage)
+    if not on_cpu and not have_te:
+        raise RuntimeError("gated delta-net layers need Transformer Engine on GPU (Megatron-Core 0.19.2 builds "
+                           "its experimental attention variant from TE modules only)")
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_transformer_block_with_experimental_attention_variant_spec)
+
+    return get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
+
+
 def _use_cpu_modules(spec, config, layout) -> None:
     """CPU stand-ins inside Megatron's layer specs: grouped experts (so moe_act recompute applies, as with TE)
-    and, for CP or MLA, the CPU core attention."""
+    and, for CP, MLA, sliding windows or attention sinks, the CPU core attention (TE's role on GPU)."""
     from trainers.cp_attention import ContextParallelDotProductAttention
     from trainers.cpu_experts import grouped_experts_builder
 
+    cpu_attention = (layout.cp > 1 or config.multi_latent_attention or config.window_size is not None
+                     or config.softmax_type != "vanilla")
     for layer_spec in spec.layer_specs:
         mlp = layer_spec.submodules.mlp
         # The MoE spec is a ModuleSpec or a functools.partial(MoELayer, submodules=MoESubmodules(...)).
         moe_submodules = getattr(mlp, "submodules", None) or getattr(mlp, "keywords", {}).get("submodules")
         if hasattr(moe_submodules, "experts"):
             moe_submodules.experts = grouped_experts_builder()
-        if layout.cp > 1 or config.multi_latent_attention:
-            layer_spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
+        attention = layer_spec.submodules.self_attention.submodules
+        if cpu_attention and hasattr(attention, "core_attention"):  # gated delta-net layers have none
+            attention.core_attention = ContextParallelDotProductAttention
 
 
 def _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu: bool):
@@ -289,6 +308,7 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "layers": sum(len(c.decoder.layers) for c in built.chunks),
         "dispatchers": sorted({type(m.token_dispatcher).__name__ for m in modules if hasattr(m, "token_dispatcher")}),
         "core_attention": sorted({type(m.core_attention).__name__ for m in modules if hasattr(m, "core_attention")}),
+        "attention": sorted({type(m.self_attention).__name__ for m in modules if hasattr(m, "self_attention")}),
         "experts": sorted({type(m.experts).__name__ for m in modules if getattr(m, "experts", None) is not None}),
         "graphs_captured": _graphs_captured(),
     }
@@ -348,6 +368,7 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
         "sequence_parallel": bool(config.sequence_parallel),
         "dispatcher": sorted({d for g in gathered for d in g["dispatchers"]}),
         "core_attention": sorted({a for g in gathered for a in g["core_attention"]}),
+        "attention": sorted({a for g in gathered for a in g["attention"]}),  # e.g. GatedDeltaNet, SelfAttention
         "experts": sorted({e for g in gathered for e in g["experts"]}),
         "cp_comm_type": ("allgather (CPU attention)" if on_cpu else config.cp_comm_type) if layout.cp > 1 else None,
         "recompute": {"granularity": config.recompute_granularity or "none",
