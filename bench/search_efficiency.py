@@ -14,7 +14,9 @@ after BUDGET trials (then it counts as "> BUDGET"). Strategies:
 
   calibrated      the sweep's default sampler (orchestrator/sweep/samplers.py CalibratedSampler): rank by the
                   cost model, correct throughput and memory online from measurements (Thompson sampling over
-                  per-value effects); tries near misses of the memory model
+                  per-value effects); tries near misses of the memory model. Like every sweep here it runs
+                  the rules of thumb (the table layouts nearest to them) first; the row "no rules of thumb"
+                  is the search alone (what this benchmark measured before the sweep used it as a sampler)
   tpe             the sweep's `--search tpe`: Optuna's multivariate TPE over the dimensions, the rules of
                   thumb first, cost-model screening (free), repeats told as failures
   random          the sweep's `--search random`: legal layouts predicted to fit, in a seeded random order
@@ -181,13 +183,13 @@ class SweepSampler:
     """One of the sweep's samplers (`--search NAME`), driven as the sweep drives it: ask a trial, turn its
     params into a layout, screen it with the cost model (free), tell the measurement."""
 
-    def __init__(self, land: Landscape, seed: int, search: str):
+    def __init__(self, land: Landscape, seed: int, search: str, rules_of_thumb: bool = True):
         self.prior = land.prior
         self.space = SweepSpace.from_prior(self.prior)
         self.sampler = make_sampler(search, self.space, self.prior, seed)
         self.screen = Screen(self.prior.memory_limit_gib, memory_margin(self.sampler))
         self.study = optuna.create_study(directions=DIRECTIONS, sampler=self.sampler)
-        for layout in self.prior.seeds():
+        for layout in self.prior.seeds() if rules_of_thumb else ():
             self.study.enqueue_trial(self.space.params(layout), user_attrs={"proposed_by": "rule-of-thumb"})
         self.pending: dict[str, Any] = {}
         self.proposals = 0
@@ -268,6 +270,8 @@ class PlainTPE:
 
 STRATEGIES: dict[str, Callable[[Landscape, int], Any]] = {
     "calibrated": lambda land, seed: SweepSampler(land, seed, "calibrated"),
+    # the search alone, without the rules of thumb the sweep runs first: what those first trials cost here
+    "calibrated, no rules of thumb": lambda land, seed: SweepSampler(land, seed, "calibrated", rules_of_thumb=False),
     "tpe": lambda land, seed: SweepSampler(land, seed, "tpe"),
     "random": lambda land, seed: SweepSampler(land, seed, "random"),
     "grid (NeMo AC)": lambda land, seed: SweepSampler(land, seed, "grid"),

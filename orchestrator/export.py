@@ -448,7 +448,8 @@ set -euo pipefail
 : "${{MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout (with pretrain_gpt.py)}}"
 DATA_ARGS=${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}}}
 TRAIN_ARGS=${{TRAIN_ARGS:---train-iters 100 --lr 1e-4 --log-interval 1}}
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# sed reads every line: `head -n 1` would close the pipe early and pipefail turn the SIGPIPE into a failure
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=${{MASTER_PORT:-29500}}
 export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}
 

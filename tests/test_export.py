@@ -58,6 +58,13 @@ FLAG_TO_FIELD = {
 def _quiet_import():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig  # noqa: F401  (returned by locals())
+        from megatron.core.distributed.distributed_data_parallel_config import DistributedDataParallelConfig  # noqa: F401
+        from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: F401
+        from megatron.core.optimizer.optimizer_config import OptimizerConfig  # noqa: F401
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: F401
+        from megatron.training.arguments import add_megatron_arguments  # noqa: F401
+        from megatron.training.config.training_config import TrainingConfig  # noqa: F401
     return locals()
 
 
