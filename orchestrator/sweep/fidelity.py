@@ -110,9 +110,20 @@ def full_scale(size: TrialSize, raw: TrialResult, gpu: GPUSpec, seq_len: int) ->
     return out
 
 
+def _first_stage_memory(raw: TrialResult) -> dict[str, float]:
+    """The measured components of the proxy's first pipeline stage (the stage composition scales: it holds the
+    most microbatches in flight), its heaviest rank; the trainer's heaviest rank when it does not say."""
+    per_rank = raw.extra.get("memory_gib_per_rank") or []
+    stages = raw.extra.get("pipeline_rank_per_rank") or []
+    first = [m for m, stage in zip(per_rank, stages) if stage == 0]
+    if not first:
+        return raw.memory_gib
+    return max(first, key=lambda m: m.get("activations_per_microbatch", 0.0) + m.get("weights", 0.0))
+
+
 def _measurement(raw: TrialResult) -> ProxyMeasurement:
     parts = raw.extra.get("step_parts_s") or {}
-    mem = raw.memory_gib
+    mem = _first_stage_memory(raw)
     step = raw.step_time_s or 0.0
     fwd_bwd = parts.get("forward_backward") if parts.get("forward_backward") is not None else step
     optimizer = parts.get("optimizer") if parts.get("optimizer") is not None else max(step - fwd_bwd, 0.0)
