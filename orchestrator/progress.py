@@ -6,7 +6,8 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 
@@ -16,8 +17,10 @@ class SweepProgress:
         self.console = console or Console(stderr=True)
         self.rows: list[dict[str, Any]] = []
         self.rejected = 0
+        # elapsed, then the ETA rich estimates from the trials done so far
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=self.console)
+                            TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TextColumn("eta"),
+                            TimeRemainingColumn(), console=self.console)
         self.task = self.bar.add_task(title, total=total, note="")
         # Live only redraws on a terminal; elsewhere (a pipe, a log file, CI) it writes its last frame without
         # a final newline, so the next line printed ran into the bottom border. There: print the view once.
@@ -41,8 +44,10 @@ class SweepProgress:
             self.rejected += 1
         else:
             self.rows.append(row)
+        best = max((r["tokens"] for r in self.rows if r["status"] == "ok" and r["tokens"]), default=None)
+        best_text = f" · best {best:,.1f} tok/s/GPU" if best is not None else ""
         self.bar.update(self.task, completed=completed,
-                        note=f"running {running} · rejected by model {self.rejected}")
+                        note=f"running {running} · rejected by model {self.rejected}{best_text}")
         if self.live:
             self.live.update(self._view())
 
@@ -51,12 +56,12 @@ class SweepProgress:
 
     def _table(self, top: int = 10) -> Table:
         table = Table(title="leaderboard (measured)", expand=False)
-        for col in ("#", "layout", "status", "tok/s/GPU", "pred tok/s", "peak GiB"):
-            table.add_column(col, justify="right" if col not in ("layout", "status") else "left")
+        for col in ("#", "layout", "fidelity", "status", "tok/s/GPU", "pred tok/s", "peak GiB"):
+            table.add_column(col, justify="right" if col not in ("layout", "fidelity", "status") else "left")
         ranked = sorted(self.rows, key=lambda r: (r["status"] != "ok", -(r["tokens"] or 0)))
         for r in ranked[:top]:
-            table.add_row(str(r["trial"]), r["layout"], r["status"], _fmt(r["tokens"]), _fmt(r["predicted"]),
-                          _fmt(r["memory"]))
+            table.add_row(str(r["trial"]), r["layout"], r.get("fidelity", "full"), r["status"], _fmt(r["tokens"]),
+                          _fmt(r["predicted"]), _fmt(r["memory"]))
         return table
 
 

@@ -32,6 +32,7 @@ from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
 
 from orchestrator import export
+from orchestrator.economics import to_train
 from orchestrator.winner import TrialView
 
 log = logging.getLogger("moe_autotune")
@@ -153,6 +154,10 @@ def promote(view: TrialView, ctx: dict[str, Any], study_name: str) -> Promotion:
     version_tags.pop("mlflow.parentRunId", None)
     if view.peak_memory_gib is not None:
         version_tags["moe_autotune.peak_memory_gib"] = f"{view.peak_memory_gib:.6g}"
+    version_tags["moe_autotune.fidelity"] = view.fidelity
+    # the time (and dollars) to train the spec's cost.train_tokens with this layout on the target cluster
+    for key, value in to_train(view.tokens_per_sec_per_gpu, int(ctx["num_gpus"]), ctx.get("cost") or {}).items():
+        version_tags[f"moe_autotune.{key}"] = f"{value:.6g}"
     if previous is not None:
         version_tags[PREVIOUS_TAG] = str(previous.version)
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",

@@ -27,7 +27,7 @@ from search_spaces.memory import COUNT_KEYS, PEAK_KEYS
 
 from orchestrator.winner import TrialView, views
 
-FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far")
+FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
                   "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b"}
 PNG_SIZE = (1000, 500)  # width, height in pixels
@@ -228,10 +228,15 @@ def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
     return fig
 
 
-def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> dict[str, go.Figure]:
+def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None,
+            family: list[dict[str, Any]] | None = None) -> dict[str, go.Figure]:
+    """One figure per question; the length family's only for a family (its rows: sweep.family.family_rows)."""
     figs = {"pareto": _pareto_figure(trials), "importance": _importance_figure(study),
             "predicted_vs_measured": _predicted_measured_figure(trials),
-            "winner_breakdown": _breakdown_figure(winner), "best_so_far": _best_so_far_figure(trials)}
+            "winner_breakdown": _breakdown_figure(winner), "best_so_far": _best_so_far_figure(trials),
+            "gpu_hours": _gpu_hours_figure(trials)}
+    if family:
+        figs["length_family"] = _family_figure(family)
     for fig in figs.values():
         fig.update_xaxes(hoverformat=_HOVER_FORMAT)
         fig.update_yaxes(hoverformat=_HOVER_FORMAT)
@@ -278,9 +283,9 @@ def _table(trials: list[TrialView], limit: int = 50) -> str:
     rows = sorted(trials, key=lambda v: (v.status != "ok", -(_num(v.tokens_per_sec_per_gpu) or 0)))[:limit]
     cells = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            v.number, v.status, v.layout.key() if v.layout else "", _cell(v.tokens_per_sec_per_gpu),
+            v.number, v.status, v.layout.key() if v.layout else "", v.fidelity, _cell(v.tokens_per_sec_per_gpu),
             _cell(v.peak_memory_gib), v.backend, v.reason or "")) + "</tr>" for v in rows)
-    head = "".join(f"<th>{h}</th>" for h in ("trial", "status", "layout", "tokens/s/GPU", "peak GiB",
+    head = "".join(f"<th>{h}</th>" for h in ("trial", "status", "layout", "fidelity", "tokens/s/GPU", "peak GiB",
                                               "backend", "reason"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>"
 
@@ -306,35 +311,39 @@ def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> str:
     return f'<section id="{name}"><h2>{name.replace("_", " ")}</h2>{div}{image}</section>'
 
 
-def write(study: optuna.Study, out_dir: str | Path) -> Report:
-    """report.html and, where a Chrome runs, one PNG per figure in out_dir."""
+def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
+          family: list[dict[str, Any]] | None = None) -> Report:
+    """report.html and, where a Chrome runs (and `pngs`), one PNG per figure in out_dir; `family`: the rows
+    of the length family the study belongs to."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
     fitting = [v for v in trials if v.status == "ok" and v.fits and _num(v.tokens_per_sec_per_gpu) is not None]
     winner = max(fitting, key=lambda v: v.tokens_per_sec_per_gpu, default=None)
-    figs = figures(study, trials, winner)
-    pngs, png_note = export_pngs(figs, out)
+    figs = figures(study, trials, winner, family)
+    pngs_written, png_note = export_pngs(figs, out) if pngs else ({}, "not asked for")
 
     attrs = study.user_attrs
     title = f"moe-autotune report: {study.study_name}"
     summary = (f"model {attrs.get('model')} · seq_len {attrs.get('seq_len')} · {attrs.get('num_gpus')}× "
                f"{attrs.get('gpu')} · backend {attrs.get('backend')} · {len(trials)} trials")
-    skipped = f"<p><i>Static PNGs not written: {html.escape(png_note)}.</i></p>" if png_note else ""
-    sections = "".join(_section(name, figs[name], i == 0, pngs.get(name)) for i, name in enumerate(FIGURES))
+    skipped = f"<p><i>Static PNGs not written: {html.escape(png_note)}.</i></p>" if png_note and pngs else ""
+    lead = headline(study, trials, winner)
+    sections = "".join(_section(name, fig, i == 0, pngs_written.get(name))
+                       for i, (name, fig) in enumerate(figs.items()))
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} img.png{{max-width:48%;border:1px solid #ddd}}
 table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}</style>
 </head><body>
-<h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>{_winner_line(winner)}{skipped}
+<h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>{_winner_line(winner)}{lead}{skipped}
 {sections}
 <section id="trials"><h2>trials</h2>{_table(trials)}</section>
 </body></html>
 """
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
-    return Report(html_path, pngs, winner, png_note)
+    return Report(html_path, pngs_written, winner, png_note)
 
 
 def log_to_mlflow(report: Report, parent_run_id: str) -> None:
@@ -345,3 +354,66 @@ def log_to_mlflow(report: Report, parent_run_id: str) -> None:
     client.log_artifact(parent_run_id, str(report.html_path), "report")
     for path in report.pngs.values():
         client.log_artifact(parent_run_id, str(path), "report")
+
+
+# ---- spend, length family, headline (issue 13) ------------------------------------------------------
+
+def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
+    """GPU-hours each trial used, by fidelity, beside what it would have used at full size."""
+    ran = [v for v in trials if v.gpu_seconds[0] is not None]
+    fig = go.Figure()
+    for fidelity in ("full", "proxy"):
+        sel = [v for v in ran if v.fidelity == fidelity]
+        if sel:
+            fig.add_bar(x=[v.number for v in sel], y=[v.gpu_seconds[0] / 3600 for v in sel], name=f"used ({fidelity})",
+                        text=[_label(v) for v in sel])
+    proxies = [v for v in ran if v.fidelity == "proxy" and v.gpu_seconds[1]]
+    if proxies:
+        fig.add_scatter(x=[v.number for v in proxies], y=[v.gpu_seconds[1] / 3600 for v in proxies], mode="markers",
+                        name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})
+    fig.update_layout(title="GPU-hours per trial (proxies ran on fewer GPUs)", xaxis_title="trial",
+                      yaxis_title="GPU-hours", barmode="group")
+    return fig
+
+
+def _family_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """A length family: the best layout's TF/s and tokens/s per sequence length (separate axes: other units)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TF/s/GPU of the best layout", "tokens/s/GPU"))
+    lengths = [str(r["seq_len"]) for r in rows]
+    fig.add_scatter(x=lengths, y=[r["tflops_per_gpu"] for r in rows], mode="lines+markers", name="TF/s/GPU",
+                    text=[r["layout"] or "nothing fits" for r in rows], row=1, col=1)
+    fig.add_scatter(x=lengths, y=[r["tokens_per_sec_per_gpu"] for r in rows], mode="lines+markers",
+                    name="tokens/s/GPU", row=1, col=2)
+    fig.update_xaxes(title_text="sequence length", type="category")
+    fig.update_layout(title="Length family: the best layout per sequence length")
+    return fig
+
+
+def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> str:
+    """What the winner saves against the first rule of thumb, the time and money to train, the sweep's spend."""
+    from orchestrator.economics import cost_of, money, sweep_spend, to_train
+
+    parts = []
+    seeds = [v for v in trials if v.proposed_by in ("rule-of-thumb", "previous length")]
+    first = min(seeds, key=lambda v: v.number) if seeds else None
+    cost, gpus = cost_of(study), int(study.user_attrs.get("num_gpus") or 0)
+    if winner and first and first.status == "ok" and first.fits and _num(first.tokens_per_sec_per_gpu):
+        gain = winner.tokens_per_sec_per_gpu / first.tokens_per_sec_per_gpu - 1
+        parts.append(f"The winner runs {sig(100 * gain)}% faster than the first rule-of-thumb layout "
+                     f"(trial {first.number}).")
+        a, b = to_train(winner.tokens_per_sec_per_gpu, gpus, cost), to_train(first.tokens_per_sec_per_gpu, gpus, cost)
+        if a and b:
+            saved = f" and {money(b['train_usd'] - a['train_usd'])}" if "train_usd" in a else ""
+            parts.append(f"Training {cost['train_tokens']:.3g} tokens takes {sig(a['train_days'])} days instead of "
+                         f"{sig(b['train_days'])}: {sig(b['train_days'] - a['train_days'])} days{saved} saved.")
+    elif winner and to_train(winner.tokens_per_sec_per_gpu, gpus, cost):
+        found = to_train(winner.tokens_per_sec_per_gpu, gpus, cost)
+        usd = f" ({money(found['train_usd'])})" if "train_usd" in found else ""
+        parts.append(f"Training {cost['train_tokens']:.3g} tokens takes {sig(found['train_days'])} days{usd}.")
+    spend = sweep_spend(study)
+    if spend["gpu_hours"]:
+        usd = f" ({money(spend['usd'])})" if "usd" in spend else ""
+        full = (f"; at full size the same trials would have used {sig(spend['full_size_gpu_hours'])} GPU-hours"
+                if spend["full_size_gpu_hours"] > spend["gpu_hours"] * 1.001 else "")
+        parts.append(f"The sweep used {sig(spend['gpu_hours'])} GPU-hours{usd}{full}.")
+    return f"<p>{html.escape(' '.join(parts))}</p>" if parts else ""

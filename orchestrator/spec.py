@@ -31,62 +31,102 @@ MAX_SEED = 2 ** 32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # the string under each field below is its documentation (shown by `SweepSpec.model_fields[name].description`)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class Budget(_Strict):
-    n_trials: int = Field(8, ge=1, strict=True,
-                          description="trials that run (proposals the cost model rejects are free)")
+    n_trials: int = Field(8, ge=1, strict=True)
+    """Trials that run, counted over the study's life (--resume adds up to it); cost-model rejections are free."""
     wall_time_s: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    """Stop proposing after this many seconds (running trials finish)."""
     max_concurrent: int = Field(1, ge=1, strict=True)
-    # proposals allowed per counted trial before the sweep gives up on finding new layouts
+    """Trials in flight at once."""
     max_proposals_per_trial: int = Field(20, ge=1, strict=True)
+    """Proposals allowed per counted trial before the sweep gives up finding new layouts."""
 
 
 class ModelOverrides(_Strict):
-    """Shrink the model for proxy profiling (fewer layers / narrower)."""
     num_layers: int | None = Field(None, ge=1, strict=True)
+    """Fewer (or more) decoder layers than the catalog model: a smaller model for CPU runs."""
     hidden_size: int | None = Field(None, ge=1, strict=True)
+    """Another width than the catalog model (heads and head_dim kept)."""
+
+
+class Cost(_Strict):
+    usd_per_gpu_hour: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    """What one GPU-hour costs; with it every figure in GPU-hours also shows dollars."""
+    train_tokens: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    """Tokens of the training run the layout is for: each layout shows the time (and dollars) to train them."""
 
 
 class SweepSpec(_Strict):
     name: str = "moe-autotune-sweep"
+    """The study's name (Optuna) and the MLflow experiment's; letters, digits, '.', '_', '-'."""
     model: str = "tiny-moe"
-    # numbers are strict: `nodes: 1.7`, `nodes: true` or `seq_len: "4096"` are refused, never coerced
+    """A catalog model (search_spaces/catalog/models) or the path of a Hugging Face config.json."""
     seq_len: int = Field(4096, ge=1, strict=True)
+    """Tokens per sequence. A list (`seq_len: [32768, 65536]`) is a length family: one sub-sweep per length, in
+    order, each seeded from the previous length's best layouts (it is stored in `lengths`)."""
+    lengths: list[int] | None = None
+    """The lengths of a length family (set from a seq_len list); None for one length."""
     gpu: str = "h100"
+    """The GPU (hardware catalog: h100 h200 b200 b300 gb200 gb300, or cpu for the CPU trainer)."""
     nodes: int = Field(1, ge=1, strict=True)
+    """Nodes of the target cluster (the layouts are for nodes x gpus_per_node GPUs)."""
     gpus_per_node: int = Field(8, ge=1, strict=True)
+    """GPUs per node (CPU ranks on cpu)."""
     gbs: int | None = Field(None, ge=1, strict=True)
+    """Global batch in sequences; default ~16M tokens per step (8 sequences on cpu)."""
     free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
+    """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values."""
     fixed: dict[str, Any] = Field(default_factory=dict)
+    """Layout fields held at a value (any field of search_spaces.layout.Layout)."""
     budget: Budget = Field(default_factory=Budget)
+    """How many trials, for how long, how many at once."""
     objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
+    """Maximise tokens/s/GPU, minimise peak memory (fixed for now)."""
     steps: int = Field(5, ge=1, strict=True)
+    """Training steps per trial, warm-up included."""
     warmup: int = Field(2, ge=0, strict=True)
+    """Steps not timed."""
     trial_timeout_s: float = Field(900.0, gt=0, strict=True, allow_inf_nan=False)
+    """A trial still running after this many seconds is killed with its process tree (status timeout)."""
     backend: Literal["local", "analytic", "replay"] = "local"
+    """local: the real trainer through Ray; analytic: the cost model; replay: a recorded table."""
     tracking_uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI, or none."""
+    experiment: str | None = None
+    """The MLflow experiment; default the study's name (a length family shares its family's)."""
     storage: str = "sqlite:///optuna.db"
+    """Optuna storage URL (the source of truth of the sweep)."""
     model_overrides: ModelOverrides = Field(default_factory=ModelOverrides)
+    """A smaller (or narrower) copy of the model."""
     seed: int | None = Field(None, ge=0, le=MAX_SEED, strict=True)
-    # calibrated: rank untried legal layouts by the cost model, corrected online from the measurements
-    # (bench/RESULTS.md: median 13 trials to within 2% of the optimum, TPE 47); tpe: Optuna's TPE per dimension
+    """The sampler's seed: the same seed proposes the same layouts."""
     search: Literal["calibrated", "tpe", "random", "grid"] = "calibrated"
+    """calibrated (default): the cost model's ranking corrected from every measurement; tpe, random, grid: the
+    baselines bench/search_efficiency.py compares (orchestrator/sweep/samplers.py)."""
     ray_address: str | None = None
+    """Join this Ray cluster (default: start a local one)."""
     workdir: str = "moe-autotune-runs"
+    """Trial directories (logs, results) and the spools."""
     trainer_module: str = "trainers.megatron_moe"
-    # torchrun for the real trainer; python runs the module as one process (test trainers)
+    """The trainer module a trial runs."""
     launcher: Literal["torchrun", "python"] = "torchrun"
+    """torchrun for the real trainer; python runs the module as one process (test trainers)."""
     replay_table: str | None = None
-    # full: every trial at the target size (nodes x gpus_per_node); proxy: on the fewest GPUs that reproduce its
-    # per-GPU work (search_spaces/proxy.py), composed back to full size; auto: full when it fits in trial_gpus
+    """The CSV of backend replay (the columns `status --csv` writes)."""
     fidelity: Literal["auto", "full", "proxy"] = "auto"
-    # the most GPUs one trial may use (default: the whole target cluster); sizes the Slurm allocation
+    """full: every trial at the target size; proxy: on the fewest GPUs that reproduce its per-GPU work,
+    composed back to full size (search_spaces/proxy.py); auto: full when it fits in trial_gpus."""
     trial_gpus: int | None = Field(None, ge=1, strict=True)
-    # a child run for each proposal the cost model rejected; default: yes, except for what-if (analytic,
-    # replay) sweeps, where rejections outnumber trials and go to one table on the parent run instead
+    """The most GPUs one trial may use (default: the whole target cluster); sizes the Slurm allocation."""
+    cost: Cost = Field(default_factory=Cost)
+    """Dollars per GPU-hour and the tokens to train: the time and money per layout and for the sweep."""
     track_rejected: bool | None = None
+    """A child MLflow run for each proposal the cost model rejected; default yes, except for what-if backends
+    (analytic, replay), whose rejections go to one table on the parent run."""
 
     @model_validator(mode="before")
     @classmethod
@@ -96,6 +136,14 @@ class SweepSpec(_Strict):
             if "name" in data:
                 raise ValueError("give either name or study_name, not both")
             data["name"] = data.pop("study_name")
+        if isinstance(data, dict) and isinstance(data.get("seq_len"), list):
+            data = dict(data)
+            lengths = data.pop("seq_len")
+            if not lengths or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in lengths):
+                raise ValueError(f"seq_len: a length family is a list of positive integers, got {lengths!r}")
+            if lengths != sorted(set(lengths)):
+                raise ValueError(f"seq_len: a length family runs shortest first, each length once, got {lengths!r}")
+            data.update(seq_len=lengths[0], lengths=lengths if len(lengths) > 1 else None)
         return data
 
     @field_validator("name")
@@ -154,6 +202,15 @@ class SweepSpec(_Strict):
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def experiment_name(self) -> str:
+        return self.experiment or self.name
+
+    def at_length(self, seq_len: int) -> "SweepSpec":
+        """One sub-sweep of a length family: its own study (`<name>-<seq_len>`) in the family's experiment."""
+        return self.model_copy(update={"seq_len": seq_len, "lengths": None, "name": f"{self.name}-{seq_len}",
+                                       "experiment": self.experiment_name})
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

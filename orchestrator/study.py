@@ -36,7 +36,7 @@ from orchestrator.redact import redact_uri
 DIRECTIONS = ["maximize", "minimize"]
 # leaderboard columns beyond the replay table's (a replay table read back skips them)
 LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
-                     "reason", "mlflow_run_id")
+                     "train_days", "train_usd", "reason", "mlflow_run_id")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -138,6 +138,15 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
     return optuna.load_study(study_name=study_name, storage=store)
 
 
+def family_members(storage: str, name: str) -> list[optuna.Study]:
+    """The studies of length family `name` (one per sequence length), shortest first; [] when it is none."""
+    store = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)
+             if s.user_attrs.get("family") == name and s.study_name != name]
+    members = [optuna.load_study(study_name=n, storage=store) for n in names]
+    return sorted(members, key=lambda s: int(s.user_attrs.get("seq_len") or 0))
+
+
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
 
@@ -194,9 +203,19 @@ def _row(study_attrs: dict[str, Any], trial: optuna.trial.FrozenTrial) -> dict[s
         "predicted_peak_memory_gib": pred.get("peak_memory_gib"),
         "fidelity": ua.get("fidelity"),
         "gpu_seconds": (result.get("extra") or {}).get("gpu_seconds"),
+        **_train_columns(study_attrs, result.get("tokens_per_sec_per_gpu")),
         "reason": ua.get("reason"),
         "mlflow_run_id": ua.get("mlflow_run_id"),
     }
+
+
+def _train_columns(study_attrs: dict[str, Any], tokens: float | None) -> dict[str, float | None]:
+    """Days and dollars to train the spec's cost.train_tokens at this throughput on the target cluster."""
+    from orchestrator.economics import to_train
+
+    cost = (study_attrs.get("spec") or {}).get("cost") or {}
+    found = to_train(tokens, int(study_attrs.get("num_gpus") or 0), cost)
+    return {"train_days": found.get("train_days"), "train_usd": found.get("train_usd")}
 
 
 def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.DataFrame:

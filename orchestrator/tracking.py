@@ -65,6 +65,7 @@ class Tracker:
         self.spool_path = Path(spool_path)
         self.experiment_id: str | None = None
         self.parent_run_id: str | None = None
+        self.study_name = experiment_name  # the parent's study (start() says; a length family shares experiments)
         self._children: dict[int, _Child] = {}  # trial number -> its run
         self.pending = 0  # records in the spool
         self.spool_torn = 0  # torn last records skipped
@@ -115,6 +116,7 @@ class Tracker:
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_run_id = parent.info.run_id
+        self.study_name = study_name
         # e.g. the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
         for key, value in (tags or {}).items():
             self.client.set_tag(self.parent_run_id, key, value)
@@ -172,7 +174,7 @@ class Tracker:
             self._supersede(child, number)
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
-            STUDY_TAG: self.experiment_name, "status": "running"})
+            STUDY_TAG: self.study_name, "status": "running"})
         self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
         self._children[number] = child = _Child(run.info.run_id, "RUNNING", params)
         return child

@@ -37,6 +37,13 @@ class TrialView:
     memory_limit_gib: float | None
     constraints: tuple[float, ...] = ()
     fidelity: str = "full"  # proxy: measured on a proxy and composed to full size
+    proposed_by: str | None = None  # rule-of-thumb, previous length, resume, confirm, or the search's name
+
+    @property
+    def gpu_seconds(self) -> tuple[float | None, float | None]:
+        """(GPU-seconds the trial used, what it would have used at full size)."""
+        extra = self.result.get("extra") or {}
+        return extra.get("gpu_seconds"), extra.get("full_size_gpu_seconds")
 
     @property
     def tokens_per_sec_per_gpu(self) -> float | None:
@@ -122,7 +129,7 @@ def views(study: optuna.Study) -> list[TrialView]:
             prediction=attrs.get("prediction") or {}, backend=attrs.get("backend") or study_backend,
             reason=attrs.get("reason"), mlflow_run_id=attrs.get("mlflow_run_id"), memory_limit_gib=limit,
             constraints=tuple(float(c) for c in (getattr(trial, "constraints", None) or {}).values()),
-            fidelity=attrs.get("fidelity") or "full"))
+            fidelity=attrs.get("fidelity") or "full", proposed_by=attrs.get("proposed_by")))
     return out
 
 
@@ -165,4 +172,4 @@ def context(study: optuna.Study) -> dict[str, Any]:
             "tracking_uri": attrs.get("tracking_uri") or spec.get("tracking_uri"),
             "mlflow_experiment_id": attrs.get("mlflow_experiment_id"),
             "mlflow_parent_run_id": attrs.get("mlflow_parent_run_id"),
-            "model_overrides": spec.get("model_overrides") or {}}
+            "model_overrides": spec.get("model_overrides") or {}, "cost": spec.get("cost") or {}}

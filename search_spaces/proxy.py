@@ -151,15 +151,16 @@ class ProxyMeasurement:
     gradients_gib: float
     optimizer_states_gib: float
     activations_per_microbatch_gib: float
-    oversubscription: float = 1.0  # ranks per core on a CPU host (1 on GPUs): per-rank speed scales with it
+    # a CPU host: the CPU-seconds a step took over all ranks, and the cores they share (None on GPUs)
+    cpu_seconds_per_step: float | None = None
+    host_cores: int | None = None
 
 
-def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: int,
-            full_oversubscription: float = 1.0) -> Composed:
+def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: int) -> Composed:
     full = plan.full_layout
     est_full = estimate(plan.full_model, gpu, plan.full_world, seq_len, full)
     est_proxy = estimate(plan.model, gpu, plan.world, seq_len, plan.layout)
-    time = _compose_time(plan, measured, est_full, est_proxy, full_oversubscription)
+    time = _compose_time(plan, measured, est_full, est_proxy)
     memory = _compose_memory(plan, measured, est_full, est_proxy)
     step = sum(time["measured"].values()) + sum(time["modelled"].values())
     peak = sum(memory["measured"].values()) + sum(memory["modelled"].values())
@@ -167,28 +168,37 @@ def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: 
     return Composed(step, tokens, peak, time, memory)
 
 
-def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_proxy: Estimate,
-                  full_oversubscription: float) -> dict[str, dict[str, float]]:
+def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
+                  est_proxy: Estimate) -> dict[str, dict[str, float]]:
     full, proxy = plan.full_layout, plan.layout
     m_full = full.grad_accum(plan.full_world) or 1
     m_proxy = proxy.grad_accum(plan.world) or 1
     # per-microbatch stage time: the schedule's time over its microbatches plus its own bubble
     per_mb = m.forward_backward_s / (m_proxy + (proxy.pp - 1) / proxy.vpp)
-    speed = full_oversubscription / m.oversubscription  # CPU ranks share cores; GPUs do not
     slots = m_full + (full.pp - 1) / full.vpp  # microbatch times in a full step: m plus the bubble
-    measured = {"stage_compute_and_comm": per_mb * speed * m_full,
-                "pipeline_bubble": per_mb * speed * (full.pp - 1) / full.vpp,
-                "optimizer": m.optimizer_s * speed * _ratio(est_full, est_proxy, "optimizer", "optimizer_offload")}
+    measured = {"stage_compute_and_comm": per_mb * m_full, "pipeline_bubble": per_mb * (full.pp - 1) / full.vpp,
+                "optimizer": m.optimizer_s * _ratio(est_full, est_proxy, "optimizer", "optimizer_offload")}
     t_full, t_proxy = est_full.breakdown["time_s"], est_proxy.breakdown["time_s"]
     # the full pipeline's slowest stage need not be the proxy's (the embedding, the output head, an MTP
     # block, an uneven split): the cost model's compute per microbatch of each slowest stage corrects it
     balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
-    modelled = {"stage_balance": per_mb * speed * (balance - 1.0) * slots}
+    modelled = {"stage_balance": per_mb * (balance - 1.0) * slots}
     modelled.update({k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME})
     for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy already paid
         extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy
         modelled[f"{k}_scale_out"] = max(0.0, extra) * m_full
+    modelled["cpu_contention"] = _cpu_contention(plan, m, m_full / m_proxy,
+                                                 sum(measured.values()) + sum(modelled.values()))
     return {"measured": measured, "modelled": modelled}
+
+
+def _cpu_contention(plan: ProxyPlan, m: ProxyMeasurement, work_ratio: float, composed: float) -> float:
+    """CPU ranks share the host's cores (GPUs do not): the full layout's CPU work per step, the proxy's
+    scaled by its ranks and microbatches, cannot finish faster than the cores allow; the step waits for it."""
+    if not m.cpu_seconds_per_step or not m.host_cores:
+        return 0.0
+    work = m.cpu_seconds_per_step * (plan.full_world / plan.world) * work_ratio
+    return max(0.0, work / m.host_cores - composed)
 
 
 def _per_mb(times: dict[str, float], keys: tuple[str, ...], microbatches: int) -> float:

@@ -229,6 +229,7 @@ class Steps:
     """What the warm-up and measured steps produced on this rank."""
     times: list[float]
     forward_backward: list[float]  # the schedule's share of each measured step (the rest is the optimizer)
+    cpu_times: list[float]  # this process's CPU seconds in each measured step
     losses: list  # per step (sum of token losses, tokens) on last-stage ranks, else None
     activation_bytes: int
     microbatches: int
@@ -266,12 +267,12 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
 
     schedule = get_forward_backward_func()
     wrapped = built.wrapped
-    times, forward_backward, losses = [], [], []
+    times, forward_backward, cpu_times, losses = [], [], [], []
     for step in range(args.warmup + args.steps):
         state.step, state.first_call = step, True
         iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in wrapped]
         _sync(built.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         built.optimizer.zero_grad()
         for m in wrapped:
             m.zero_grad_buffer()
@@ -286,9 +287,10 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
             forward_backward.append(schedule_done - start)
+            cpu_times.append(time.process_time() - cpu_start)
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
-    return Steps(times, forward_backward, losses, state.activation_bytes, microbatches, schedule)
+    return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, microbatches, schedule)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -302,6 +304,7 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "losses": steps.losses if ps.get_tensor_model_parallel_rank() == 0 else None,
         "step_times": steps.times,
         "forward_backward_times": steps.forward_backward,
+        "cpu_times": steps.cpu_times,
         "memory_bytes": {**measure.static_components(built.wrapped, built.optimizer),
                          "activations_per_microbatch": steps.activation_bytes},
         "peak": measure.peak_memory_gib(built.device),
@@ -325,15 +328,6 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
                        gathered, on_cpu, built.have_te)
     if rank == 0:
         _fill_result(result, args, layout, model, gpu, world, gathered, applied)
-
-
-def _oversubscription(gpu) -> float:
-    """Ranks per core on this host when there are more ranks than cores (CPU runs share the cores, so a
-    rank's speed falls with it); 1 on GPUs and on a CPU host with a core per rank."""
-    if not gpu.is_cpu:
-        return 1.0
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return max(1.0, local / host_cores())
 
 
 def host_cores() -> int:
@@ -437,7 +431,9 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
                       "optimizer": statistics.mean(t - f for t, f in zip(step_times, schedule)) if schedule else None},
         inflight_microbatches=inflight(heaviest),
         peak_components_gib=load(heaviest),  # the peak the cost model predicts, without buffers and runtime
-        oversubscription=_oversubscription(gpu),
+        # CPU work of a step, all ranks together (ranks sharing a host's cores cannot finish it faster than
+        # cores allow: what a proxy's composition needs on CPU)
+        cpu_seconds_per_step=sum(statistics.mean(g["cpu_times"]) for g in gathered if g["cpu_times"]),
         host_cores=host_cores(),
     )
     if step_time:

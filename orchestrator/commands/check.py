@@ -43,7 +43,7 @@ def confirm(
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run the best proxy-measured layouts at full size, as trials of the same study (before promote)."""
-    from rich.console import Console
+    from orchestrator.commands.output import console
     from rich.table import Table
 
     from orchestrator.sweep.confirm import confirm as run_confirm
@@ -59,5 +59,5 @@ def confirm(
                       str(full.number) if full else "-", f"{full.values[0]:,.1f}" if full and c.error is not None
                       else (full.user_attrs.get("status", "-") if full else "-"),
                       f"{c.error:+.1%}" if c.error is not None else "-")
-    Console().print(table)
+    console().print(table)
     return outcome.exit_code

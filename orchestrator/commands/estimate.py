@@ -9,7 +9,7 @@ import json
 from typing import Optional
 
 import typer
-from rich.console import Console
+from orchestrator.commands.output import console
 from rich.table import Table
 
 from search_spaces.errors import SpecError
@@ -77,7 +77,7 @@ _COMPUTE_PARTS = ("gemm", "attention", "elementwise")
 
 
 def _print_estimate(est) -> None:
-    console = Console()
+    out = console()
     title = f"{est.model} on {est.num_gpus} x {est.gpu}, {est.seq_len} tokens"
     if not est.legal:
         table = Table(title=f"{title}: illegal layout")
@@ -85,16 +85,17 @@ def _print_estimate(est) -> None:
         table.add_column("reason")
         for v in est.violations:
             table.add_row(v.rule, v.reason)
-        console.print(table)
+        out.print(table)
         return
     summary = Table(title=title, show_header=False)
-    summary.add_row("fits", f"{'yes' if est.fits else 'NO'} ({est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g} GiB)")
+    capacity = f"{est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g} GiB"
+    summary.add_row("fits", f"{'yes' if est.fits else 'NO'} ({capacity})")
     summary.add_row("tokens/s/GPU", f"{est.tokens_per_sec_per_gpu:,.1f}")
     summary.add_row("TFLOP/s/GPU", _num(est.tflops_per_gpu))
     summary.add_row("MFU", f"{est.mfu:.1%}")
     summary.add_row("step time", f"{est.step_time_s:.3f} s")
     summary.add_row("pipeline layout", est.pipeline_layout)
-    console.print(summary)
+    out.print(summary)
     memory = est.breakdown["memory_gib"]
     mem = Table(title=f"memory per GPU, GiB (pipeline rank {int(memory.get('pipeline_rank', 0))}, the most loaded)")
     mem.add_column("component")
@@ -102,8 +103,8 @@ def _print_estimate(est) -> None:
     for k, v in memory.items():
         if k not in COUNT_KEYS:
             mem.add_row(k, _num(v))
-    console.print(mem)
-    console.print(f"parameters on that rank: {memory.get('params_on_rank', 0):,.0f} "
+    out.print(mem)
+    out.print(f"parameters on that rank: {memory.get('params_on_rank', 0):,.0f} "
                   f"(dense {memory.get('dense_params_on_rank', 0):,.0f}, "
                   f"experts {memory.get('expert_params_on_rank', 0):,.0f}); "
                   f"microbatches in flight per chunk: {memory.get('inflight_microbatches', 0):.2f}")
@@ -112,7 +113,7 @@ def _print_estimate(est) -> None:
     tim.add_column("seconds", justify="right")
     for k, v in est.breakdown["time_s"].items():
         tim.add_row(f"  {k}" if k in _COMPUTE_PARTS else k, f"{v:.4f}")
-    console.print(tim)
+    out.print(tim)
 
 
 def space(
@@ -148,8 +149,8 @@ def space(
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return 0
-    console = Console()
-    console.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
+    out = console()
+    out.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
                   f"{result.total:,} combinations, {result.legal_count:,} legal "
                   f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
                   f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
@@ -158,7 +159,7 @@ def space(
     rej.add_column("layouts", justify="right")
     for rule, n in sorted(result.rejected_by_rule.items(), key=lambda x: -x[1]):
         rej.add_row(rule, f"{n:,}")
-    console.print(rej)
+    out.print(rej)
     best = Table(title=f"top {top} predicted (fitting)")
     for col in ("#", "layout", "tokens/s/GPU", "TF/s/GPU", "MFU", "peak GiB"):
         best.add_column(col, overflow="fold")
@@ -166,7 +167,7 @@ def space(
         p = row["prediction"]
         best.add_row(str(i), row["key"], f"{p['tokens_per_sec_per_gpu']:,.1f}", f"{p['tflops_per_gpu']:,.1f}",
                      f"{p['mfu']:.1%}", f"{p['peak_memory_gib']:.1f}")
-    console.print(best)
+    out.print(best)
     return 0
 
 

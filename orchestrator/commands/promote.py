@@ -126,9 +126,10 @@ def report(
 
     if out is not None:
         check_output_dir(out, "--out")
-    study = winner.load(storage, study_name)
+    study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
-    done = report_mod.write(study, out or check_output_dir(Path(f"report-{study.study_name}"), "report folder"))
+    done = report_mod.write(study, out or check_output_dir(Path(f"report-{study.study_name}"), "report folder"),
+                            family=family)
     typer.echo(f"report: {done.html_path}")
     if done.png_note:
         typer.echo(f"note: PNGs skipped: {done.png_note}", err=True)
@@ -147,3 +148,18 @@ def register(app: typer.Typer) -> None:
     app.command("promote")(promote)
     app.command("export")(export)
     app.command("report")(report)
+
+
+def _report_study(storage: str, name: str | None):
+    """The study a report is about, and its length family's rows when it belongs to one (a family's name
+    reports on its longest length)."""
+    from orchestrator import study as studies
+    from orchestrator import winner
+    from orchestrator.sweep.family import family_rows
+
+    members = studies.family_members(storage, name) if name else []
+    study = members[-1] if members else winner.load(storage, name)
+    family = study.user_attrs.get("family")
+    if family and not members:
+        members = studies.family_members(storage, family)
+    return study, family_rows(members) if members else None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from orchestrator.commands.output import console
 from rich.table import Table
 
 from orchestrator.redact import redact_uri
@@ -46,11 +46,24 @@ def sweep(
                                  "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus})
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
+    if spec.lengths:
+        from orchestrator.sweep.family import run_family
+
+        family = run_family(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
+        for outcome in family.outcomes.values():
+            _print_outcome(outcome, spec)
+        console().print(family_table(family.rows, spec.name))
+        return family.exit_code
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
-    console = Console()
-    console.print(f"sweep {spec.name}: {outcome.n_measured} trials run, {outcome.n_infeasible} proposals "
-                  f"rejected by the cost model, {outcome.wall_time_s:.1f} s")
-    console.print(_gpu_hours_line(outcome.study))
+    _print_outcome(outcome, spec)
+    return outcome.exit_code
+
+
+def _print_outcome(outcome, spec) -> None:
+    out = console()
+    out.print(f"sweep {outcome.study.study_name}: {outcome.n_measured} trials run, {outcome.n_infeasible} "
+                  f"proposals rejected by the cost model, {outcome.wall_time_s:.1f} s")
+    out.print(_gpu_hours_line(outcome.study))
     if outcome.pareto:
         table = Table(title="Pareto front (tokens/s/GPU vs peak memory)")
         for col in ("trial", "layout", "fidelity", "tokens/s/GPU", "peak GiB"):
@@ -58,11 +71,11 @@ def sweep(
         for t in outcome.pareto:
             table.add_row(str(t.number), t.user_attrs.get("layout_key", ""), _fidelity(t), f"{t.values[0]:,.1f}",
                           f"{t.values[1]:.2f}")
-        console.print(table)
+        out.print(table)
     if outcome.best is not None:
         b = outcome.best
-        console.print(f"best layout (trial {b.number}): {b.user_attrs.get('layout_key')}  "
-                      f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB")
+        out.print(f"best layout (trial {b.number}): {b.user_attrs.get('layout_key')}  "
+                      f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB{_train_line(outcome.study, b)}")
     else:
         statuses: dict[str, int] = {}
         for t in outcome.study.trials:
@@ -73,7 +86,18 @@ def sweep(
                    + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
     for msg in outcome.messages:
         typer.echo(("error: " if outcome.mlflow_pending else "note: ") + redact_uri(msg), err=True)
-    return outcome.exit_code
+
+
+def family_table(rows: list[dict], name: str) -> Table:
+    """A length family as the long-context recipes publish it: per length the best layout and its figures."""
+    table = Table(title=f"length family {name}: the best layout per sequence length")
+    for col in ("seq_len", "best layout", "tokens/s/GPU", "TF/s/GPU", "peak GiB", "TF/s vs shortest"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["seq_len"]), r["layout"] or "nothing fits", _cell(r["tokens_per_sec_per_gpu"]),
+                      _cell(r["tflops_per_gpu"]), _cell(r["peak_memory_gib"]),
+                      f"{r['tflops_vs_shortest']:.0%}" if r["tflops_vs_shortest"] else "-")
+    return table
 
 
 def status(
@@ -92,31 +116,39 @@ def status(
         check_output_file(csv, "--csv")
     if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
         raise SpecError(f"storage file {storage[len('sqlite:///'):]!r} does not exist")
+    members = studies.family_members(storage, study_name) if study_name else []
+    if members:  # a length family: its table, then each length's leaderboard
+        from orchestrator.sweep.family import family_rows
+
+        console().print(family_table(family_rows(members), study_name))
+        return 0
     study = studies.load_study(storage, study_name)
     frame = studies.leaderboard(study)
     if csv is not None:
         frame.to_csv(csv, index=False)
-    console = Console()
+    out = console()
     running = sum(1 for t in study.trials if t.state.name == "RUNNING")
     ran = len(studies.measured_trials(study))
-    console.print(f"study {study.study_name}: {ran} trials run, {running} running, "
-                  f"{int((frame['status'] == 'infeasible').sum()) if not frame.empty else 0} rejected by the cost model")
+    rejected = int((frame["status"] == "infeasible").sum()) if not frame.empty else 0
+    out.print(f"study {study.study_name}: {ran} trials run, {running} running, {rejected} rejected by the "
+                  "cost model")
     lease = study.user_attrs.get("driver_lease")
     if lease:
-        console.print(f"being run by pid {lease.get('pid')} on {lease.get('host')}")
-    console.print(_gpu_hours_line(study))
+        out.print(f"being run by pid {lease.get('pid')} on {lease.get('host')}")
+    out.print(_gpu_hours_line(study))
     table = Table()
     cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
             "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
+    cols += [c for c in ("train_days", "train_usd") if not frame.empty and frame[c].notna().any()]
     for col in cols:
         table.add_column(col.replace("_per_", "/").replace("tokens", "tok"))
     for _, row in frame.head(top).iterrows():
         table.add_row(*[_cell(row[c]) for c in cols])
-    console.print(table)
+    out.print(table)
     best = studies.best_fitting_trial(study)
     if best is not None:
-        console.print(f"best that fits: trial {best.number} {best.user_attrs.get('layout_key')} "
-                      f"{best.values[0]:,.1f} tokens/s/GPU")
+        out.print(f"best that fits: trial {best.number} {best.user_attrs.get('layout_key')} "
+                      f"{best.values[0]:,.1f} tokens/s/GPU{_train_line(study, best)}")
     return 0
 
 
@@ -129,12 +161,30 @@ def _fidelity(trial) -> str:
 
 
 def _gpu_hours_line(study) -> str:
+    """What the sweep spent (and, with proxies, what the same trials would have cost at full size)."""
     from orchestrator import study as studies
+    from orchestrator.economics import money, sweep_spend
 
-    used, full = studies.gpu_hours(study)
+    spend = sweep_spend(study)
+    usd = f" ({money(spend['usd'])})" if "usd" in spend else ""
     proxies = sum(1 for t in studies.measured_trials(study) if t.user_attrs.get("fidelity") == "proxy")
-    saved = f"; the same trials at full size: {full:,.1f} GPU-h ({proxies} ran as proxies)" if proxies else ""
-    return f"GPU time: {used:,.1f} GPU-h{saved}"
+    full_usd = f" ({money(spend['full_size_usd'])})" if "full_size_usd" in spend else ""
+    saved = (f"; the same trials at full size: {spend['full_size_gpu_hours']:,.1f} GPU-h{full_usd} ({proxies} ran "
+             f"as proxies)") if proxies else ""
+    return f"GPU time: {spend['gpu_hours']:,.1f} GPU-h{usd}{saved}"
+
+
+def _train_line(study, trial) -> str:
+    """How long (and how much) the trial's layout takes to train the spec's cost.train_tokens; '' without."""
+    from orchestrator.economics import cost_of, money, to_train
+
+    cost = cost_of(study)
+    found = to_train(trial.values[0], int(study.user_attrs.get("num_gpus") or 0), cost)
+    if not found:
+        return ""
+    usd = f", {money(found['train_usd'])}" if "train_usd" in found else ""
+    return (f"; trains {cost['train_tokens']:.3g} tokens on {study.user_attrs.get('num_gpus')} GPUs in "
+            f"{found['train_days']:,.1f} days{usd}")
 
 
 def _cell(value) -> str:

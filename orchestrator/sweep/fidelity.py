@@ -94,8 +94,7 @@ def full_scale(size: TrialSize, raw: TrialResult, gpu: GPUSpec, seq_len: int) ->
     if size.plan is None or raw.status != "ok":
         raw.extra.update(size.record())
         return raw
-    composed = compose(size.plan, _measurement(raw), gpu, seq_len, full_oversubscription=_full_oversubscription(
-        size, raw))
+    composed = compose(size.plan, _measurement(raw), gpu, seq_len)
     out = TrialResult.from_dict(raw.to_dict())
     out.tokens_per_sec_per_gpu = composed.tokens_per_sec_per_gpu
     out.step_time_s = composed.step_time_s
@@ -131,15 +130,8 @@ def _measurement(raw: TrialResult) -> ProxyMeasurement:
                             gradients_gib=mem.get("gradients", 0.0),
                             optimizer_states_gib=mem.get("optimizer_states", 0.0),
                             activations_per_microbatch_gib=mem.get("activations_per_microbatch", 0.0),
-                            oversubscription=float(raw.extra.get("oversubscription") or 1.0))
-
-
-def _full_oversubscription(size: TrialSize, raw: TrialResult) -> float:
-    """Ranks per core had the full layout run on the proxy's CPU host (1 on GPUs: a rank per GPU)."""
-    cores = raw.extra.get("host_cores")
-    if raw.gpu != "cpu" or not cores or size.plan is None:
-        return 1.0
-    return max(1.0, size.plan.full_world / float(cores))
+                            cpu_seconds_per_step=raw.extra.get("cpu_seconds_per_step"),
+                            host_cores=raw.extra.get("host_cores"))
 
 
 def _scaled(value: float | None, composed: Composed, raw: TrialResult) -> float | None:

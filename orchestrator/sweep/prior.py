@@ -42,6 +42,8 @@ class Prediction:
 class Prior:
     spec: SweepSpec
     _cache: dict[Layout, Prediction] = field(default_factory=dict)
+    # layouts carried over from elsewhere (a length family's previous length), tried before the rules of thumb
+    carried: list[Layout] = field(default_factory=list)
 
     # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
     SMALL_SPACE = 50_000
@@ -92,8 +94,8 @@ class Prior:
         return {**held, **self.fixed}
 
     def seeds(self, limit: int = 4) -> list[Layout]:
-        """The rules of thumb inside the space (pinned values applied), best first."""
-        return distinct(s.replace(**self.pinned) for s in self.rules_of_thumb)[:limit]
+        """The carried layouts, then the rules of thumb, inside the space (pinned values applied), best first."""
+        return distinct(s.replace(**self.pinned) for s in [*self.carried, *self.rules_of_thumb])[:limit]
 
     # ---- the space -------------------------------------------------------------------------------
     @cached_property

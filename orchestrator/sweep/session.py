@@ -89,10 +89,12 @@ class Session:
 def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,
                  run_tags: dict[str, str] | None = None) -> Session:
     """`run_tags`: tags for the parent MLflow run (e.g. the Slurm job and Ray cluster the sweep runs on)."""
+    if spec.lengths:
+        raise SpecError("a length family runs with orchestrator.sweep.family.run_family, one length at a time")
     prior = prior or make_prior(spec)
     prior.model, prior.gpu  # unknown model or GPU names fail here, before anything is stored
     workdir = Path(spec.workdir) / spec.name
-    tracker = Tracker(spec.tracking_uri, spec.name, workdir / "mlflow-spool.jsonl") \
+    tracker = Tracker(spec.tracking_uri, spec.experiment_name, workdir / "mlflow-spool.jsonl") \
         if spec.tracking_uri.lower() != "none" else None
     if tracker:
         tracker.check()  # a tracking URI that cannot be used: one line, nothing created
@@ -123,11 +125,12 @@ def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
         for key, value in {"spec": spec.dump(), "situation": spec.situation(), "model": spec.model,
                            "seq_len": spec.seq_len, "gpu": spec.gpu, "num_gpus": spec.num_gpus,
                            "backend": spec.backend, "memory_limit_gib": session.prior.memory_limit_gib,
-                           "tracking_uri": spec.tracking_uri}.items():
+                           "tracking_uri": spec.tracking_uri, "family": spec.experiment}.items():
             study.set_user_attr(key, value)
+        carried = {lay.replace(**session.prior.pinned) for lay in session.prior.carried}
         for seed in session.prior.seeds():
-            study.enqueue_trial(session.space.params(seed), user_attrs={"proposed_by": "rule-of-thumb"},
-                                skip_if_exists=True)
+            source = "previous length" if seed in carried else "rule-of-thumb"
+            study.enqueue_trial(session.space.params(seed), user_attrs={"proposed_by": source}, skip_if_exists=True)
     study.set_user_attr("budget", spec.budget.model_dump())
     if session.tracker:
         parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
