@@ -1,23 +1,23 @@
 """Proxy accuracy: run layouts of the tiny catalog models with the real trainer both at full size and as their
 proxy (search_spaces/proxy.py), compose the full-scale step and peak memory from the proxy exactly as the sweep
-does (orchestrator/sweep/fidelity.py), and compare with the full-size measurement.
+does (search_spaces.proxy.composed_result), and compare with the full-size measurement.
 
-    python bench/proxy_accuracy.py [--remeasure] [--only NAME ...]
+    python bench/proxy_accuracy.py [--remeasure] [--only NAME ...] [--gpu NAME --max-ranks N]
 
 Every layout has PP >= 2 or DP/EDP >= 2, so its proxy is strictly smaller. Peak memory here is the trainer's
 component peak of its most loaded rank (weights + gradients + optimizer states + activations in flight): the
 part of a GPU's peak the proxy measures; on a CPU host the process's resident memory is mostly the Python
 runtime, the same for any layout. Step times on this 2-core machine are noisy and the full runs oversubscribe
-the cores (the composition scales per-rank speed by ranks per core); measurements are cached in
-bench/proxy_accuracy.json (`--remeasure` runs the trainer again). The same command runs on a GPU machine
-(scripts/gpu_check.sh calls it there with `--gpu`).
+the cores (the composition bounds a CPU step by the host's cores); measurements are cached in
+bench/proxy_accuracy.json (`--remeasure` runs the trainer again). Only search_spaces and the trainer are
+needed, so the same command runs on a GPU machine (scripts/gpu_check.sh calls it there with `--gpu`, on the
+layouts whose full run fits its GPUs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
@@ -31,10 +31,9 @@ sys.path.insert(0, str(ROOT))
 from search_spaces.hardware import load_gpu  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.models import load_model  # noqa: E402
+from search_spaces.proxy import ProxyPlan, composed_result, derive_proxy  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
-
-from orchestrator.spec import parse_spec  # noqa: E402
-from orchestrator.sweep.fidelity import full_scale, trial_size  # noqa: E402
+from search_spaces.validation import validate  # noqa: E402
 
 CACHE = ROOT / "bench" / "proxy_accuracy.json"
 SEQ_LEN, STEPS, WARMUP = 256, 3, 1
@@ -72,41 +71,39 @@ def _trainer(ranks: int, model: str, layers: int, layout: Layout, gpu: str, work
     return json.loads(result.read_text())
 
 
-def measure(name: str, gpu: str) -> dict:
+def plan_of(name: str, gpu: str) -> ProxyPlan:
     model_name, layers, ranks, fields = LAYOUTS[name]
     layout = Layout.from_dict({**fields, "precision": "fp32" if gpu == "cpu" else "bf16"})
-    spec = _spec(model_name, layers, ranks, gpu)
-    size = trial_size(spec, load_model(model_name).with_overrides(num_layers=layers), load_gpu(gpu), layout)
-    assert size.plan is not None and size.plan.strictly_smaller, f"{name}: the proxy is not smaller"
+    plan = derive_proxy(load_model(model_name).with_overrides(num_layers=layers), layout, load_gpu(gpu), ranks)
+    assert plan.strictly_smaller, f"{name}: the proxy is not smaller"
+    return plan
+
+
+def measure(name: str, gpu: str) -> dict:
+    model_name, layers, ranks, _ = LAYOUTS[name]
+    plan = plan_of(name, gpu)
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
-        full = _trainer(ranks, model_name, layers, layout, gpu, Path(tmp) / "full")
-        proxy = _trainer(size.world, model_name, size.num_layers, size.layout, gpu, Path(tmp) / "proxy")
+        full = _trainer(ranks, model_name, layers, plan.full_layout, gpu, Path(tmp) / "full")
+        proxy = _trainer(plan.world, model_name, plan.model.num_layers, plan.layout, gpu, Path(tmp) / "proxy")
     return {"full": full, "proxy": proxy}
 
 
-def _spec(model: str, layers: int, ranks: int, gpu: str):
-    return parse_spec({"name": "proxy-bench", "model": model, "gpu": gpu, "gpus_per_node": ranks,
-                       "seq_len": SEQ_LEN, "fidelity": "proxy", "steps": STEPS, "warmup": WARMUP,
-                       "model_overrides": {"num_layers": layers}, "tracking_uri": "none"})
-
-
 def compare(name: str, runs: dict, gpu: str) -> dict:
-    model_name, layers, ranks, fields = LAYOUTS[name]
     full, proxy = TrialResult.from_dict(runs["full"]), TrialResult.from_dict(runs["proxy"])
-    layout = Layout.from_dict(full.layout)
-    size = trial_size(_spec(model_name, layers, ranks, gpu), load_model(model_name).with_overrides(num_layers=layers),
-                      load_gpu(gpu), layout)
-    composed = full_scale(size, proxy, load_gpu(gpu), SEQ_LEN)
-    if composed.status != "ok" or full.status != "ok":
-        return {"name": name, "error": composed.error or full.error}
+    plan = plan_of(name, gpu)
+    proxy = validate(proxy, plan.layout, load_gpu(gpu))
+    if proxy.status != "ok" or full.status != "ok":
+        return {"name": name, "error": proxy.error or full.error}
+    composed = composed_result(plan, proxy, load_gpu(gpu), SEQ_LEN)
     parts = composed.extra["composed"]["memory_gib"]["measured"]
     peak = sum(parts[k] for k in MEMORY)
     measured_peak = full.extra["peak_components_gib"]
-    return {"name": name, "full_ranks": ranks, "proxy_ranks": size.world,
+    return {"name": name, "full_ranks": plan.full_world, "proxy_ranks": plan.world,
             "step_measured_s": full.step_time_s, "step_composed_s": composed.step_time_s,
             "step_error": composed.step_time_s / full.step_time_s - 1,
             "peak_measured_gib": measured_peak, "peak_composed_gib": peak, "peak_error": peak / measured_peak - 1,
-            "components": {k: {"composed": parts[k], "measured": _measured_component(full, k)} for k in MEMORY}}
+            "components": {k: {"composed": parts[k], "measured": _measured_component(full, k)} for k in MEMORY},
+            "time_parts": composed.extra["composed"]["time_s"]}
 
 
 def _measured_component(full: TrialResult, key: str) -> float:
@@ -116,10 +113,11 @@ def _measured_component(full: TrialResult, key: str) -> float:
     return mem[key]
 
 
-def run(remeasure: bool = False, only: list[str] | None = None, gpu: str = "cpu") -> dict:
+def run(remeasure: bool = False, only: list[str] | None = None, gpu: str = "cpu", max_ranks: int | None = None) -> dict:
     cache = json.loads(CACHE.read_text()) if CACHE.is_file() and gpu == "cpu" else {}
     rows = []
-    for name in only or LAYOUTS:
+    names = [n for n in only or LAYOUTS if max_ranks is None or LAYOUTS[n][2] <= max_ranks]
+    for name in names:
         if remeasure or name not in cache:
             print(f"measuring {name} ...", file=sys.stderr, flush=True)
             cache[name] = measure(name, gpu)
@@ -158,8 +156,12 @@ def main() -> None:
     parser.add_argument("--remeasure", action="store_true", help="run the trainer again (else the cached runs)")
     parser.add_argument("--only", nargs="+", choices=list(LAYOUTS), default=None)
     parser.add_argument("--gpu", default="cpu", help="the device's catalog name (a GPU machine: h100, h200, ...)")
+    parser.add_argument("--max-ranks", type=int, default=None, help="only layouts whose full run fits N devices")
     args = parser.parse_args()
-    result = run(args.remeasure, args.only, args.gpu)
+    result = run(args.remeasure, args.only, args.gpu, args.max_ranks)
+    if not result["rows"]:
+        print(f"proxy accuracy: skipped, no layout's full run fits {args.max_ranks} device(s)")
+        return
     for x in result["rows"]:
         if "error" in x:
             print(f"{x['name']}: failed: {x['error']}")

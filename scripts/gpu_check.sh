@@ -7,4 +7,8 @@ python=python3
 [ -x .venv/bin/python ] && python=.venv/bin/python
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-exec timeout 480 "$python" -m trainers.gpu_check "$@"
+timeout 480 "$python" -m trainers.gpu_check "$@"
+# the proxy benchmark on the layouts whose full-size run fits this machine's GPUs (skipped with one line on 1 GPU)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpu_name=$("$python" -c 'import torch,sys; n=torch.cuda.get_device_name().lower(); print(next((g for g in ("gb300","gb200","b300","b200","h200","h100") if g in n), "h100"))')
+timeout 600 "$python" bench/proxy_accuracy.py --remeasure --gpu "$gpu_name" --max-ranks "${gpus:-1}"

@@ -35,6 +35,7 @@ from search_spaces.layout import Layout
 from search_spaces.memory import inflight_per_chunk
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import placement
+from search_spaces.result import TrialResult
 
 PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured
 # 1F1B reaches its steady state once every stage has work in flight; four per stage also averages the noise
@@ -224,3 +225,55 @@ def _ratio(full: Estimate, proxy: Estimate, *keys: str, part: str = "time_s") ->
     a = sum(full.breakdown[part].get(k, 0.0) for k in keys)
     b = sum(proxy.breakdown[part].get(k, 0.0) for k in keys)
     return a / b if b > 0 else 1.0
+
+
+# ---- a proxy's TrialResult, composed (the sweep and bench/proxy_accuracy.py both use this) -------------
+
+def composed_result(plan: ProxyPlan, raw: TrialResult, gpu: GPUSpec, seq_len: int) -> TrialResult:
+    """The proxy's result as the full layout's: composed tokens/s, step time, peak memory and components;
+    the proxy's own figures kept in extra["proxy_measured"], the breakdown in extra["composed"]."""
+    composed = compose(plan, measurement(raw), gpu, seq_len)
+    out = TrialResult.from_dict(raw.to_dict())
+    out.tokens_per_sec_per_gpu = composed.tokens_per_sec_per_gpu
+    out.step_time_s = composed.step_time_s
+    out.peak_memory_gib = composed.peak_memory_gib
+    out.tflops_per_gpu = _scaled(raw.tflops_per_gpu, composed, raw)
+    out.mfu = _scaled(raw.mfu, composed, raw)
+    out.memory_gib = {k: v for part in composed.memory_gib.values() for k, v in part.items()}
+    out.extra["composed"] = composed.to_dict()
+    out.extra["proxy_measured"] = {k: getattr(raw, k) for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
+                                                                "step_time_s", "peak_memory_gib")}
+    return out
+
+
+def _first_stage_memory(raw: TrialResult) -> dict[str, float]:
+    """The measured components of the proxy's first pipeline stage (the stage composition scales: it holds the
+    most microbatches in flight), its heaviest rank; the trainer's heaviest rank when it does not say."""
+    per_rank = raw.extra.get("memory_gib_per_rank") or []
+    stages = raw.extra.get("pipeline_rank_per_rank") or []
+    first = [m for m, stage in zip(per_rank, stages) if stage == 0]
+    if not first:
+        return raw.memory_gib
+    return max(first, key=lambda m: m.get("activations_per_microbatch", 0.0) + m.get("weights", 0.0))
+
+
+def measurement(raw: TrialResult) -> ProxyMeasurement:
+    """What composition reads from a proxy's TrialResult (the trainer's extra fields)."""
+    parts = raw.extra.get("step_parts_s") or {}
+    mem = _first_stage_memory(raw)
+    step = raw.step_time_s or 0.0
+    fwd_bwd = parts.get("forward_backward") if parts.get("forward_backward") is not None else step
+    optimizer = parts.get("optimizer") if parts.get("optimizer") is not None else max(step - fwd_bwd, 0.0)
+    return ProxyMeasurement(forward_backward_s=fwd_bwd, optimizer_s=optimizer, weights_gib=mem.get("weights", 0.0),
+                            gradients_gib=mem.get("gradients", 0.0),
+                            optimizer_states_gib=mem.get("optimizer_states", 0.0),
+                            activations_per_microbatch_gib=mem.get("activations_per_microbatch", 0.0),
+                            cpu_seconds_per_step=raw.extra.get("cpu_seconds_per_step"),
+                            host_cores=raw.extra.get("host_cores"))
+
+
+def _scaled(value: float | None, composed: Composed, raw: TrialResult) -> float | None:
+    """A per-GPU rate scales with tokens/s (same FLOPs per token)."""
+    if value is None or not raw.tokens_per_sec_per_gpu:
+        return None
+    return value * composed.tokens_per_sec_per_gpu / raw.tokens_per_sec_per_gpu
