@@ -17,7 +17,7 @@ finished, running or queued. The rules of thumb are enqueued trials (Optuna's wa
 from __future__ import annotations
 
 import random
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -121,9 +121,9 @@ class LayoutSampler(optuna.samplers.BaseSampler):
 class CalibratedSampler(LayoutSampler):
     memory_margin = CalibratedSearch.MEMORY_MARGIN
 
-    def __init__(self, space: SweepSpace, prior: Prior, seed: int | None):
+    def __init__(self, space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout] | None = None):
         super().__init__(space)
-        self.search = CalibratedSearch.from_prior(prior, seed=seed or 0)
+        self.search = CalibratedSearch.from_prior(prior, candidates=candidates, seed=seed or 0)
 
     def next_layout(self, taken: set[str]) -> Layout | None:
         return self.search.propose(taken)
@@ -149,18 +149,22 @@ def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:
                                             tuple(str(v) for v in lay.params().values())))
 
 
-def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None) -> optuna.samplers.BaseSampler:
+def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None,
+                 runnable: Callable[[Layout], bool] | None = None) -> optuna.samplers.BaseSampler:
+    """`runnable`: whether a layout can run at all here (e.g. its proxy fits in trial_gpus); the layout
+    samplers propose only those."""
+    candidates = [lay for lay in prior.candidates if runnable is None or runnable(lay)]
     if search == "calibrated":
-        return CalibratedSampler(space, prior, seed)
+        return CalibratedSampler(space, prior, seed, candidates)
     if search == "tpe":
         # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
     # the baselines walk the layouts the sweep's screen would let through (legal, predicted to fit)
+    feasible = [lay for lay in candidates if prior.predict(lay).feasible]
     if search == "random":
-        feasible = [lay for lay in prior.candidates if prior.predict(lay).feasible]
         return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
     if search == "grid":
-        return OrderedSampler(space, nemo_grid_order(lay for lay in prior.candidates if prior.predict(lay).feasible))
+        return OrderedSampler(space, nemo_grid_order(feasible))
     raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
 
 

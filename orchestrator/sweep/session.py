@@ -22,7 +22,7 @@ from search_spaces.space import explore
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
-from orchestrator.sweep.fidelity import TrialSize
+from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.prior import Prior, make_prior
 from orchestrator.sweep.samplers import make_sampler, memory_margin
@@ -103,7 +103,8 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     if not resume:
         _check_something_fits(spec, prior)
     space = SweepSpace.from_prior(prior)
-    sampler = make_sampler(spec.search, space, prior, spec.seed)
+    sampler = make_sampler(spec.search, space, prior, spec.seed,
+                           runnable=lambda lay: trial_size(spec, prior.model, prior.gpu, lay).refusal is None)
     study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
     lease = Lease(study)
     lease.acquire()
