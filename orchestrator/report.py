@@ -228,6 +228,14 @@ def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
     return fig
 
 
+def pareto_figure(study: optuna.Study) -> go.Figure:
+    """The report's Pareto figure on its own (the sweep's parent MLflow run carries it)."""
+    fig = _pareto_figure(views(study))
+    fig.update_xaxes(hoverformat=_HOVER_FORMAT)
+    fig.update_yaxes(hoverformat=_HOVER_FORMAT)
+    return fig
+
+
 def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> dict[str, go.Figure]:
     figs = {"pareto": _pareto_figure(trials), "importance": _importance_figure(study),
             "predicted_vs_measured": _predicted_measured_figure(trials),
@@ -306,22 +314,23 @@ def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> str:
     return f'<section id="{name}"><h2>{name.replace("_", " ")}</h2>{div}{image}</section>'
 
 
-def write(study: optuna.Study, out_dir: str | Path) -> Report:
-    """report.html and, where a Chrome runs, one PNG per figure in out_dir."""
+def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True) -> Report:
+    """report.html and, where a Chrome runs and `pngs` asks for them, one PNG per figure in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
     fitting = [v for v in trials if v.status == "ok" and v.fits and _num(v.tokens_per_sec_per_gpu) is not None]
     winner = max(fitting, key=lambda v: v.tokens_per_sec_per_gpu, default=None)
     figs = figures(study, trials, winner)
-    pngs, png_note = export_pngs(figs, out)
+    # the sweep's end logs the page without PNGs: a headless Chrome per sweep is not cheap
+    png_paths, png_note = export_pngs(figs, out) if pngs else ({}, None)
 
     attrs = study.user_attrs
     title = f"moe-autotune report: {study.study_name}"
     summary = (f"model {attrs.get('model')} · seq_len {attrs.get('seq_len')} · {attrs.get('num_gpus')}× "
                f"{attrs.get('gpu')} · backend {attrs.get('backend')} · {len(trials)} trials")
     skipped = f"<p><i>Static PNGs not written: {html.escape(png_note)}.</i></p>" if png_note else ""
-    sections = "".join(_section(name, figs[name], i == 0, pngs.get(name)) for i, name in enumerate(FIGURES))
+    sections = "".join(_section(name, figs[name], i == 0, png_paths.get(name)) for i, name in enumerate(FIGURES))
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} img.png{{max-width:48%;border:1px solid #ddd}}
@@ -334,14 +343,14 @@ table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;pa
 """
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
-    return Report(html_path, pngs, winner, png_note)
+    return Report(html_path, png_paths, winner, png_note)
 
 
-def log_to_mlflow(report: Report, parent_run_id: str) -> None:
-    """Attach the page and PNGs to the sweep's parent run (tracking URI already set)."""
+def log_to_mlflow(report: Report, parent_run_id: str, client: Any = None) -> None:
+    """Attach the page and PNGs to the sweep's parent run (with `client`, else the tracking URI already set)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
+    client = client or MlflowClient()
     client.log_artifact(parent_run_id, str(report.html_path), "report")
     for path in report.pngs.values():
         client.log_artifact(parent_run_id, str(path), "report")
