@@ -228,6 +228,14 @@ def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
     return fig
 
 
+def pareto_figure(study: optuna.Study) -> go.Figure:
+    """The report's Pareto figure on its own (the sweep's parent MLflow run carries it)."""
+    fig = _pareto_figure(views(study))
+    fig.update_xaxes(hoverformat=_HOVER_FORMAT)
+    fig.update_yaxes(hoverformat=_HOVER_FORMAT)
+    return fig
+
+
 def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None,
             family: list[dict[str, Any]] | None = None) -> dict[str, go.Figure]:
     """One figure per question; the length family's only for a family (its rows: sweep.family.family_rows)."""
@@ -346,11 +354,11 @@ table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;pa
     return Report(html_path, pngs_written, winner, png_note)
 
 
-def log_to_mlflow(report: Report, parent_run_id: str) -> None:
-    """Attach the page and PNGs to the sweep's parent run (tracking URI already set)."""
+def log_to_mlflow(report: Report, parent_run_id: str, client: Any = None) -> None:
+    """Attach the page and PNGs to the sweep's parent run (with `client`, else the tracking URI already set)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
+    client = client or MlflowClient()
     client.log_artifact(parent_run_id, str(report.html_path), "report")
     for path in report.pngs.values():
         client.log_artifact(parent_run_id, str(path), "report")

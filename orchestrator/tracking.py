@@ -23,7 +23,7 @@ import logging
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from search_spaces.layout import Layout
+from search_spaces.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import sqlite_tuning
 from orchestrator.errors import TrackingError
@@ -40,6 +40,41 @@ TRIAL_TAG = "optuna_trial_number"
 SUPERSEDED_TAG = "moe_autotune.superseded_trial"
 CORRUPT_SPOOL = "mlflow-spool.corrupt.jsonl"
 _METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s", "wall_time_s")
+# MLflow 3's experiment kind: "custom_model_development" is its model-training view (runs, not traces)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+# a saved view of the runs page (MLflow's "Views" menu), opened by `?viewStateShareKey=<id>`
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+TRIALS_VIEW = "moe-autotune-trials"
+_VIEW_METRICS = ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "peak_memory_gib",
+                 "predicted_peak_memory_gib", "mfu", "gpu_seconds")
+LEADERBOARD_TABLE = "leaderboard.json"
+
+
+def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
+    """A SQLite store in a directory that is missing or not writable (MLflow would retry for minutes), or, with
+    `must_exist`, a file that is not there (reading it would create an empty store)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return
+    path = Path(tracking_uri[len("sqlite:///"):])
+    if must_exist and not path.is_file():
+        raise TrackingError(f"no MLflow store at {tracking_uri!r}: {str(path)!r} does not exist "
+                            "(run a sweep first, or pass --tracking-uri)")
+    target = path if path.exists() else path.parent
+    if not target.exists():
+        raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
+                            f"directory {str(target)!r} does not exist")
+    if not os.access(target, os.W_OK):
+        raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
+                            f"{str(target)!r} is not writable")
+
+
+def unusable(tracking_uri: str, exc: Exception) -> TrackingError:
+    """One line naming the store and why it cannot be used."""
+    # redact before cutting: a cut could split a password from its '@'
+    text = str(exc).strip().splitlines()
+    why = redact_uri(text[0])[:300] if text else type(exc).__name__
+    return TrackingError(f"cannot use the MLflow tracking URI {redact_uri(tracking_uri)!r}: {why}")
 
 
 def safe_environment(prefixes: Iterable[str] = ("MOE_AUTOTUNE_", "OMP_", "CUDA_", "NCCL_", "RAY_", "MLFLOW_")
@@ -56,11 +91,11 @@ class Tracker:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.tracking_uri = tracking_uri
-        self._check_sqlite_file()  # before the client: MLflow retries an unusable SQLite file for minutes
+        check_sqlite_store(tracking_uri)  # before the client: MLflow retries an unusable SQLite file for minutes
         try:
             self.client = MlflowClient(tracking_uri=tracking_uri)
         except Exception as exc:  # noqa: BLE001 -- e.g. an unknown scheme: the URI cannot be used
-            raise self._unusable(exc) from None
+            raise unusable(self.tracking_uri, exc) from None
         self.experiment_name = experiment_name
         self.spool_path = Path(spool_path)
         self.experiment_id: str | None = None
@@ -76,31 +111,14 @@ class Tracker:
         try:
             self.client.search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 -- any failure here means the URI cannot be used
-            raise self._unusable(exc) from None
-
-    def _check_sqlite_file(self) -> None:
-        """A SQLite store in a directory that is missing or not writable (MLflow would retry for minutes)."""
-        if not self.tracking_uri.startswith("sqlite:///"):
-            return
-        path = Path(self.tracking_uri[len("sqlite:///"):])
-        target = path if path.exists() else path.parent
-        if not target.exists():
-            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
-                                f"directory {str(target)!r} does not exist")
-        if not os.access(target, os.W_OK):
-            raise TrackingError(f"cannot use the MLflow tracking URI {self.tracking_uri!r}: "
-                                f"{str(target)!r} is not writable")
-
-    def _unusable(self, exc: Exception) -> TrackingError:
-        # redact before cutting: a cut could split a password from its '@'
-        text = str(exc).strip().splitlines()
-        why = redact_uri(text[0])[:300] if text else type(exc).__name__
-        return TrackingError(f"cannot use the MLflow tracking URI {redact_uri(self.tracking_uri)!r}: {why}")
+            raise unusable(self.tracking_uri, exc) from None
 
     # ---- parent ------------------------------------------------------------------------------------
     def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None) -> str:
         exp = self.client.get_experiment_by_name(self.experiment_name)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment_name)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+            self.experiment_name, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
+        mark_training_experiment(self.client, self.experiment_id, spec.get("free"))  # also an older experiment
         parent = None
         if resume:
             runs = self.client.search_runs(
@@ -151,6 +169,27 @@ class Tracker:
         if pareto_csv is not None:
             self.client.log_text(run_id, pareto_csv, "pareto.csv")
         self.client.set_terminated(run_id, status)
+
+    def log_views(self, study: Any) -> None:
+        """The sweep's views on its parent run: the leaderboard as an MLflow table and a CSV, the Pareto plot
+        (plotly, opens offline) and the report page (no PNGs: no headless Chrome at every sweep's end)."""
+        import tempfile
+
+        from orchestrator import report, study as studies
+
+        run_id = self.parent_run_id
+        frame = studies.leaderboard(study)
+        if LEADERBOARD_TABLE in {a.path for a in self.client.list_artifacts(run_id)}:
+            # log_table would append to a resumed sweep's table: the whole table replaces it instead
+            self.client.log_text(run_id, frame.to_json(orient="split", index=False, date_format="iso"),
+                                 LEADERBOARD_TABLE)
+        else:
+            self.client.log_table(run_id, frame, LEADERBOARD_TABLE)
+        self.client.log_text(run_id, frame.to_csv(index=False), "leaderboard.csv")
+        self.client.log_figure(run_id, report.pareto_figure(study), "pareto.html",
+                               save_kwargs={"include_plotlyjs": True})  # inlined: MLflow's default is a CDN
+        with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
+            report.log_to_mlflow(report.write(study, tmp, pngs=False), run_id, client=self.client)
 
     # ---- children ----------------------------------------------------------------------------------
     def child(self, number: int, layout: Layout, backend: str) -> str | None:
@@ -211,6 +250,8 @@ class Tracker:
         names = [k for k in _METRICS if not (k == "step_time_s" and steps)]
         metrics = [Metric(k, float(result[k]), t, 0) for k in names if _finite(result.get(k))]
         metrics += [Metric("step_time_s", v, t, i) for i, v in enumerate(steps)]
+        # step k of `loss` is the trainer's step k, warm-up included (extra.loss_includes_warmup)
+        metrics += [Metric("loss", float(v), t, i) for i, v in enumerate(result.get("loss") or []) if _finite(v)]
         metrics += [Metric(f"predicted_{k}", float(pred[k]), t, 0)
                     for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s")
                     if _finite(pred.get(k))]
@@ -353,6 +394,56 @@ def _trial_size_records(extra: dict[str, Any], t: int) -> tuple[list[Metric], li
     metrics += [Metric(f"proxy_measured_{k}", float(v), t, 0) for k, v in (extra.get("proxy_measured") or {}).items()
                 if _finite(v)]
     return metrics, params, tags
+
+
+def trials_view(free: Iterable[str] | None = None) -> dict[str, Any]:
+    """The runs page as the sweep is read: trials ranked by tokens/s/GPU (a metric order lists child runs
+    flat, not collapsed under the parent), measured beside predicted, then the searched layout fields."""
+    columns = [f"metrics.`{k}`" for k in _VIEW_METRICS]
+    columns += [f"params.`{k}`" for k in (free or PARALLEL_SIZES)]
+    columns += ["tags.`status`", "tags.`fidelity`"]
+    # columnOrder puts them first, in this order: the tokens/s column stays in sight on a narrow window
+    return {"searchFilter": "", "orderByKey": "metrics.`tokens_per_sec_per_gpu`", "orderByAsc": False,
+            "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
+            "selectedColumns": columns, "columnOrder": columns, "runsExpanded": {}}
+
+
+def mark_training_experiment(client: MlflowClient, experiment_id: str, free: Iterable[str] | None = None) -> None:
+    """Tag the sweep's experiment as a model-training one and give it the trials view (idempotent).
+
+    With `free` (the spec's searched fields) the view shows those params; without, an existing view is kept."""
+    tags = client.get_experiment(experiment_id).tags
+    if tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    key = VIEW_TAG_PREFIX + TRIALS_VIEW
+    old = _saved_view(tags.get(key))
+    if old is not None and free is None:
+        return
+    state = json.dumps(trials_view(free))
+    if old is None or old.get("state") != state:
+        # the envelope of MLflow 3's saved views: a name in the Views menu, the page state as JSON text
+        created = old.get("createdAt", _now()) if old else _now()
+        client.set_experiment_tag(experiment_id, key, json.dumps(
+            {"name": "moe-autotune: trials by tokens/s/GPU", "createdAt": created, "updatedAt": _now(),
+             "state": state}))
+
+
+def _saved_view(value: str | None) -> dict[str, Any] | None:
+    """A saved view's envelope, or None when there is none (or it is not one: it is rewritten)."""
+    try:
+        view = json.loads(value) if value else None
+    except ValueError:
+        return None
+    return view if isinstance(view, dict) else None
+
+
+def runs_page_url(base_url: str, experiment_id: str) -> str:
+    """The experiment's runs page in the model-training view, opened on the trials view.
+
+    MLflow 3.17's UI picks the view from `workflowType` in the URL (else the browser's last choice, GenAI by
+    default), not from the experiment's tag; later MLflow sources also follow the tag."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={TRIALS_VIEW}")
 
 
 def layout_params(layout: Layout) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """MLflow records checked through MlflowClient against a real `mlflow server` on 127.0.0.1."""
 
 import json
+import re
 
 import optuna
 import pytest
@@ -9,7 +10,7 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
-from orchestrator.tracking import Tracker, safe_environment
+from orchestrator.tracking import EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, Tracker, safe_environment
 from orchestrator.errors import TrackingError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
 from tests.sweep_helpers import prior_for
@@ -191,3 +192,71 @@ def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch,
     assert tracker.is_finished(5) and tracker.spool_torn == 1 and tracker.spool_set_aside == 3
     assert any("torn" in r.getMessage() for r in caplog.records)
     assert len(corrupt.read_text().splitlines()) == 3
+
+
+def _parent_artifacts(client, run_id: str) -> set[str]:
+    return {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "report")}
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leaderboard(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # MlflowClient.load_table searches with the global URI
+    spec = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 4}, track_rejected=False)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("viewed")
+    assert exp.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    view = json.loads(exp.tags[VIEW_TAG_PREFIX + TRIALS_VIEW])
+    state = json.loads(view["state"])
+    assert state["orderByKey"] == "metrics.`tokens_per_sec_per_gpu`" and state["orderByAsc"] is False
+    assert state["selectedColumns"][0] == "metrics.`tokens_per_sec_per_gpu`"
+    assert {f"params.`{k}`" for k in spec.free} <= set(state["selectedColumns"])
+
+    parent = out.study.user_attrs["mlflow_parent_run_id"]
+    assert {"leaderboard.json", "leaderboard.csv", "pareto.html", "report/report.html"} <= _parent_artifacts(
+        client, parent)
+    assert not [p for p in _parent_artifacts(client, parent) if p.endswith(".png")]  # no PNGs at a sweep's end
+    board = studies.leaderboard(out.study)
+    csv = open(client.download_artifacts(parent, "leaderboard.csv", str(tmp_path))).read()
+    assert csv == board.to_csv(index=False)
+    table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
+    assert sorted(table["trial"]) == sorted(board["trial"])
+    pareto = open(client.download_artifacts(parent, "pareto.html", str(tmp_path))).read()
+    # plotly.js inlined (MLflow's default would load it from a CDN): the plot opens offline
+    assert "Pareto front" in pareto and not re.search(r"<script[^>]*\bsrc=", pareto)
+
+    # a resumed sweep replaces the table (MLflow's log_table alone would append the old rows again)
+    more = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 6}, track_rejected=False)
+    again = run_sweep(more, resume=True, prior=prior_for(more), show_progress=False)
+    assert again.study.user_attrs["mlflow_parent_run_id"] == parent
+    board = studies.leaderboard(again.study)
+    assert len(board) > len(table)
+    table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
+    assert sorted(table["trial"]) == sorted(board["trial"])
+
+
+def test_a_trial_run_logs_loss_and_step_times_as_steps_beside_the_prediction(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "stepped", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "stepped", "free": ["tp", "pp"]}, "stepped", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9, float("nan"), 4.7],
+                          "extra": {"fidelity": "full", "gpu_seconds": 8.0, "loss_includes_warmup": True}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    assert tracker.record(0, payload)
+    client = MlflowClient(uri)
+    run = client.get_run(tracker._children[0].run_id)
+    loss = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(loss) == [(0, 5.0), (1, 4.9), (3, 4.7)]  # the trainer's steps; a NaN step is left out
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "step_time_s")) == [0, 1, 2]
+    assert run.data.metrics["tokens_per_sec_per_gpu"] == 100.0
+    assert run.data.metrics["predicted_tokens_per_sec_per_gpu"] == 110.0
+    assert run.data.metrics["gpu_seconds"] == 8.0 and run.data.tags["fidelity"] == "full"
+    state = json.loads(json.loads(client.get_experiment(tracker.experiment_id).tags[VIEW_TAG_PREFIX + TRIALS_VIEW])
+                       ["state"])
+    assert [c for c in state["selectedColumns"] if c.startswith("params.")] == ["params.`tp`", "params.`pp`"]

@@ -201,6 +201,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         try:
             pending = session.tracker.flush()
             if not pending:
+                session.tracker.log_views(study)  # leaderboard table and CSV, Pareto plot, report page
                 session.tracker.finish(_summary(session, best, pareto, measured), _pareto_csv(study, pareto))
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
