@@ -238,7 +238,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         batch = next(data_iterator)
         index = chunk_index[id(chunk)]
         record = state.step == state.measure_step and index not in state.measured_chunks
-        with saved.recording(chunk) if record else contextlib.nullcontext():
+        # by module too, unless CUDA graphs: Megatron refuses user forward hooks on the modules it graphs
+        with saved.recording(None if layout.cuda_graphs else chunk) if record else contextlib.nullcontext():
             output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
         if record:
             state.measured_chunks.add(index)
