@@ -73,6 +73,8 @@ def _failed(title: str, outcome: dict) -> list[str]:
 # (module, title, how run_all calls its run()); each module's section(result) writes its figures
 BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("estimator_accuracy", "Estimator accuracy", lambda m, a: m.run()),
+    # measured runs come from bench/memory_measurements.json (bench/memory_accuracy.py --remeasure refreshes it)
+    ("memory_accuracy", "Memory accuracy", lambda m, a: m.run()),
     ("search_efficiency", "Search efficiency", lambda m, a: m.run(quick=a.quick, verbose=True)),
     ("sweep_speed", "What-if speed", lambda m, a: m.run()),
     ("sweep_overhead", "Orchestration overhead", lambda m, a: m.run()),

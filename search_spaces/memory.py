@@ -8,7 +8,9 @@ part over DP*CP and the expert part over EDP; the offloaded fraction lives in ho
 Activations: the tensors autograd saves for backward, per layer kind, for one microbatch of
 mbs*seq_len/CP tokens on this rank (TP shards what Megatron shards; sequence parallel shards the norm/residual
 regions), minus what the chosen recompute frees, times the microbatches in flight under 1F1B (min(m, PP-rank))
-or the interleaved schedule (Megatron's warm-up count of model chunks).
+or the interleaved schedule (Megatron's warm-up count of model chunks). The CPU trainer's layers have terms
+of their own (cpu=True: composite norms, RoPE and SwiGLU, unfused attention), each checked against what its
+saved-tensor hooks record per module (bench/memory_accuracy.py).
 """
 
 from __future__ import annotations
@@ -59,27 +61,25 @@ def layer_activations(model: ModelSpec, layout: Layout, seq_len: int, index: int
     """Bytes autograd saves for one microbatch in decoder layer `index` on one rank, keyed by the recompute
     module that frees them ('residual' and 'attention' are kept by every selective choice)."""
     # Only the layer's kind and a few layout fields matter: cache on those (space enumeration calls this a lot).
-    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision)
+    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision, layout.dispatcher)
     return _layer_activations(model, key, seq_len, model.attention_kind(index), model.layer_is_moe(index), cpu)
 
 
 @lru_cache(maxsize=65536)
 def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is_moe: bool,
                        cpu: bool) -> dict[str, float]:
-    tp_, cp_, etp_, mbs_, sp_, precision_ = key
-    L = Layout(tp=tp_, cp=cp_, etp=etp_, mbs=mbs_, gbs=mbs_, precision=precision_, sequence_parallel=sp_)
+    tp_, cp_, etp_, mbs_, sp_, precision_, dispatcher_ = key
+    L = Layout(tp=tp_, cp=cp_, etp=etp_, mbs=mbs_, gbs=mbs_, precision=precision_, sequence_parallel=sp_,
+               dispatcher=dispatcher_)
+    if cpu:
+        return _cpu_layer_activations(model, L, seq_len, is_moe, kind)
     tp = L.tp
     h = model.hidden_size
     t = L.mbs * seq_len / L.cp  # tokens of one microbatch on this CP rank
     tsp = t / tp if L.sp else t  # tokens in sequence-parallel regions
     e, g = act_bytes(L), gemm_input_bytes(L)
-    if cpu:
-        # PyTorch composite RMSNorm (no fused kernel) keeps its input and the normalised tensor; the next
-        # linear keeps the weighted output (measured with the CPU trainer's saved-tensor hooks)
-        out = {"residual": 2 * tsp * h * e, "layernorm": 2 * tsp * h * e + tsp * h * e}
-    else:
-        out = {"residual": 2 * tsp * h * e,  # inputs of the two norms (the residual stream)
-               "layernorm": 2 * tsp * h * g}  # norm outputs, saved by the following linear
+    out = {"residual": 2 * tsp * h * e,  # inputs of the two norms (the residual stream)
+           "layernorm": 2 * tsp * h * g}  # norm outputs, saved by the following linear
     n = model.num_attention_heads
     attn: dict[str, float] = {}
     if kind == "linear":
@@ -91,31 +91,27 @@ def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is
         out["layernorm"] += t * (model.q_lora_rank + model.kv_lora_rank) * g
         attn["mla_up_proj"] = (t / tp) * n * (2 * qd + vd) * e  # q, k, v saved by core attention
         attn["attention"] += (t / tp) * n * vd * g  # attention output, saved by the out projection
-        attn["core_attn"] = _core_attn(t, seq_len, L, n, qd, vd, e, cpu)
+        attn["core_attn"] = t * n / tp * 4  # flash attention: softmax log-sum-exp (fp32)
     else:
         d = model.head_dim
         kv = model.num_kv_heads
         qkv = (t / tp) * (n + 2 * kv) * d * e  # the QKV projection output (V is a view of it)
-        qk = (t / tp) * (n + kv) * d * e
-        if cpu:
-            # q/k after RoPE saved by the score matmul, plus the QK-norm input/normalised/weighted copies
-            attn["attention"] = qkv + qk + (2 * qk if model.qk_layernorm else 0.0) + (t / tp) * n * d * e
-        else:
-            attn["attention"] = qkv + (qk if model.qk_layernorm else 0.0) + (t / tp) * n * d * g
+        qk = (t / tp) * (n + kv) * d * e  # q and k after RoPE (new tensors), kept by flash attention
+        # QK-norm keeps only its rsigma (fp32) beyond the QKV output it reads; the attention output is kept
+        # by the out projection (as the flash attention's own output)
+        norm = (t / tp) * (n + kv) * 4 if model.qk_layernorm else 0.0
+        attn["attention"] = qkv + qk + norm + (t / tp) * n * d * g
         if model.attention_output_gate:
             attn["attention"] += 2 * (t / tp) * n * d * e
-        attn["core_attn"] = _core_attn(t, seq_len, L, n, d, d, e, cpu, kv_heads=kv)
+        attn["core_attn"] = t * n / tp * 4  # flash attention: softmax log-sum-exp (fp32)
     for k, val in attn.items():
         out[k] = out.get(k, 0.0) + val
     if is_moe:
-        out.update(_moe_activations(model, L, tsp, t, e, g, cpu))
+        out.update(_moe_activations(model, L, tsp, t, e, g))
     else:
         f = model.ffn_hidden_size / tp
         glu = 2 if model.gated_mlp else 1
-        if cpu:  # composite SwiGLU keeps both halves, silu's output and the product; fc1 keeps its input
-            out["mlp"] = t * f * e * (4 if model.gated_mlp else 2) + t * f * e + tsp * h * e
-        else:
-            out["mlp"] = t * (glu * f * e + f * g)
+        out["mlp"] = t * (glu * f * e + f * g)
     return out
 
 
@@ -144,45 +140,135 @@ def linear_attention_activations(model: ModelSpec, L: Layout, t: float, e: int, 
                  + 4 * (2 * nk + 2 * nv + 64 * nv + nv))
 
 
-def _core_attn(t, seq_len, L, heads, qd, vd, e, cpu, kv_heads=None) -> float:
-    """What core attention itself keeps beyond its q/k/v inputs."""
-    n = heads / L.tp
-    if cpu:
-        # CPU trainer: unfused attention over all-gathered K/V: probabilities (fp32) + causal mask (1 B),
-        # and the gathered (GQA-repeated) K and V of the whole sequence.
-        s = L.mbs * seq_len
-        probs = t * seq_len * n * 4 + t * seq_len
-        gathered = s * n * (qd + vd) * e if (L.cp > 1 or (kv_heads and kv_heads < heads)) else 0.0
-        return probs + gathered
-    return t * n * 4  # flash attention: softmax log-sum-exp (fp32); output is saved by the out projection
+def _cpu_layer_activations(model: ModelSpec, L: Layout, seq_len: int, is_moe: bool, kind: str) -> dict[str, float]:
+    """The CPU trainer: PyTorch composite ops (RMSNorm, RoPE, SwiGLU) and unfused attention. Every tensor
+    below is one that trainers/measure.py's saved-tensor hooks see, by module, in the trainer's fp32 CPU runs;
+    bench/memory_accuracy.py checks each term on its own."""
+    h, e = model.hidden_size, act_bytes(L)
+    s = seq_len / L.cp  # sequence positions on this CP rank
+    t = L.mbs * s  # tokens of one microbatch on this CP rank
+    tsp = t / L.tp if L.sp else t  # tokens in sequence-parallel regions
+    # Each norm keeps its input (the residual stream), rsqrt [tokens, 1] and the normalised copy; its
+    # weighted output is kept by whatever reads it next (QKV or down projection, router, MLP or shared fc1,
+    # a recompute checkpoint). The layernorm recompute frees all but the input.
+    out = {"residual": 2 * tsp * h * e, "layernorm": 2 * tsp * (2 * h + 1) * e}
+    if kind == "linear":  # gated delta-net (cpu_compat's references of the FLA kernels)
+        attn = {"attention": linear_attention_activations(model, L, t, e, e, True)}
+    elif model.is_mla:
+        attn = _cpu_mla(model, L, seq_len, e)
+    else:  # full or sliding-window attention: the CPU attention masks the window inside S x S
+        attn = _cpu_attention(model, L, seq_len, e)
+    for k, val in attn.items():
+        out[k] = out.get(k, 0.0) + val
+    if is_moe:
+        out.update(_cpu_moe_activations(model, L, tsp, t, e))
+    else:  # fc1 output (both SwiGLU halves), silu output, the linear half's copy (+ glu offset), fc2 input;
+        # without a GLU the activation keeps fc1's output and fc2 its input
+        out["mlp"] = t * model.ffn_hidden_size / L.tp * e * (5 if model.gated_mlp else 2)
+    return out
 
 
-def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, g: int, cpu: bool) -> dict[str, float]:
+def _cpu_probs(L: Layout, seq_len: int, heads: float, e: int) -> float:
+    """Unfused softmax attention of one microbatch: fp32 probabilities [mbs, heads, S/CP, S] (plus the
+    working-dtype copy the context matmul keeps when that is not fp32) and the causal mask, bool
+    [S/CP, S] broadcast over microbatch rows and heads."""
+    s = seq_len / L.cp
+    return L.mbs * heads * s * seq_len * (4 + (e if e != 4 else 0)) + s * seq_len
+
+
+def _cpu_attention(model: ModelSpec, L: Layout, seq_len: int, e: int) -> dict[str, float]:
+    """GQA/MHA with RoPE. CP = 1: Megatron's local DotProductAttention (GQA repeats K and V to every head);
+    CP > 1: trainers/cp_attention.py, which all-gathers K and V over the CP group."""
+    n, kv, d = model.num_attention_heads / L.tp, model.num_kv_heads / L.tp, model.head_dim
+    s = seq_len / L.cp
+    t = L.mbs * s
+    local = L.cp == 1
+    attention = t * n * d * e * 2  # q after RoPE (score matmul) and the attention output (out projection)
+    attention += 4 * s * d * e  # RoPE cos and sin for q and for k, [S/CP, 1, 1, head_dim]: no batch
+    if model.qk_layernorm:  # per-head norms: the QKV output they read, rsqrt per head, normalised q and k;
+        # with several KV groups of several heads on the rank, q is regrouped out of the QKV output: a copy
+        regrouped = t * n * d * e if 1 < kv < n else 0.0
+        attention += t * (n + 2 * kv) * d * e + t * (n + kv) * (d + 1) * e + regrouped
+    elif local and kv == n:  # the context matmul reads V, a view of the QKV output
+        attention += t * (n + 2 * kv) * d * e
+    if local and kv == n:
+        attention += t * kv * d * e  # k after RoPE (score matmul)
+    if model.attention_output_gate:
+        attention += 2 * t * n * d * e
+    core = _cpu_probs(L, seq_len, n, e)
+    if not local:  # K and V of the whole sequence (all-gathered, GQA-repeated to every head)
+        core += 2 * L.mbs * seq_len * n * d * e
+    elif kv < n:  # K and V repeated to every head
+        core += 2 * t * n * d * e
+    return {"attention": attention, "core_attn": core}
+
+
+def _cpu_mla(model: ModelSpec, L: Layout, seq_len: int, e: int) -> dict[str, float]:
+    """MLA on the CPU attention (trainers/cp_attention.py at any CP). The trainer builds the q/kv latent
+    norms only when the model has qk_layernorm (no catalog MLA model does: that branch is not measured)."""
+    n, qd, vd, rope = model.num_attention_heads / L.tp, model.q_head_dim, model.v_head_dim, model.qk_rope_head_dim
+    s = seq_len / L.cp
+    t = L.mbs * s
+    tsp = t / L.tp if L.sp else t
+    latents = model.q_lora_rank + model.kv_lora_rank
+    # Down-projection outputs, kept by the up projections (or by the latent norms); under TP the down
+    # projections are column-parallel and their outputs all-gathered: q's sequence-parallel share stays a
+    # view of the gathered [tokens, q_lora] tensor, kv's share is a copy without the RoPE part (gathered
+    # and rotated separately). Then the attention output.
+    kv = tsp * model.kv_lora_rank if L.tp > 1 and L.sp else t * (model.kv_lora_rank + rope)
+    attention = (t * model.q_lora_rank + kv) * e + t * n * vd * e
+    if model.qk_layernorm:  # rsqrt, normalised latents and the norm outputs the up projections keep
+        attention += 2 * t * e + 2 * t * latents * e
+    # q, k, v built by the up projections (kept by the score/context matmuls; at CP > 1 only q: K and V are
+    # all-gathered copies) and RoPE cos/sin for q and k, [S/CP, 1, 1, rope dim]: all freed by mla_up_proj
+    up = t * n * (qd if L.cp > 1 else 2 * qd + vd) * e + 4 * s * rope * e
+    core = _cpu_probs(L, seq_len, n, e)
+    if L.cp > 1:
+        core += L.mbs * seq_len * n * (qd + vd) * e
+    return {"attention": attention, "mla_up_proj": up, "core_attn": core}
+
+
+def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, g: int) -> dict[str, float]:
     k = model.topk
     h = model.hidden_size
     f = model.moe_ffn_hidden_size / L.etp
     routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
-    if cpu:
-        # measured on the CPU trainer (grouped experts): fp32 router input copy, expert input, fc2 input and
-        # the expert output with its probability-weighted copy in the unpermute; the activation function keeps
-        # four token-copy x ffn tensors (both SwiGLU halves, silu output, product) - all freed by moe_act
-        # recompute (measured: 4 such tensors per layer on tiny-moe and tiny-mla-moe)
-        out = {"router": tsp * h * e + tsp * model.num_experts * 4 * 2,
-               "moe": routed * h * e + routed * f * e + 2 * routed * h * e,
-               "moe_act": 4 * routed * f * e}
-        if model.linear_bias:
-            # gpt-oss's GLU, unfused on CPU (clamped gate through quick-GELU times clamped linear + 1): two
-            # more token-copy x ffn tensors (measured on tiny-gpt-oss); fused on GPU (bias_activation_fusion)
-            out["moe_act"] += 2 * routed * f * e
-    else:
-        # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
-        # unpermute, so the expert output is not kept)
-        out = {"router": tsp * model.num_experts * 4 * 2,  # logits and probabilities, fp32
-               "moe": routed * (h * g + 2 * f * e),
-               "moe_act": routed * f * g}  # activation output, saved by fc2
+    # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
+    # unpermute, so the expert output is not kept)
+    out = {"router": tsp * model.num_experts * 4 * 2,  # logits and probabilities, fp32
+           "moe": routed * (h * g + 2 * f * e),
+           "moe_act": routed * f * g}  # activation output, saved by fc2
     if model.shared_expert_ffn_hidden_size:
         fs = model.shared_expert_ffn_hidden_size / L.tp
-        out["shared_experts"] = t * (2 * fs * e + fs * g) if not cpu else t * fs * e * 5 + tsp * h * e
+        out["shared_experts"] = t * (2 * fs * e + fs * g)
+    return out
+
+
+def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int) -> dict[str, float]:
+    """Routed experts on the CPU trainer: Megatron's TEGroupedMLP over plain-torch grouped linears."""
+    k, h, experts = model.topk, model.hidden_size, model.num_experts
+    f = model.moe_ffn_hidden_size / L.etp
+    routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
+    if L.dispatcher == "allgather":  # row index of each local copy; routing map (bool) and probabilities
+        dispatch = routed * 8 + tsp * L.tp * experts * 5  # (fp32) of every token gathered over TP x EP
+    else:  # alltoall: int64 permutation indices, sorted over the [tokens, experts] routing map and per copy
+        dispatch = tsp * (experts + k) * 8
+    glu = 2 if model.gated_mlp else 1
+    out = {
+        # fp32 router: scores [tokens, experts], top-k probabilities, top-k indices (int64) twice
+        "router": tsp * (experts * 4 + k * 20),
+        # expert input (fc1), fc1 output (saved by the activation), routing probabilities (fp32)
+        "moe": routed * (h * e + glu * f * e + 4) + dispatch,
+        # SwiGLU: silu output, the linear half's copy (+ glu offset), the product, and the
+        # probability-weighted product saved by fc2
+        "moe_act": routed * f * e * (4 if model.gated_mlp else 2),
+    }
+    if model.linear_bias:
+        # gpt-oss's GLU, unfused on CPU (clamped gate through quick-GELU times clamped linear + 1): two more
+        # token-copy x ffn tensors (measured on tiny-gpt-oss); fused on GPU (bias_activation_fusion)
+        out["moe_act"] += 2 * routed * f * e
+    if model.shared_expert_ffn_hidden_size:  # the dense MLP's five [tokens, ffn] tensors
+        out["shared_experts"] = t * model.shared_expert_ffn_hidden_size / L.tp * e * (5 if model.gated_mlp else 2)
     return out
 
 
@@ -198,13 +284,18 @@ _SELECTIVE_FREES = {
 }
 
 
-def layer_saved_bytes(acts: dict[str, float], layout: Layout) -> float:
-    """What stays saved for one layer after selective recompute (full recompute is handled per chunk)."""
+def saved_terms(acts: dict[str, float], layout: Layout) -> dict[str, float]:
+    """The terms of one layer that stay saved after selective recompute (full recompute is handled per chunk)."""
     freed: set[str] = set()
     if layout.recompute_granularity == "selective":
         for m in layout.recompute_modules:
             freed.update(_SELECTIVE_FREES.get(m, ()))
-    return sum(v for k, v in acts.items() if k not in freed)
+    return {k: v for k, v in acts.items() if k not in freed}
+
+
+def layer_saved_bytes(acts: dict[str, float], layout: Layout) -> float:
+    """What stays saved for one layer after selective recompute (full recompute is handled per chunk)."""
+    return sum(saved_terms(acts, layout).values())
 
 
 def head_activations(model: ModelSpec, layout: Layout, seq_len: int, cpu: bool = False) -> float:
@@ -213,8 +304,10 @@ def head_activations(model: ModelSpec, layout: Layout, seq_len: int, cpu: bool =
     tsp = t / layout.tp if layout.sp else t
     e = act_bytes(layout)
     vocab = padded_vocab_size(model.vocab_size, layout.tp) / layout.tp
-    if cpu:  # composite norm (input + normalised), output-layer input, fp32 softmax of the cross-entropy
-        return 3 * tsp * model.hidden_size * e + t * vocab * 4
+    if cpu:
+        # composite norm (input, rsqrt, normalised), its output kept by the output layer, the fp32 softmax
+        # of the vocab-parallel cross-entropy, labels (int64) and loss mask (bool)
+        return tsp * (3 * model.hidden_size + 1) * e + t * vocab * 4 + t * 9
     return tsp * model.hidden_size * (e + gemm_input_bytes(layout)) + t * vocab * (e + 4)
 
 
@@ -285,29 +378,38 @@ def inflight_per_chunk(layout: Layout, rank: int, microbatches: int) -> list[int
 
 def chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...], cpu: bool) -> float:
     """Saved bytes of one microbatch through one model chunk, after recompute."""
-    total = 0.0
+    return sum(chunk_activation_terms(model, layout, seq_len, units, cpu).values())
+
+
+def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...],
+                           cpu: bool) -> dict[str, float]:
+    """chunk_activations by term: the layer terms summed over the chunk's layers after recompute, plus
+    `recompute_inputs` (layer inputs kept by full recompute), `mtp`, `embedding` and `head`."""
+    terms: dict[str, float] = {}
     layer_units = [u for u in units if u.is_layer]
-    full = layout.recompute_granularity == "full"
     t = layout.mbs * seq_len / layout.cp
     tsp = t / layout.tp if layout.sp else t
     layer_input = tsp * model.hidden_size * act_bytes(layout)
     recomputed = 0
-    if full:
+    if layout.recompute_granularity == "full":
         n = layout.recompute_num_layers
         if layout.recompute_method == "uniform":
             recomputed = len(layer_units)
-            total += math.ceil(len(layer_units) / n) * layer_input
+            terms["recompute_inputs"] = math.ceil(len(layer_units) / n) * layer_input
         else:  # block: the first n layers of the chunk are recomputed
             recomputed = min(n, len(layer_units))
-            total += recomputed * layer_input
+            terms["recompute_inputs"] = recomputed * layer_input
     for i, u in enumerate(layer_units):
         if i >= recomputed:
-            total += layer_saved_bytes(layer_activations(model, layout, seq_len, u.layer, cpu), layout)
+            for k, v in saved_terms(layer_activations(model, layout, seq_len, u.layer, cpu), layout).items():
+                terms[k] = terms.get(k, 0.0) + v
             if u.is_mtp:
-                total += mtp_activations(model, layout, seq_len)
+                terms["mtp"] = terms.get("mtp", 0.0) + mtp_activations(model, layout, seq_len)
+    if EMBEDDING in units:  # the token ids (int64) the lookup keeps; under TP the vocab-range mask (bool) too
+        terms["embedding"] = t * 8 + (t if layout.tp > 1 else 0)
     if LOSS in units:
-        total += head_activations(model, layout, seq_len, cpu) * (1 + sum(1 for u in units if u.is_mtp))
-    return total
+        terms["head"] = head_activations(model, layout, seq_len, cpu) * (1 + sum(1 for u in units if u.is_mtp))
+    return terms
 
 
 def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, float]:
@@ -328,6 +430,15 @@ def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int
             best = mem
     assert best is not None
     return best
+
+
+def rank_memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+                rank: int) -> dict[str, float]:
+    """memory_breakdown's components on pipeline rank `rank` (to compare with a measurement of that rank)."""
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None:
+        raise ValueError("layout has no pipeline placement (check rules first)")
+    return _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)
 
 
 def _candidate_ranks(place: Placement) -> list[int]:

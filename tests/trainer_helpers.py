@@ -85,6 +85,13 @@ for _family, _model in FAMILY_MODELS.items():
 RECOMPUTE_CHOICES = ("none", "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "full")
 LAYOUTS.update({f"mla_recompute_{choice}": (1, ["--mbs", "2", "--gbs", "2", "--recompute", choice], "tiny-mla-moe")
                 for choice in RECOMPUTE_CHOICES})
+# Wider and longer than the defaults (the memory model must hold beyond hidden 64 and 64 tokens): widths 64,
+# 256, 512 and sequence lengths 64, 512, 1024 together (bench/memory_accuracy.py covers many more).
+LAYOUTS.update({
+    "wide_cp2": (2, ["--hidden-size", "256", "--seq-len", "512", "--cp", "2", "--mbs", "2", "--gbs", "2"], "tiny-moe"),
+    "wide_long_mla": (1, ["--hidden-size", "512", "--seq-len", "1024", "--mbs", "1", "--gbs", "1",
+                          "--recompute", "moe_act,layernorm"], "tiny-mla-moe"),
+})
 
 
 def shared_run(tmp_path_factory, name: str) -> tuple[TrialResult, subprocess.CompletedProcess]:

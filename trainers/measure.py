@@ -4,13 +4,15 @@ Each component counts unique storages once (views, shards and flat buffers share
 weights (model parameters), gradients (Megatron DDP's main_grad buffers, or .grad), optimizer states
 (Adam moments and fp32 master copies: every tensor the optimizer holds that is not a parameter or a grad),
 and the activations autograd saves for backward during one microbatch's forward on this rank
-(parameters excluded; storages freed before the forward ends count as their final size).
+(parameters excluded; storages freed before the forward ends count as their final size), also by the module
+that saved them (trainers/activation_terms.py maps those onto the memory model's terms).
 """
 
 from __future__ import annotations
 
 import contextlib
 import resource
+from functools import partial
 from typing import Iterable, Iterator
 
 import torch
@@ -83,28 +85,119 @@ def static_components(chunks, optimizer) -> dict[str, int]:
 
 
 class SavedActivations:
-    """Collect the storages autograd saves for backward while active; `.bytes` sums them (unique)."""
+    """Collect the storages autograd saves for backward while active; `.bytes` sums them (unique).
+
+    `recording(chunk)` also attributes each storage to the module that saved it first (the innermost module
+    whose forward was running, found with forward pre/post hooks that exist only while recording) and to
+    its role there: `path:in` when the storage is one of that module's inputs, `path:child` when it is the
+    output of its direct submodule `child` (the expert fc1 output saved by the activation), plain `path`
+    when the module made it itself. `.by_module()` gives bytes per such owner; decoder layers are named by
+    their global index (`layer3.mlp.linear_fc1:in`), the model's own forward (loss) is `model`.
+    """
 
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
-        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.storages: dict[int, torch.UntypedStorage] = {}  # kept alive, so their ids stay unique
+        self.owners: dict[int, str] = {}
+        self._stack: list[_Frame] = []
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key and key not in self.exclude:
-            self.storages.setdefault(key, storage)
+        address = storage.data_ptr()
+        key = _storage_id(tensor)
+        if address and address not in self.exclude and key not in self.storages:
+            self.storages[key] = storage
+            self.owners[key] = self._stack[-1].owner(key) if self._stack else "model"
         return tensor
 
     @contextlib.contextmanager
-    def recording(self):
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
-            yield
+    def recording(self, chunk=None):
+        handles = self._attach(chunk) if chunk is not None else []
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._stack.clear()
+
+    def _attach(self, chunk) -> list:
+        handles = []
+        for module, name in module_paths(chunk).items():
+            handles.append(module.register_forward_pre_hook(partial(self._enter, name), with_kwargs=True))
+            handles.append(module.register_forward_hook(self._leave, always_call=True))
+        return handles
+
+    # Hooks return None: a value would replace the module's inputs or output.
+    def _enter(self, name: str, module, args, kwargs) -> None:
+        self._stack.append(_Frame(name, _storage_keys((args, kwargs))))
+
+    def _leave(self, module, args, output) -> None:
+        frame = self._stack.pop()
+        if self._stack:
+            child = frame.path.rsplit(".", 1)[-1]
+            for key in _storage_keys(output):
+                self._stack[-1].children.setdefault(key, child)
 
     @property
     def bytes(self) -> int:
         # Megatron frees some saved outputs early (CheckpointWithoutOutput resizes them to 0): count what is left.
         return sum(storage.nbytes() for storage in self.storages.values())
+
+    def by_module(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, storage in self.storages.items():
+            out[self.owners[key]] = out.get(self.owners[key], 0) + storage.nbytes()
+        return out
+
+    def clear(self) -> None:
+        self.storages.clear()
+        self.owners.clear()
+
+
+class _Frame:
+    """One running module forward: its path, the storages of its inputs, the outputs of its submodules."""
+
+    def __init__(self, path: str, inputs: set[int]):
+        self.path, self.inputs, self.children = path, inputs, {}
+
+    def owner(self, key: int) -> str:
+        if key in self.inputs:
+            return f"{self.path}:in"
+        if key in self.children:
+            return f"{self.path}:{self.children[key]}"
+        return self.path
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    """The identity of a tensor's storage while it lives. Not its address: Megatron frees saved outputs
+    early (resize to 0), and a storage allocated later at the same address would be taken for it."""
+    return tensor.untyped_storage()._cdata
+
+
+def _storage_keys(value, depth: int = 3) -> set[int]:
+    """Storages of the tensors in a module's inputs or output (tuples, lists and dicts, a few levels)."""
+    if torch.is_tensor(value):
+        return {_storage_id(value)}
+    if depth == 0:
+        return set()
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return set().union(*(_storage_keys(v, depth - 1) for v in items)) if items else set()
+
+
+def module_paths(chunk) -> dict[torch.nn.Module, str]:
+    """Every module of a model chunk (a GPTModel, possibly inside DDP) by a path that names decoder layers
+    by their global index: `decoder.layers.1.mlp` on the second pipeline stage becomes `layer5.mlp`."""
+    while hasattr(chunk, "module") and isinstance(chunk.module, torch.nn.Module):
+        chunk = chunk.module
+    layers = getattr(getattr(chunk, "decoder", None), "layers", None) or []
+    prefixes = {f"decoder.layers.{i}": f"layer{layer.layer_number - 1}" for i, layer in enumerate(layers)}
+    paths = {}
+    for name, module in chunk.named_modules():
+        head = ".".join(name.split(".")[:3])
+        path = prefixes[head] + name[len(head):] if head in prefixes else name
+        paths[module] = path or "model"
+    return paths
 
 
 def param_storage_keys(chunks) -> set[int]:

@@ -177,6 +177,7 @@ class StepState:
     measure_step: int = 0
     measured_chunks: set = field(default_factory=set)
     activation_bytes: int = 0
+    activations_by_module: dict = field(default_factory=dict)
 
 
 def _loss_func(loss_mask, output_tensor):
@@ -232,6 +233,7 @@ class Steps:
     cpu_times: list[float]  # this process's CPU seconds in each measured step
     losses: list  # per step (sum of token losses, tokens) on last-stage ranks, else None
     activation_bytes: int
+    activations_by_module: dict
     microbatches: int
     schedule: object
 
@@ -257,12 +259,15 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         batch = next(data_iterator)
         index = chunk_index[id(chunk)]
         record = state.step == state.measure_step and index not in state.measured_chunks
-        with saved.recording() if record else contextlib.nullcontext():
+        # by module too, unless CUDA graphs: Megatron refuses user forward hooks on the modules it graphs
+        with saved.recording(None if layout.cuda_graphs else chunk) if record else contextlib.nullcontext():
             output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
         if record:
             state.measured_chunks.add(index)
             state.activation_bytes += saved.bytes
-            saved.storages.clear()
+            for path, nbytes in saved.by_module().items():
+                state.activations_by_module[path] = state.activations_by_module.get(path, 0) + nbytes
+            saved.clear()
         return output, partial(_loss_func, batch["loss_mask"])
 
     schedule = get_forward_backward_func()
@@ -290,7 +295,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
             cpu_times.append(time.process_time() - cpu_start)
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
-    return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, microbatches, schedule)
+    return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, state.activations_by_module,
+                 microbatches, schedule)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -307,6 +313,7 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "cpu_times": steps.cpu_times,
         "memory_bytes": {**measure.static_components(built.wrapped, built.optimizer),
                          "activations_per_microbatch": steps.activation_bytes},
+        "activations_by_module": steps.activations_by_module,
         "peak": measure.peak_memory_gib(built.device),
         "layers": sum(len(c.decoder.layers) for c in built.chunks),
         "dispatchers": sorted({type(m.token_dispatcher).__name__ for m in modules if hasattr(m, "token_dispatcher")}),
@@ -419,6 +426,8 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
     result.peak_memory_gib = max(peaks)
     result.extra.update(
         memory_gib_rank=heaviest,
+        # bytes saved for backward per module path in one microbatch on that rank (measure.SavedActivations)
+        activations_by_module=gathered[heaviest]["activations_by_module"],
         memory_gib_per_rank=per_rank,
         pipeline_rank_per_rank=[g["pipeline_rank"] for g in gathered],
         peak_reserved_gib_per_rank=[g["peak"]["reserved"] for g in gathered],
