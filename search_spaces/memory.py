@@ -153,7 +153,11 @@ def _cpu_layer_activations(model: ModelSpec, L: Layout, seq_len: int, is_moe: bo
     # a recompute checkpoint). The layernorm recompute frees all but the input.
     out = {"residual": 2 * tsp * h * e, "layernorm": 2 * tsp * (2 * h + 1) * e}
     if kind == "linear":  # gated delta-net (cpu_compat's references of the FLA kernels)
-        attn = {"attention": linear_attention_activations(model, L, t, e, e, True)}
+        # its input norm is fused into in_proj (TE's layernorm-linear): the same input, rsqrt and normalised
+        # copy, kept by the attention module, and not freed by the layernorm recompute
+        fused_norm = tsp * h * e + tsp * (2 * h + 1) * e
+        out = {"residual": tsp * h * e, "layernorm": tsp * (2 * h + 1) * e}
+        attn = {"attention": linear_attention_activations(model, L, t, e, e, True) + fused_norm}
     elif model.is_mla:
         attn = _cpu_mla(model, L, seq_len, e)
     else:  # full or sliding-window attention: the CPU attention masks the window inside S x S
@@ -241,6 +245,8 @@ def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, 
     if model.shared_expert_ffn_hidden_size:
         fs = model.shared_expert_ffn_hidden_size / L.tp
         out["shared_experts"] = t * (2 * fs * e + fs * g)
+        if model.shared_expert_gate:  # Qwen3-Next: sigmoid(gate) x the shared output keeps both
+            out["shared_experts"] += tsp * (h + 1) * e
     return out
 
 
@@ -269,6 +275,8 @@ def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: i
         out["moe_act"] += 2 * routed * f * e
     if model.shared_expert_ffn_hidden_size:  # the dense MLP's five [tokens, ffn] tensors
         out["shared_experts"] = t * model.shared_expert_ffn_hidden_size / L.tp * e * (5 if model.gated_mlp else 2)
+        if model.shared_expert_gate:  # Qwen3-Next: sigmoid(gate) x the shared output keeps both
+            out["shared_experts"] += tsp * (h + 1) * e
     return out
 
 

@@ -201,7 +201,7 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
         _consistent(fixed)
     finally:
         if ro is not None and os.geteuid() == 0:
-            subprocess.run(["umount", str(ro)])
+            subprocess.run(["umount", "--lazy", str(ro)])
 
 
 # ---- 5. the storage's disk fills up ---------------------------------------------------------------------
@@ -238,4 +238,4 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
         assert {t.user_attrs["retry_of"] for t in recorded} == {k["trial_number"] for k in kept}  # not re-run
     finally:
-        subprocess.run(["umount", str(disk)])
+        subprocess.run(["umount", "--lazy", str(disk)])  # lazy: a lingering child must not keep it mounted
