@@ -29,8 +29,9 @@ from orchestrator.commands import sweep as _sweep  # noqa: E402
 from orchestrator.commands import slurm as _slurm  # noqa: E402
 from orchestrator.commands import promote as _promote  # noqa: E402
 from orchestrator.commands import check as _check  # noqa: E402
+from orchestrator.commands import calibrate as _calibrate  # noqa: E402
 
-for _module in (_estimate, _sweep, _slurm, _promote, _check):
+for _module in (_estimate, _sweep, _slurm, _promote, _check, _calibrate):
     _module.register(app)
 
 

@@ -34,6 +34,8 @@ CASES = [
      dict(optimizer_offload=0.5)),
     ("tp_in_nvlink", ("deepseek-v3", "h100", 16, 4096), dict(tp=16), dict(tp=8, cp=2)),
     ("ep_in_nvlink", ("deepseek-v3", "h100", 128, 4096), dict(ep=128), dict(ep=64)),
+    ("hierarchical_cp", ("deepseek-v3", "h100", 64, 65536), dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,4"),
+     dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,2")),
 ]
 
 
@@ -68,3 +70,21 @@ def test_uneven_pipeline_splits_of_the_seed_recipes_are_legal():
     assert "pipeline_split" not in rules_broken("qwen3-235b-a22b", "gb200", 256, 131072, tp=4, cp=4, ep=32, pp=4, vpp=12,
                                                 gbs=64)
     assert "pipeline_split" not in rules_broken("deepseek-v3", "h100", 256, 131072, cp=32, ep=32, pp=8, vpp=4, gbs=128)
+
+
+@pytest.mark.parametrize("fields,why", [
+    (dict(cp=16, cp_comm_type="a2a+p2p"), "needs hierarchical_cp"),  # Megatron asserts the sizes for a2a+p2p
+    (dict(cp=16, cp_comm_type="p2p", hierarchical_cp="8,2"), "only used by cp_comm_type a2a+p2p"),
+    (dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="2,2,4"), "needs hierarchical_cp A,P"),
+    (dict(cp=32, cp_comm_type="a2a+p2p", hierarchical_cp="16,2"), "must divide the heads"),  # 8 KV heads
+])
+def test_hierarchical_cp_says_why(fields, why):
+    violations = check(load_model("llama3-8b"), load_gpu("h100"), 64, 131072, Layout.from_dict(fields))
+    assert [v.reason for v in violations if v.rule == "hierarchical_cp" and why in v.reason], violations
+
+
+def test_a2a_needs_the_kv_heads_to_split_too():
+    # Llama3-8B: 32 heads, 8 KV heads: Transformer Engine's a2a splits both
+    assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=16, cp_comm_type="a2a")
+    assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=8, tp=2, cp_comm_type="a2a")  # 4 KV/TP
+    assert "cp_a2a_heads" not in rules_broken("llama3-8b", "h100", 8, 65536, cp=8, cp_comm_type="a2a")
