@@ -30,8 +30,9 @@ from orchestrator.commands import slurm as _slurm  # noqa: E402
 from orchestrator.commands import promote as _promote  # noqa: E402
 from orchestrator.commands import check as _check  # noqa: E402
 from orchestrator.commands import ui as _ui  # noqa: E402
+from orchestrator.commands import calibrate as _calibrate  # noqa: E402
 
-for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui):
+for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui, _calibrate):
     _module.register(app)
 
 

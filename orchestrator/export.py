@@ -114,6 +114,8 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
                                        repr(lay.optimizer_offload)] if lay.optimizer_offload > 0 else []),
     "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
     "sequence_parallel": lambda lay: ["--sequence-parallel"] if lay.sp else [],
+    "hierarchical_cp": lambda lay: (["--hierarchical-context-parallel-sizes", *map(str, lay.hierarchical_cp)]
+                                    if lay.hierarchical_cp else []),
 }
 
 
@@ -276,6 +278,7 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-token-dispatcher-type", default="allgather")  # Megatron's default
     p.add_argument("--moe-flex-dispatcher-backend", default="deepep")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
+    p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--optimizer-cpu-offload", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # Megatron-LM's default
@@ -323,6 +326,7 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         recompute=list(ns.recompute_modules or ["core_attn"]) if gran == "selective" else gran,
         cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
         cp_comm_type=ns.cp_comm_type[0],
+        hierarchical_cp=tuple(ns.hierarchical_context_parallel_sizes or ()),
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
         distributed_optimizer=ns.use_distributed_optimizer,
         sequence_parallel=None if ns.sequence_parallel == (tp > 1) else ns.sequence_parallel,
@@ -381,6 +385,7 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "distributed_optimizer": lambda lay: {"optimizer.use_distributed_optimizer": lay.distributed_optimizer,
                                           "ddp.use_distributed_optimizer": lay.distributed_optimizer},
     "sequence_parallel": lambda lay: {"model.sequence_parallel": lay.sp},
+    "hierarchical_cp": lambda lay: {"model.hierarchical_context_parallel_sizes": list(lay.hierarchical_cp) or None},
 }
 
 

@@ -127,6 +127,17 @@ class SweepSpec(_Strict):
     track_rejected: bool | None = None
     """A child MLflow run for each proposal the cost model rejected; default yes, except for what-if backends
     (analytic, replay), whose rejections go to one table on the parent run."""
+    calibration: str | None = None
+    """A calibration file (`moe-autotune calibrate --out FILE`) the cost model uses instead of the packaged
+    constants: screening, ranking and the predictions beside each measurement; recorded in MLflow."""
+
+    @field_validator("calibration")
+    @classmethod
+    def _calibration_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            from search_spaces.calibration import load_calibration
+            load_calibration(value)  # a missing or broken file is refused before anything starts
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -9,6 +9,7 @@ Optuna storage is the source of truth; MLflow is a view of it that must not lose
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -131,6 +132,8 @@ class Tracker:
                                             tags={PARENT_TAG: "parent", STUDY_TAG: study_name})
             self.client.log_text(parent.info.run_id, json.dumps(redact_mapping(spec), indent=2), "spec.json")
             self.client.log_dict(parent.info.run_id, safe_environment(), "environment.json")
+            if spec.get("calibration"):
+                self._log_calibration(parent.info.run_id, Path(spec["calibration"]))
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_run_id = parent.info.run_id
@@ -140,6 +143,12 @@ class Tracker:
             self.client.set_tag(self.parent_run_id, key, value)
         self._load_children()
         return self.parent_run_id
+
+    def _log_calibration(self, run_id: str, path: Path) -> None:
+        """The calibration file the cost model used: a param (its name and content hash) and the file itself."""
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        self.client.log_param(run_id, "calibration", f"{path.name} sha256:{digest[:16]}")
+        self.client.log_artifact(run_id, str(path), "calibration")
 
     def _load_children(self) -> None:
         token = None

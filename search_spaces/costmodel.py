@@ -13,7 +13,8 @@ from search_spaces.memory import GIB, PEAK_KEYS, memory_breakdown, to_gib
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.pipeline import placement
 from search_spaces.rules import Violation, check
-from search_spaces.throughput import step_time
+from search_spaces.extra_memory import EXTRA_PEAK_KEYS, with_extra_memory
+from search_spaces.throughput import calibration, step_time
 
 
 @dataclass
@@ -61,14 +62,17 @@ def _resolve(model: ModelSpec | str, gpu: GPUSpec | str) -> tuple[ModelSpec, GPU
             load_gpu(gpu) if isinstance(gpu, str) else gpu)
 
 
-def estimate_memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, float]:
+def estimate_memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+                    cal: dict | None = None) -> dict[str, float]:
     """Memory breakdown in GiB (assumes a legal layout)."""
-    return to_gib(memory_breakdown(model, gpu, num_gpus, seq_len, layout))
+    return to_gib(with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
+                                    layout, cal or calibration()))
 
 
 def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, layout: Layout,
-             with_time: bool = True) -> Estimate:
-    """Predict legality, peak memory and speed of `layout`. Illegal layouts get legal=False and no figures."""
+             with_time: bool = True, cal: dict | None = None) -> Estimate:
+    """Predict legality, peak memory and speed of `layout`. Illegal layouts get legal=False and no figures.
+    `cal`: the calibration's constants (search_spaces.calibration.load_calibration; default the packaged one)."""
     model, gpu = _resolve(model, gpu)
     if int(num_gpus) < 1:
         raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")
@@ -81,12 +85,14 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
         return est
     place = placement(model, layout.pp, layout.vpp)
     est.pipeline_layout = place.layout_string() if place else ""
-    mem = to_gib(memory_breakdown(model, gpu, num_gpus, seq_len, layout))
+    cal = cal or calibration()
+    mem = to_gib(with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
+                                   layout, cal))
     est.peak_memory_gib = mem.pop("peak")
     est.fits = est.peak_memory_gib <= gpu.memory_gib
     est.breakdown["memory_gib"] = mem
     if with_time:
-        times = step_time(model, gpu, num_gpus, seq_len, layout)
+        times = step_time(model, gpu, num_gpus, seq_len, layout, cal)
         step = times.pop("step")
         est.step_time_s = step
         est.breakdown["time_s"] = times
@@ -97,4 +103,4 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
     return est
 
 
-__all__ = ["Estimate", "estimate", "estimate_memory", "PEAK_KEYS", "GIB"]
+__all__ = ["Estimate", "estimate", "estimate_memory", "PEAK_KEYS", "EXTRA_PEAK_KEYS", "GIB"]

@@ -29,6 +29,7 @@ class Dimension:
     name: str
     doc: str
     kind: str  # int | float | bool | choice | modules (names; "none" when empty) | recompute (none, full or modules)
+    #          | sizes (a tuple of integers >= 2, e.g. hierarchical CP group sizes; "none" when empty)
     default: Any
     flag: str  # the flag of `moe-autotune estimate` and `python -m trainers.megatron_moe`
     megatron: str | None = None  # Megatron-Bridge ConfigContainer path (model.* is Megatron-Core's TransformerConfig)
@@ -62,6 +63,8 @@ class Dimension:
             return kind is bool
         if self.kind == "modules":
             return kind is tuple and all(v in self.choices for v in value) and len(set(value)) == len(value)
+        if self.kind == "sizes":
+            return kind is tuple and all(type(v) is int and v >= 2 for v in value)
         return False
 
     def encode(self, value: Any) -> Primitive:
@@ -70,6 +73,8 @@ class Dimension:
             return "auto"
         if self.kind == "modules":
             return ",".join(value) or "none"
+        if self.kind == "sizes":
+            return ",".join(str(v) for v in value) or "none"
         return value
 
     def decode(self, text: Any) -> Any:
@@ -102,7 +107,8 @@ class Dimension:
 
 
 _KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "choice": "a name",
-               "modules": "a comma list of names", "recompute": "none, full or a comma list of modules"}
+               "modules": "a comma list of names", "recompute": "none, full or a comma list of modules",
+               "sizes": "none or a comma list of integers >= 2"}
 
 
 def _range_check(dim: Dimension, value: float) -> None:
@@ -163,6 +169,27 @@ def _parse_modules(dim: Dimension, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _parse_sizes(dim: Dimension, value: Any) -> tuple[int, ...]:
+    """none | a comma list ("8,4") or a list of integers >= 2 -> a tuple of ints (empty for none)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.replace(";", ",").replace("x", ",").strip()
+        if text.lower() in ("", "none", "auto"):
+            return ()
+        try:
+            value = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise SpecError(f"layout field {dim.name} must be {_KIND_WORDS['sizes']}, got {value!r}") from None
+    if not isinstance(value, (list, tuple)) or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in value):
+        raise SpecError(f"layout field {dim.name} must be {_KIND_WORDS['sizes']}, got {value!r}")
+    sizes = tuple(int(v) for v in value)
+    if any(v < 2 for v in sizes):
+        raise SpecError(f"layout field {dim.name}: every size must be >= 2, got {value!r}")
+    return sizes
+
+
 def _parse_recompute(dim: Dimension, value: Any) -> str:
     return _recompute_text(dim, value) if not isinstance(value, str) else _recompute_str(dim, value)
 
@@ -186,7 +213,7 @@ def _recompute_text(dim: Dimension, value: Any) -> str:
 
 _PARSERS: dict[str, Callable[[Dimension, Any], Any]] = {
     "int": _parse_int, "float": _parse_float, "bool": _parse_bool, "choice": _parse_choice, "modules": _parse_modules,
-    "recompute": _parse_recompute,
+    "recompute": _parse_recompute, "sizes": _parse_sizes,
 }
 
 

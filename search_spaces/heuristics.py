@@ -19,7 +19,7 @@ from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import Layout, distinct
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.pipeline import placement
-from search_spaces.rules import check
+from search_spaces.rules import a2a_heads_divide, check
 from search_spaces.space import default_gbs, recompute_options
 
 
@@ -32,6 +32,17 @@ def rule_of_thumb_cp(seq_len: int) -> int:
     if seq_len <= 8192:
         return 1
     return _pow2_floor(seq_len / 4096)
+
+
+def rule_of_thumb_cp_comm(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> tuple[str, tuple[int, ...]]:
+    """p2p while the TP*CP ranks share an NVLink domain; beyond it a2a over the CP ranks inside the domain and
+    p2p across (a2a+p2p), when the heads split that far."""
+    inside = gpu.nvlink_domain // tp
+    if cp == 1 or tp * cp <= gpu.nvlink_domain or inside < 2 or cp % inside:
+        return "p2p", ()
+    if not a2a_heads_divide(model, tp, inside):
+        return "p2p", ()
+    return "a2a+p2p", (inside, cp // inside)
 
 
 def _precision(gpu: GPUSpec) -> str:
@@ -56,7 +67,7 @@ def _vpp_options(model: ModelSpec, pp: int) -> list[int]:
 
 
 def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, gbs: int | None = None,
-                 limit: int = 8) -> list[Layout]:
+                 limit: int = 8, cal: dict | None = None) -> list[Layout]:
     """Up to `limit` legal layouts from the rules of thumb, those predicted to fit first, fastest first."""
     model = load_model(model) if isinstance(model, str) else model
     gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -85,9 +96,10 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
             for ep in eps[:3]:
                 for vpp in _vpp_options(model, pp):
                     for rc in order:
+                        cp_comm, sizes = rule_of_thumb_cp_comm(model, gpu, tp, cp)
                         base = dict(tp=tp, cp=cp, ep=ep, etp=1, pp=pp, vpp=vpp, mbs=1, gbs=gbs,
                                     precision=_precision(gpu), dispatcher=_dispatcher(model, gpu),
-                                    cp_comm_type="a2a+p2p" if tp * cp > gpu.nvlink_domain else "p2p",
+                                    cp_comm_type=cp_comm, hierarchical_cp=sizes,
                                     optimizer_offload=offload, recompute=rc)
                         if dp and gbs % dp:
                             continue
@@ -100,7 +112,7 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
     candidates = distinct(candidates)
     scored = []
     for layout in candidates[:400]:
-        est = estimate(model, gpu, num_gpus, seq_len, layout)
+        est = estimate(model, gpu, num_gpus, seq_len, layout, cal=cal)
         scored.append((not est.fits, -(est.tokens_per_sec_per_gpu or 0.0), layout))
     scored.sort(key=lambda x: (x[0], x[1]))
     # one layout per parallel grid: the best recompute choice for each

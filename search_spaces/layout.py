@@ -84,6 +84,11 @@ class Layout:
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
         "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
         megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES)
+    hierarchical_cp: tuple[int, ...] = dimension(
+        (), "a2a+p2p only: the CP group sizes per level, a2a (inner, consecutive CP ranks) then p2p (outer); "
+        "their product is CP (Megatron's hierarchical_context_parallel_sizes); none otherwise", kind="sizes",
+        flag="--hierarchical-cp", megatron="model.hierarchical_context_parallel_sizes",
+        megatron_lm="--hierarchical-context-parallel-sizes", searchable=True)
     optimizer_offload: float = dimension(
         0.0, "fraction of the optimizer states kept and stepped on the host (0..1)", kind="float",
         flag="--optimizer-offload", megatron="optimizer.optimizer_offload_fraction",
@@ -140,6 +145,7 @@ class Layout:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["cuda_graphs"] = list(self.cuda_graphs)
+        d["hierarchical_cp"] = list(self.hierarchical_cp)
         return d
 
     @classmethod
@@ -182,7 +188,8 @@ class Layout:
         parts = []
         for dim in DIMENSIONS:
             value = getattr(self, dim.name)
-            if not (dim.searchable or dim.name == "gbs") and value == dim.default:
+            # an empty CP hierarchy (every cp_comm_type but a2a+p2p) is left out: keys stay as they were
+            if value == dim.default and (not (dim.searchable or dim.name == "gbs") or dim.kind == "sizes"):
                 continue
             text = dim.encode(value)
             parts.append(f"{dim.name}{text}" if dim.kind == "int" else f"{dim.name}={text}")

@@ -54,6 +54,8 @@ RULES = (
     "linear_fp8_align",   # fp8: the gated delta-net input projection width is a multiple of 16 (mxfp8: 32)
     "expert_bias_etp",    # MoE with linear biases (gpt-oss) needs ETP = 1
     "cp_window_sinks",    # TE's CP: sliding windows need cp_comm_type allgather or a2a, attention sinks a2a
+    "hierarchical_cp",    # a2a+p2p needs the CP sizes per level (a2a, p2p): product CP, a2a level splits heads;
+                          # no hierarchy otherwise (last: the space expands it per grid, see space._FeatureTable)
 )
 
 
@@ -90,10 +92,9 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
     _ok(seq_len % div == 0, "sequence_cp",
         f"seq_len {seq_len} does not divide by {'2*CP' if L.cp > 1 else ''}{'*TP' if L.sp and L.cp > 1 else ''}"
         f"{'TP' if L.sp and L.cp == 1 else ''} = {div}", v)
-    if L.cp > 1 and L.cp_comm_type in ("a2a", "a2a+p2p"):
-        _ok((model.num_attention_heads // max(L.tp, 1)) % L.cp == 0 or L.cp_comm_type == "a2a+p2p",
-            "cp_a2a_heads", f"a2a context parallel needs heads per TP rank "
-            f"({model.num_attention_heads // L.tp}) divisible by CP={L.cp}", v)
+    if L.cp > 1 and L.cp_comm_type == "a2a":
+        _ok(a2a_heads_divide(model, L.tp, L.cp), "cp_a2a_heads", f"a2a context parallel needs heads "
+            f"({model.num_attention_heads // L.tp}) and KV heads per TP rank divisible by CP={L.cp}", v)
     dp = L.dp(num_gpus)
     if dp:
         _ok(L.gbs % (L.mbs * dp) == 0, "global_batch",
@@ -123,6 +124,8 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
         f"TP={L.tp} spans more than one NVLink domain ({gpu.nvlink_domain} GPUs)", v)
     _ok(L.ep * L.etp <= gpu.nvlink_domain * 8 if model.is_moe else True, "ep_in_nvlink",
         f"EP*ETP={L.ep * L.etp} spans more than 8 NVLink domains ({gpu.nvlink_domain} GPUs each)", v)
+    reason = hierarchical_cp_violation(model, L)
+    _ok(reason is None, "hierarchical_cp", reason or "", v)
     return v
 
 
@@ -151,6 +154,31 @@ def _layer_kind_rules(model: ModelSpec, gpu: GPUSpec, L: Layout, v: list[Violati
         elif "S" in model.attention_pattern:
             _ok(L.cp_comm_type in ("allgather", "a2a"), "cp_window_sinks", "Transformer Engine runs sliding-window "
                 f"attention under CP with cp_comm_type allgather or a2a only, not {L.cp_comm_type}", v)
+
+
+def a2a_heads_divide(model: ModelSpec, tp: int, size: int) -> bool:
+    """Transformer Engine's a2a splits the heads of Q and of K/V of each TP rank over `size` ranks (MLA expands
+    K/V to one per head)."""
+    heads = model.num_attention_heads // max(tp, 1)
+    kv_heads = heads if model.is_mla else model.num_kv_heads // max(tp, 1)
+    return heads % size == 0 and kv_heads % size == 0
+
+
+def hierarchical_cp_violation(model: ModelSpec, L: Layout) -> str | None:
+    """Megatron's hierarchical_context_parallel_sizes: [a2a size, p2p size] for cp_comm_type a2a+p2p (their
+    product is CP, the a2a level splits heads), and nothing for the other types."""
+    sizes = L.hierarchical_cp
+    if L.cp_comm_type != "a2a+p2p" or L.cp == 1:
+        return None if not sizes else (f"hierarchical_cp {','.join(map(str, sizes))} is only used by "
+                                       f"cp_comm_type a2a+p2p with CP > 1")
+    if len(sizes) != 2:
+        return f"cp_comm_type a2a+p2p needs hierarchical_cp A,P (a2a size, p2p size; A*P = CP={L.cp})"
+    if sizes[0] * sizes[1] != L.cp:
+        return f"hierarchical_cp {sizes[0]}*{sizes[1]} is not CP={L.cp}"
+    if not a2a_heads_divide(model, L.tp, sizes[0]):
+        return (f"the a2a level of hierarchical_cp ({sizes[0]}) must divide the heads "
+                f"({model.num_attention_heads // L.tp}) and KV heads per TP rank")
+    return None
 
 
 def _graph_conflicts(L: Layout, v: list[Violation]) -> None:

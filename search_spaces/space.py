@@ -20,11 +20,13 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from search_spaces.costmodel import Estimate, estimate
+from search_spaces.extra_memory import cp_attention_buffers
+from search_spaces.memory import GIB
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
-from search_spaces.rules import RULES, check
+from search_spaces.rules import RULES, a2a_heads_divide, check, hierarchical_cp_violation
 
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -100,7 +102,9 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
         v["dispatcher"] = ["alltoall", "allgather"] if cpu else ["alltoall", "deepep", "hybridep"]
     else:
         v["dispatcher"] = ["alltoall"]
-    v["cp_comm_type"] = ["p2p"] if cpu else ["p2p", "a2a", "a2a+p2p"]
+    v["cp_comm_type"] = ["p2p"] if cpu else ["p2p", "a2a", "allgather", "a2a+p2p"]
+    # a2a+p2p's (a2a size, p2p size) for every CP of the space (the rules keep those whose product is the CP)
+    v["hierarchical_cp"] = [()] if cpu else [()] + hierarchical_options(v["cp"])
     v["optimizer_offload"] = [0.0] if cpu else [0.0, 1.0]
     v["distributed_optimizer"] = [True]
     v["gbs"] = [int(gbs) if gbs else default_gbs(seq_len, gpu)]
@@ -109,6 +113,11 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
             raise SpecError(f"unknown layout field {name!r} in fixed values; allowed: {', '.join(BY_NAME)}")
         v[name] = [BY_NAME[name].parse(value)]  # a SpecError names a bad value
     return Dimensions(v)
+
+
+def hierarchical_options(cps: list[int]) -> list[tuple[int, int]]:
+    """Two-level splits (a2a, p2p), both >= 2, of each CP size, smallest CP first."""
+    return [(a, cp // a) for cp in sorted(set(cps)) for a in range(2, cp // 2 + 1) if cp % a == 0]
 
 
 def recompute_options(model: ModelSpec, cpu: bool = False) -> list[str]:
@@ -220,32 +229,56 @@ def _defaults_grid() -> dict[str, int]:
 
 
 class _FeatureTable:
-    """Legal feature combinations per class of grid (the feature rules depend on CP>1 and a2a head split)."""
+    """Legal feature combinations per class of grid. The feature rules depend on CP > 1 and on whether a2a can
+    split the heads; the CP hierarchy (the last rule) on TP and CP, so it is expanded per (TP, CP)."""
 
     def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.dims = model, gpu, num_gpus, seq_len, dims
+        self._base: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
         self._cache: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
 
     def get(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
-        key = (grid["cp"] > 1, (self.model.num_attention_heads // grid["tp"]) % grid["cp"] == 0)
+        key = (grid["tp"], grid["cp"])
         if key not in self._cache:
+            legal, rejected = self._base_combos(grid)
+            hier = self.dims.values.get("hierarchical_cp", [()])
+            expanded: list[dict] = []
+            counts = {rule: n * len(hier) for rule, n in rejected.items()}
+            allowed = {kind: [sizes for sizes in hier if not hierarchical_cp_violation(
+                self.model, Layout(tp=grid["tp"], cp=grid["cp"], cp_comm_type=kind, hierarchical_cp=sizes))]
+                for kind in {f["cp_comm_type"] for f in legal}}
+            for feats in legal:
+                ok = allowed[feats["cp_comm_type"]]
+                if len(hier) > len(ok):
+                    counts["hierarchical_cp"] = counts.get("hierarchical_cp", 0) + len(hier) - len(ok)
+                expanded += [{**feats, "hierarchical_cp": sizes} for sizes in ok]
+            self._cache[key] = (expanded, counts)
+        return self._cache[key]
+
+    def _base_combos(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
+        """Every combination of the features but the hierarchy, checked by every rule but the hierarchy's."""
+        key = (grid["cp"] > 1, a2a_heads_divide(self.model, grid["tp"], grid["cp"]))
+        if key not in self._base:
             legal, rejected = [], {}
             v = self.dims.values
             extra = {k: v[k][0] for k in ("sequence_parallel", "recompute_method", "recompute_num_layers") if k in v}
-            for combo in itertools.product(*(v[f] for f in FEATURE_FIELDS)):
-                feats = dict(zip(FEATURE_FIELDS, combo))
+            fields = [f for f in FEATURE_FIELDS if f != "hierarchical_cp"]
+            for combo in itertools.product(*(v[f] for f in fields)):
+                feats = dict(zip(fields, combo))
                 if grid["cp"] == 1 and feats["cp_comm_type"] != v["cp_comm_type"][0]:
                     # cp_comm_type is meaningless without CP: keep one value
                     rejected["cp_comm_unused"] = rejected.get("cp_comm_unused", 0) + 1
                     continue
                 layout = _layout({**grid, **feats, **extra})
-                rule = _first(check(self.model, self.gpu, self.num_gpus, self.seq_len, layout), RULES)
+                found = [x for x in check(self.model, self.gpu, self.num_gpus, self.seq_len, layout)
+                         if x.rule != "hierarchical_cp"]
+                rule = _first(found, RULES)
                 if rule:
                     rejected[rule] = rejected.get(rule, 0) + 1
                 else:
                     legal.append({**feats, **extra})
-            self._cache[key] = (legal, rejected)
-        return self._cache[key]
+            self._base[key] = (legal, rejected)
+        return self._base[key]
 
 
 def _resolve(model, gpu, num_gpus, seq_len):
@@ -334,11 +367,12 @@ class Exploration:
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
             gbs: int | None = None, top: int = 10, budget_s: float = 30.0,
-            max_grids: int | None = 1200) -> Exploration:
+            max_grids: int | None = 1200, cal: dict | None = None) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
-    Ranking is greedy per grid: the fastest precision and each dispatcher / cp_comm_type are tried with the
-    lightest recompute and offload that fit; `fitting_count` counts the layouts estimated to fit (a lower bound
+    Ranking is greedy per grid: the fastest precision and the rule of thumb's dispatcher are tried with every
+    CP communication (cp_comm_type and hierarchy) of the grid, each with the lightest recompute and offload that
+    fit; `cal` is the calibration the cost model uses (default: the packaged one); `fitting_count` counts the layouts estimated to fit (a lower bound
     of all fitting members: the full space is counted, not fully estimated). Estimates the first `max_grids`
     grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed), with
     budget_s as a safety net.
@@ -360,22 +394,23 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     fitting = 0
     estimated = 0
     seen: set[str] = set()
+    probe = _PeakProbe(model, gpu, num_gpus, seq_len, cal)
     for n, grid in enumerate(scored):
         if time.perf_counter() - started > budget_s or (max_grids is not None and n >= max_grids):
             break
         legal = table.get(grid)[0]
-        for feats in _greedy_features(legal, dims, grid, gpu):
-            layout = _layout({**grid, **feats})
-            key = layout.key()
-            if key in seen:
-                continue
-            seen.add(key)
-            est = estimate(model, gpu, num_gpus, seq_len, layout, with_time=False)
-            estimated += 1
-            if est.fits:
-                fitting += 1
-                results.append(estimate(model, gpu, num_gpus, seq_len, layout))
-                break  # lighter recompute / no offload fits: heavier ones only cost time
+        for group in _greedy_features(legal, dims, grid, gpu):
+            for feats in group:
+                layout = _layout({**grid, **feats})
+                key = layout.key()
+                if key in seen:
+                    continue
+                seen.add(key)
+                estimated += 1
+                if probe.fits(layout):
+                    fitting += 1
+                    results.append(estimate(model, gpu, num_gpus, seq_len, layout, cal=cal))
+                    break  # lighter recompute / no offload fits: heavier ones only cost time
     results.sort(key=lambda e: -(e.tokens_per_sec_per_gpu or 0))
     top_rows = []
     for est in results[:top]:
@@ -388,6 +423,25 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
                        seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0])
 
 
+class _PeakProbe:
+    """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.extra_memory), so
+    the rest of the peak is estimated once per layout-but-its-CP-communication."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: dict | None):
+        self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
+        self._rest: dict[Layout, float] = {}
+
+    def _buffers(self, layout: Layout) -> float:
+        return cp_attention_buffers(self.model, layout, self.seq_len, self.gpu.is_cpu) / GIB
+
+    def fits(self, layout: Layout) -> bool:
+        plain = layout.replace(cp_comm_type="p2p", hierarchical_cp=()) if layout.cp > 1 else layout
+        if plain not in self._rest:
+            est = estimate(self.model, self.gpu, self.num_gpus, self.seq_len, plain, with_time=False, cal=self.cal)
+            self._rest[plain] = (est.peak_memory_gib or float("inf")) - self._buffers(plain)
+        return self._rest[plain] + self._buffers(layout) <= self.gpu.memory_gib
+
+
 def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, floor: float) -> tuple:
     """Order in which grids are estimated (the budget may not reach all): the rules of thumb first."""
     shard = seq_len / (g["cp"] * g["tp"])
@@ -396,25 +450,25 @@ def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: i
             -(num_gpus // (g["tp"] * g["cp"] * g["pp"])), g["vpp"] == 1 and g["pp"] > 2, g["pp"], g["tp"])
 
 
-def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSpec) -> Iterator[dict]:
-    """Feature combos to try on one grid, in order: fastest precision, the dispatcher and cp_comm_type the
-    rules of thumb name, lightest recompute first and no offload before offload (the caller stops at the
-    first that fits)."""
+def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSpec) -> Iterator[list[dict]]:
+    """Feature combos to try on one grid, one group per CP communication (cp_comm_type and hierarchy) of the
+    grid: fastest precision, the dispatcher the rules of thumb name, lightest recompute first and no offload
+    before offload within a group (the caller stops a group at the first that fits)."""
     v = dims.values
     prec = v["precision"][-1]  # bf16 < fp8 family; fp32 < bf16 on cpu
     rc_order = {r: i for i, r in enumerate(v["recompute"])}
     pool = [f for f in legal if f["precision"] == prec] or legal
-    graphs = [f for f in pool if f["cuda_graphs"]]
-    no_graphs = [f for f in pool if not f["cuda_graphs"]]
     wide = gpu.nvlink_domain > 8
     disp = _pick(pool, "dispatcher", ("hybridep", "deepep", "alltoall") if wide else ("deepep", "hybridep", "alltoall"))
-    inside = grid["tp"] * grid["cp"] <= gpu.nvlink_domain
-    cpc = _pick(pool, "cp_comm_type", ("p2p", "a2a+p2p", "a2a") if inside else ("a2a+p2p", "a2a", "p2p"))
-    candidates = [f for f in graphs + no_graphs if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
-                  and f["recompute"] != "core_attn"]
-    # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
-    candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99), not f["cuda_graphs"]))
-    yield from candidates
+    options = dict.fromkeys((f["cp_comm_type"], f.get("hierarchical_cp", ())) for f in pool)
+    for cpc, sizes in options:
+        candidates = [f for f in pool if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
+                      and f.get("hierarchical_cp", ()) == sizes and f["recompute"] != "core_attn"]
+        # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
+        candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99),
+                                       not f["cuda_graphs"]))
+        if candidates:
+            yield candidates
 
 
 def _pick(pool: list[dict], field_name: str, preference: tuple) -> Any:

@@ -1,23 +1,29 @@
 """Throughput model: step time of the most loaded pipeline rank, with a breakdown.
 
-step = m x (compute + recompute + tp_comm + cp_comm + ep_comm + launch + pp_comm)    per microbatch, m microbatches
-       + bubble + dp_comm + optimizer + optimizer_offload                          once per step
+step = m x (compute + recompute + tp_comm + cp_comm + ep_comm + launch + pp_comm + host_contention)
+       + bubble + dp_comm + optimizer + optimizer_offload                                   once per step
 
 compute     = GEMM FLOPs (Bridge accounting) / (peak(precision) x GEMM efficiency x shape factor)
               (shape factor: the GEMM's operand traffic over HBM at its m x k x n -- small experts, few tokens
               per expert and narrow TP slices lose more; grouped expert GEMMs have their own efficiency)
-            + core-attention FLOPs / (BF16 peak x attention efficiency)   # flash attention runs in bf16
+            + attention: the causal FLOPs of the rank's shard, forward and backward apart, each at the BF16 peak x
+              its efficiency x a head-width factor (64, 128, MLA 192/128) x a kernel-length factor (the whole
+              sequence, the CP shard, or the a2a level's longer shard); gated delta-net kernels at their own rate
             + element-wise passes over the activations / HBM bandwidth
             + passes over the routed token copies (permute, activation, un-permute) / HBM bandwidth
             + fp8 only: casting every GEMM input to fp8 (and its transposed copy) / HBM bandwidth
             Blackwell Ultra (B300, GB300) runs these at a measured `sustained_rate` over B200/GB200
-recompute   = the forward FLOPs the recompute choice repeats, at the dense GEMM rate
+recompute   = the forward FLOPs the recompute choice repeats (GEMMs at the dense rate, attention at its own)
 tp_comm     = sequence-parallel all-gather/reduce-scatter, 8 per layer per microbatch, partly overlapped
-cp_comm     = per cp_comm_type: ring p2p of K/V (3(CP-1) chunk transfers per layer) overlapped with the layer's
-              attention, all-gather, all-to-all, or all-to-all inside the NVLink domain + ring across it;
+cp_comm     = per cp_comm_type, as Transformer Engine runs it (one function each, CP_COMM_TIME): p2p = a ring whose
+              every step's K/V (and dK/dV) transfer hides behind that step's attention, fwd and bwd; a2a = Ulysses
+              all-to-alls on the critical path; allgather = gather, re-gather and reduce-scatter, not hidden;
+              a2a+p2p = a2a inside `hierarchical_cp`'s first level, a ring of a2a-times-longer steps across;
               plus the all-to-alls of the linear-attention (gated delta-net) layers
 ep_comm     = dispatch + combine all-to-all, fwd and bwd, split into NVLink-domain and scale-out traffic
-launch      = host launch overhead per layer per microbatch, removed by the CUDA graph scopes that cover it
+launch      = host launch overhead per layer per microbatch, removed by the CUDA graph scopes that cover it;
+              on cpu the eager overhead per layer and the fixed cost of every gloo exchange
+host_contention = cpu only: ranks beyond the host's cores wait for one
 pp_comm     = activations sent between stages; bubble = (PP-1)/(VPP*m) of the time per microbatch
 dp_comm     = gradient reduce-scatter + parameter all-gather over DP*CP (dense) and EDP (experts), overlapped
 optimizer   = Adam step over the local shard (HBM bound); offload = offloaded share over the host link + CPU Adam
@@ -28,10 +34,11 @@ the physical and assumed ones are the named constants below, each with where it 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from search_spaces.flops import _attention_core_per_token, _attention_proj_per_token, padded_vocab_size
 from search_spaces.hardware import GPUSpec
@@ -41,8 +48,8 @@ from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, model_units, placement
 
 # ---- fitted or hand-set constants (re-fit with bench/fit_calibration.py; see CALIBRATION.md) ----------------
-# eager PyTorch/autograd time per layer per microbatch on cpu (fwd+bwd): set by hand so tiny-moe matches its
-# measured 0.2-1.3 s steps on 2 shared cores
+# eager PyTorch/autograd time per layer per microbatch on cpu (fwd+bwd): the hand-set starting point that
+# bench/cpu_calibration.py replaces with the value fitted on the trainer's own measurements (calibration.json)
 CPU_OVERHEAD_PER_LAYER_S = 0.01
 
 CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
@@ -51,7 +58,19 @@ DEFAULT_CALIBRATION = {
     "gemm_efficiency": {"hopper": {"bf16": 0.62, "fp8": 0.45}, "blackwell": {"bf16": 0.60, "fp8": 0.45},
                         "cpu": {"fp32": 0.5, "bf16": 0.5}},
     "grouped_gemm_efficiency": {"hopper": 0.8, "blackwell": 0.8, "cpu": 0.8},  # relative to dense GEMMs
-    "attention_efficiency": {"hopper": 0.45, "blackwell": 0.5, "cpu": 0.3},
+    # flash attention's achieved / BF16 peak for 128-wide heads as the kernel length grows without bound (a causal
+    # kernel over L query tokens runs at shard_length_factor(L) of it), forward and backward apart (the backward's
+    # own FLOPs: 2.5x the forward's). Today's kernels, not fitted (older software: attention_release_factor):
+    # Blackwell: FlashAttention-4 on B200, BF16 of 2250 TF/s -- forward 1882 TF/s non-causal at 16K (its causal
+    # rates run towards it), backward 1118-1209 causal at 8K (Dao-AILab/flash-attention PRs #2605, #2280);
+    # Hopper: FlashAttention-3 on H100 SXM5 "up to 740 TF/s, 75% utilization" forward (Shah et al. 2024), the
+    # backward at FlashAttention-4's backward/forward ratio (0.71; assumed)
+    "attention_fwd_efficiency": {"hopper": 0.75, "blackwell": 0.84, "cpu": 0.3},
+    "attention_bwd_efficiency": {"hopper": 0.53, "blackwell": 0.6, "cpu": 0.3},
+    # measurements taken with older software, by release: their attention ran at this share of today's rate
+    "attention_release_factor": {},
+    # gated delta-net's chunked kernels (convolution, state update): achieved / BF16 peak (fitted)
+    "linear_attention_efficiency": 0.2,
     "elementwise_passes": 8.0,  # reads+writes of the saved activations, fwd+bwd
     "sustained_rate": {},  # per GPU: achieved rate relative to the family's (Blackwell Ultra > 1)
     "routed_passes": 2.0,  # HBM passes over each routed token copy (permute, activation, unpermute), fwd+bwd
@@ -59,8 +78,18 @@ DEFAULT_CALIBRATION = {
     "ep_exposed": 0.5,  # fraction of the EP all-to-all not hidden by overlap
     "tp_exposed": 0.5,
     "dp_exposed": 0.2,
-    "launch_overhead_s": 2.0e-4,  # per layer per microbatch, removed by CUDA graphs as they cover it
+    # host time per MoE layer per microbatch that the GPU waits for (dropless routing reads the token counts back
+    # every layer, so the host cannot launch ahead), removed by CUDA graphs as they cover it
+    "launch_overhead_s": 2.0e-4,
+    # the same for a dense layer: launches run ahead of the GPU, little shows
+    "dense_launch_overhead_s": 5.0e-5,
     "cpu_overhead_per_layer_s": CPU_OVERHEAD_PER_LAYER_S,  # replaces launch_overhead_s on cpu (no graphs there)
+    # gloo on one host: one collective's fixed cost (sync, TCP round trips, Python) whatever its few bytes
+    "cpu_collective_latency_s": 5e-4,
+    # the CPU trainer's resident set beside its tensors (Python, torch, Megatron-Core; trainers/README.md: ~0.8 GiB)
+    "cpu_process_baseline_gib": 0.75,
+    # cores the ranks of a cpu run share (this host's: os.cpu_count()); ranks beyond them queue for the cores
+    "cpu_cores": float(os.cpu_count() or 1),
     "comm_efficiency": 0.7,  # achieved / datasheet bandwidth
     "dispatcher_efficiency": {"alltoall": 0.6, "allgather": 0.6, "deepep": 0.85, "hybridep": 0.9},
 }
@@ -82,15 +111,36 @@ FP8_CASTS_PER_GEMM_INPUT = 2
 # sequence parallel: all-gather before and reduce-scatter after attention and MLP in the forward (4 per layer),
 # mirrored in the backward (4)
 SP_COLLECTIVES_PER_LAYER = 8
-# ring CP: each of the CP-1 ring steps moves a K/V chunk in the forward, then K/V again and dK/dV in the backward
-CP_RING_TRANSFERS_PER_STEP = 3
-# share of a layer's attention that can hide its ring transfers (each step overlaps one attention block);
-# assumed, not fitted: the CP terms carry the long-context extrapolation (CALIBRATION.md)
-CP_RING_HIDDEN_SHARE = 0.9
-# all-gather CP gathers K/V before the attention that needs it: about half the attention can hide it (assumed)
-CP_ALLGATHER_HIDDEN_SHARE = 0.5
+# ---- attention at length and context parallelism (the attention terms of CALIBRATION.md) ---------------------------
+# Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
+# FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
+# forward rates on H100 for head widths 64 : 128 : 256 (~0.75 : 1 : 1.2; Shah et al. 2024, fig. 5)
+ATTENTION_SOFTMAX_FLOPS_PER_SCORE = 128.0
+# the head width the attention efficiencies of the calibration are stated for (d_qk = d_v = 128)
+ATTENTION_REFERENCE_DIMS = (128, 128)
+# the backward of heads wider than 128 (MLA's d_qk = 192) keeps wider dQ/dK accumulators, so its tiles shrink:
+# FlashAttention-4 on B200, causal 8K, runs the 192/128 backward at 971 TF/s against 1118-1209 for 128/128
+# (Dao-AILab/flash-attention PRs #2270 and #2280, 2026) -- 0.83, i.e. this much below the softmax share's 1.07
+WIDE_HEAD_BACKWARD_FACTOR = 0.78
+WIDE_HEAD_DIM = 128
+# a causal kernel over L query tokens reaches L / (L + this) of its long-sequence rate (the diagonal blocks' waste,
+# tile and wave quantisation): FlashAttention-4's causal head-128 forward on B200 at 1K, 2K and 4K tokens (829, 1172,
+# 1431 TF/s, PR #2605) follows L / (L + 1300) of its non-causal rate (1882) within 2%
+ATTENTION_HALF_RATE_TOKENS = 1300
 # fixed cost of one ring transfer (send/recv launch and handshake, ~20 us; assumed)
 RING_TRANSFER_LATENCY_S = 2e-5
+# gloo collectives a cpu trainer rank makes per microbatch (trainers/: Megatron-Core on gloo), forward + backward
+# (forward alone): sequence-parallel all-gather / reduce-scatter, SP_COLLECTIVES_PER_LAYER (4) per layer; CP's
+# all-gathers of K and V and the reduce-scatters of their gradients (trainers/cp_attention.py), 4 (2); the
+# alltoall dispatcher's token-count exchange, dispatch and combine forward and their mirrors backward, 5 (3);
+# per virtual stage a send forward and one backward; per step the DP gradient reduce and parameter gather.
+# gloo runs a collective over n ranks as n-1 pairwise exchanges: each costs cpu_collective_latency_s. A
+# recomputed forward repeats its collectives.
+CPU_CP_COLLECTIVES_PER_LAYER = (4, 2)
+CPU_EP_COLLECTIVES_PER_MOE_LAYER = (5, 3)
+CPU_SP_FORWARD_COLLECTIVES_PER_LAYER = 4
+CPU_PP_COLLECTIVES_PER_STAGE = 2
+CPU_DP_COLLECTIVES_PER_STEP = 2
 # gloo's all-to-all between processes on one host, whatever the dispatcher (assumed; no fused kernels on cpu)
 CPU_DISPATCHER_EFFICIENCY = 0.5
 # share of a layer's host launches each CUDA-graph scope captures (assumed from the share of the layer's kernels
@@ -146,9 +196,45 @@ def gemm_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
     return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal)
 
 
-def attention_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
+def attention_dims(model: ModelSpec) -> tuple[int, int]:
+    """(d_qk, d_v) of the softmax attention: MLA 192/128 for DeepSeek-V3, else the head width twice."""
+    return (model.q_head_dim, model.v_head_dim) if model.is_mla else (model.head_dim, model.head_dim)
+
+
+def attention_backward_ratio(d_qk: int, d_v: int) -> float:
+    """Backward over forward FLOPs of flash attention: S = QK^T recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K,
+    dK = dS^T Q (3 GEMMs of width d_qk, 2 of width d_v) against QK^T and PV: 2.5 for equal widths, 2.6 for MLA."""
+    return (3 * d_qk + 2 * d_v) / (d_qk + d_v)
+
+
+def head_width_factor(d_qk: int, d_v: int, backward: bool = False) -> float:
+    """Efficiency of these head widths relative to 128/128: the tensor-core share of the work per score element,
+    2 (d_qk + d_v) FLOPs beside the softmax's fixed ATTENTION_SOFTMAX_FLOPS_PER_SCORE (64: 0.75, MLA: 1.07);
+    the backward of heads wider than 128 loses WIDE_HEAD_BACKWARD_FACTOR more (MLA backward: 0.83)."""
+    def share(width: float) -> float:
+        return width / (width + ATTENTION_SOFTMAX_FLOPS_PER_SCORE)
+    factor = share(d_qk + d_v) / share(sum(ATTENTION_REFERENCE_DIMS))
+    return factor * (WIDE_HEAD_BACKWARD_FACTOR if backward and d_qk > WIDE_HEAD_DIM else 1.0)
+
+
+def shard_length_factor(length: float) -> float:
+    """A kernel over `length` query tokens runs at length / (length + ATTENTION_HALF_RATE_TOKENS) of its rate."""
+    return length / (length + ATTENTION_HALF_RATE_TOKENS)
+
+
+def attention_rates(gpu: GPUSpec, precision: str, cal: dict, dims: tuple[int, int], length: float
+                    ) -> tuple[float, float]:
+    """Achieved FLOP/s of flash attention (bf16; fp32 on cpu), forward and backward, for these head widths and a
+    kernel over `length` query tokens."""
     base = "fp32" if precision == "fp32" else "bf16"
-    return gpu.peak(base) * 1e12 * cal["attention_efficiency"][gpu_family(gpu)] * sustained_factor(gpu, cal)
+    family = gpu_family(gpu)
+    scale = gpu.peak(base) * 1e12 * sustained_factor(gpu, cal)
+    fwd = bwd = 1.0
+    if not gpu.is_cpu:
+        scale *= shard_length_factor(length)
+        fwd, bwd = head_width_factor(*dims), head_width_factor(*dims, backward=True)
+    return (scale * fwd * cal["attention_fwd_efficiency"][family],
+            scale * bwd * cal["attention_bwd_efficiency"][family])
 
 
 def _bw(gpu: GPUSpec, span: int, cal: dict) -> float:
@@ -240,7 +326,7 @@ def _layer_flops(model: ModelSpec, seq_len: int, unit: Unit) -> tuple[float, flo
     h = model.hidden_size
     glu = 3 if model.gated_mlp else 2
     kind = model.attention_kind(unit.layer)
-    proj = FWD_BWD_FLOPS_PER_MAC * _attention_proj_per_token(model, kind)
+    proj = FWD_BWD_FLOPS_PER_MAC * (_attention_proj_per_token(model, kind) - linear_attention_core_per_token(model, kind))
     core = FWD_BWD_FLOPS_PER_MAC * _attention_core_per_token(model, kind, seq_len)
     if model.layer_is_moe(unit.layer):
         expert = FWD_BWD_FLOPS_PER_MAC * h * model.moe_ffn_hidden_size * model.topk * glu
@@ -252,18 +338,41 @@ def _layer_flops(model: ModelSpec, seq_len: int, unit: Unit) -> tuple[float, flo
     return proj, core, expert, mlp
 
 
+def linear_attention_core_per_token(model: ModelSpec, kind: str) -> float:
+    """Forward FMAs per token of a gated delta-net layer that are not its projections (Bridge counts them among
+    the projections): the short convolution over q, k, v and the recurrent state update (4 dv^2 per value head).
+    They run in the chunked delta-rule kernels, not as GEMMs: `linear_attention_time`."""
+    if kind != "linear":
+        return 0.0
+    qk = model.linear_key_head_dim * model.linear_num_key_heads
+    v = model.linear_value_head_dim * model.linear_num_value_heads
+    return model.linear_conv_kernel_dim * (2 * qk + v) + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
+
+
+def linear_attention_time(job: Job, units: list[Unit]) -> float:
+    """Gated delta-net kernels of the rank's linear-attention layers per microbatch (fwd+bwd): their FLOPs at
+    `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates)."""
+    layers = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) == "linear")
+    if not layers:
+        return 0.0
+    L = job.layout
+    flops = FWD_BWD_FLOPS_PER_MAC * linear_attention_core_per_token(job.model, "linear") * job.tokens_mb / (L.tp * L.cp)
+    base = "fp32" if L.precision == "fp32" else "bf16"
+    rate = job.gpu.peak(base) * 1e12 * job.cal["linear_attention_efficiency"] * sustained_factor(job.gpu, job.cal)
+    return layers * flops / rate
+
+
 def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, core: float, expert: float,
                      mlp: float) -> float:
-    """Per-token FLOPs the recompute choice adds to a layer: the repeated forward of what it recomputes."""
+    """Per-token GEMM FLOPs the recompute choice adds to a layer: the repeated forward of what it recomputes (a
+    recomputed core attention runs at the attention rate: `rank_compute`)."""
     if layout.recompute_granularity == "full":
-        return (proj + core + expert + mlp) / GEMMS_PER_FWD_BWD
+        return (proj + expert + mlp) / GEMMS_PER_FWD_BWD  # the attention's own forward: recomputed_attention
     if layout.recompute_granularity != "selective":
         return 0.0
     rc = 0.0
     mods = set(layout.recompute_modules)
     moe = model.layer_is_moe(unit.layer)
-    if "core_attn" in mods:
-        rc += core / GEMMS_PER_FWD_BWD
     if "mla_up_proj" in mods and model.is_mla:
         n = model.num_attention_heads
         rc += FWD_FLOPS_PER_MAC * (model.q_lora_rank * n * model.q_head_dim
@@ -370,13 +479,53 @@ def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
     return per_gpu * width * FP8_CASTS_PER_GEMM_INPUT * job.cal["fp8_cast_bytes"] / job.hbm
 
 
+class AttentionTime(NamedTuple):
+    """Seconds of one softmax-attention layer's core attention for one microbatch on one rank."""
+    fwd: float
+    bwd: float
+
+
+def attention_kernel_length(job: Job, kind: str) -> float:
+    """Query tokens of one sequence a flash-attention call sees: the whole sequence without CP, the rank's shard
+    under p2p and allgather, a2a x the shard under a2a (all of it) and a2a+p2p; at most the sliding window."""
+    shard = job.seq_len / job.layout.cp
+    a2a, _ = cp_levels(job.layout) if job.layout.cp > 1 else (1, 1)
+    length = shard * a2a
+    return min(length, job.model.sliding_window + 1) if kind == "sliding" else length
+
+
+def attention_layer_time(job: Job, kind: str) -> AttentionTime:
+    """Causal attention of the rank's share (its CP shard of the sequence, its TP share of the heads): forward
+    FLOPs as Bridge counts them, backward = forward x attention_backward_ratio, each at its own rate."""
+    model, L = job.model, job.layout
+    if kind == "linear":
+        return AttentionTime(0.0, 0.0)
+    dims = attention_dims(model)
+    flops = 2 * _attention_core_per_token(model, kind, job.seq_len) * job.tokens_mb / (L.tp * L.cp)
+    fwd_rate, bwd_rate = attention_rates(job.gpu, L.precision, job.cal, dims, attention_kernel_length(job, kind))
+    return AttentionTime(flops / fwd_rate, flops * attention_backward_ratio(*dims) / bwd_rate)
+
+
+def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
+    """(attention fwd+bwd, recomputed attention forward) seconds of the rank's layers per microbatch."""
+    kinds = [job.model.attention_kind(u.layer) for u in units if u.is_layer]
+    mods = job.layout.recompute_modules
+    recomputed = job.layout.recompute_granularity == "full" or "core_attn" in mods
+    total = again = 0.0
+    for kind in set(kinds):
+        t = attention_layer_time(job, kind)
+        total += kinds.count(kind) * (t.fwd + t.bwd)
+        again += kinds.count(kind) * t.fwd if recomputed else 0.0
+    return total, again
+
+
 class RankCompute(NamedTuple):
     """Seconds per microbatch of one pipeline rank's own work."""
     rank: int
     units: list[Unit]
     total: float  # everything below: what the pace is set by
     gemm: float  # the model's GEMMs
-    recompute: float  # the GEMMs recompute repeats
+    recompute: float  # the GEMMs and attention forwards recompute repeats
     attention: float
     elementwise: float
 
@@ -389,12 +538,14 @@ def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     # recomputed forwards run at the dense GEMM rate (recomputed experts too), in one pass with the model's GEMMs
     gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense \
         + per_gpu * flops.expert / (rates.dense * rates.grouped)
-    recompute = per_gpu * flops.recompute / rates.dense
-    attention = per_gpu * flops.core / attention_rate(job.gpu, L.precision, job.cal)
+    attention, attention_again = _rank_attention(job, units)
+    attention += linear_attention_time(job, units)
+    recompute = per_gpu * flops.recompute / rates.dense + attention_again
     elementwise = (activation_passes_time(job, rank) + routed_passes_time(job, units, per_gpu)
                    + fp8_cast_time(job, units, per_gpu))
-    total = gemm_all + attention + elementwise
-    return RankCompute(rank, units, total, gemm_all - recompute, recompute, attention, elementwise)
+    total = gemm_all + attention_again + attention + elementwise
+    return RankCompute(rank, units, total, gemm_all - per_gpu * flops.recompute / rates.dense, recompute, attention,
+                       elementwise)
 
 
 def slowest_rank_compute(job: Job) -> RankCompute:
@@ -423,22 +574,41 @@ def tp_comm_time(job: Job, layers: int) -> float:
 
 
 class CpGeometry(NamedTuple):
-    """What every cp_comm_type's cost is made of, for one softmax-attention layer on one rank."""
+    """What a cp_comm_type's cost is made of, for one softmax-attention layer and microbatch on one rank.
+
+    The CP group is TP-strided: its CP ranks span TP*CP consecutive GPUs. a2a+p2p splits it in two levels
+    (Megatron's hierarchical_context_parallel_sizes): `a2a` consecutive CP ranks exchange heads for sequence, and
+    the ring passes K/V between the `ring` groups. p2p is a ring of all CP ranks (a2a = 1); a2a is Ulysses over all
+    of them (ring = 1); allgather gathers K/V from all (a2a = ring = 1, `cp` ranks).
+    """
     cp: int
-    kv_chunk: float  # bytes: this rank's K and V of one layer
-    qkvo_a2a: float  # bytes: q, k, v and the output re-sharded between sequence and heads, fwd and bwd
-    inside: int  # CP ranks per NVLink domain (CP ranks are strided by TP: the group spans TP*CP GPUs)
+    a2a: int  # ranks of the all-to-all level
+    ring: int  # ranks of the ring level
+    kv: float  # bytes of this rank's K and V (after the a2a level: a2a x the tokens, 1/a2a of the heads)
+    qkvo: float  # bytes of this rank's q, k, v and o before the all-to-all (the same after it)
+    a2a_outside: float  # share of the a2a level's peers outside this GPU's NVLink domain
+    ring_bw: float  # bytes/s of the slowest ring hop: NVLink when the TP*CP GPUs share a domain, else scale-out
+    gather_bw: float  # bytes/s of an all-gather over the CP group (the same links as the ring)
     nvlink_bw: float
     scaleout_bw: float
 
-    @property
-    def ring_bw(self) -> float:
-        return self.nvlink_bw if self.inside >= self.cp else self.scaleout_bw
 
-    @property
-    def scaleout_share(self) -> float:
-        """Share of an all-to-all's peers outside the NVLink domain."""
-        return max(0.0, 1.0 - self.inside / self.cp)
+class RingStep(NamedTuple):
+    """Attention compute of one ring step of one layer, forward and backward (seconds): what hides the step's
+    transfer. A layer's attention is split evenly over its ring steps (2*CP load-balanced chunks)."""
+    fwd: float
+    bwd: float
+
+
+def cp_levels(layout: Layout) -> tuple[int, int]:
+    """(a2a ranks, ring ranks) of the layout's cp_comm_type."""
+    cp, kind = layout.cp, layout.cp_comm_type
+    if kind == "a2a":
+        return cp, 1
+    if kind == "a2a+p2p":
+        sizes = layout.hierarchical_cp or (cp, 1)
+        return sizes[0], sizes[-1] if len(sizes) > 1 else 1
+    return 1, cp
 
 
 def _cp_ranks_per_nvlink_domain(job: Job) -> int:
@@ -447,48 +617,66 @@ def _cp_ranks_per_nvlink_domain(job: Job) -> int:
 
 def cp_geometry(job: Job) -> CpGeometry:
     model, L, e = job.model, job.layout, job.act_bytes
-    if model.is_mla:
-        kv_width = model.num_attention_heads * (model.q_head_dim + model.v_head_dim)
-    else:
-        kv_width = 2 * model.num_kv_heads * model.head_dim
-    q_width = model.num_attention_heads * (model.q_head_dim if model.is_mla else model.head_dim)
+    d_qk, d_v = attention_dims(model)
+    heads = model.num_attention_heads / L.tp
+    kv_heads = heads if model.is_mla else model.num_kv_heads / L.tp
     t_local = job.tokens_rank
-    return CpGeometry(cp=L.cp, kv_chunk=t_local * kv_width * e / L.tp,
-                      qkvo_a2a=FWD_AND_BWD * t_local * (2 * q_width + kv_width) * e / L.tp,
-                      inside=_cp_ranks_per_nvlink_domain(job), nvlink_bw=_nvlink_bw(job.gpu, job.cal),
-                      scaleout_bw=_scaleout_bw(job.gpu, job.cal))
+    a2a, ring = cp_levels(L)
+    domain = max(1, job.gpu.nvlink_domain // L.tp)  # CP ranks per NVLink domain
+    within = L.tp * L.cp <= job.gpu.nvlink_domain
+    nvlink, scaleout = _nvlink_bw(job.gpu, job.cal), _scaleout_bw(job.gpu, job.cal)
+    return CpGeometry(
+        cp=L.cp, a2a=a2a, ring=ring, kv=t_local * kv_heads * (d_qk + d_v) * e,
+        qkvo=t_local * (heads * (d_qk + d_v) + kv_heads * (d_qk + d_v)) * e,
+        a2a_outside=max(0.0, 1.0 - domain / a2a), ring_bw=nvlink if within else scaleout,
+        gather_bw=nvlink if within else scaleout, nvlink_bw=nvlink, scaleout_bw=scaleout)
 
 
 def _split_traffic_time(volume: float, scaleout_share: float, nvlink_bw: float, scaleout_bw: float) -> float:
     return volume * ((1 - scaleout_share) / nvlink_bw + scaleout_share / scaleout_bw)
 
 
-def cp_p2p_time(g: CpGeometry, attention_per_layer: float) -> float:
-    """Ring: CP-1 K/V chunks forward, K/V and dK/dV backward; each step overlaps one attention block."""
-    transfers = CP_RING_TRANSFERS_PER_STEP * (g.cp - 1)
-    return max(0.0, transfers * g.kv_chunk / g.ring_bw - CP_RING_HIDDEN_SHARE * attention_per_layer) \
-        + transfers * RING_TRANSFER_LATENCY_S
+def ring_exposed_time(ranks: int, transfer: float, step: RingStep) -> float:
+    """Seconds of a ring's transfers that its attention steps do not hide (Transformer Engine's
+    AttnFuncWithCPAndKVP2P). Forward: ranks-1 steps each send K/V (`transfer` seconds) while the step's attention
+    runs. Backward: the first step sends K/V, the middle ones K/V and the accumulated dK/dV, the last dK/dV alone;
+    each overlapped with that step's backward."""
+    if ranks <= 1:
+        return 0.0
+    fwd = (ranks - 1) * max(0.0, transfer - step.fwd)
+    bwd = 2 * max(0.0, transfer - step.bwd) + (ranks - 2) * max(0.0, 2 * transfer - step.bwd)
+    return fwd + bwd + 2 * (ranks - 1) * RING_TRANSFER_LATENCY_S
 
 
-def cp_allgather_time(g: CpGeometry, attention_per_layer: float) -> float:
-    """All-gather of K/V (and reduce-scatter of dK/dV), partly hidden behind the attention."""
-    volume = CP_RING_TRANSFERS_PER_STEP * (g.cp - 1) * g.kv_chunk
-    return max(0.0, volume / g.ring_bw - CP_ALLGATHER_HIDDEN_SHARE * attention_per_layer)
+def a2a_exchange_time(g: CpGeometry) -> float:
+    """Ulysses all-to-alls of one layer, fwd and bwd (q, k, v in and o out; dO in and dQ, dK, dV out), on the
+    critical path: each rank keeps 1/a2a of its tensors; NVLink and scale-out peers are served concurrently."""
+    if g.a2a <= 1:
+        return 0.0
+    volume = FWD_AND_BWD * g.qkvo * (g.a2a - 1) / g.a2a
+    return max(volume * (1 - g.a2a_outside) / g.nvlink_bw, volume * g.a2a_outside / g.scaleout_bw)
 
 
-def cp_a2a_time(g: CpGeometry, attention_per_layer: float) -> float:
-    """q, k, v and the output re-sharded from sequence to heads and back (Ulysses), fwd and bwd; not overlapped."""
-    volume = g.qkvo_a2a * (g.cp - 1) / g.cp
-    return _split_traffic_time(volume, g.scaleout_share, g.nvlink_bw, g.scaleout_bw)
+def cp_p2p_time(g: CpGeometry, step: RingStep) -> float:
+    """p2p: a ring over all CP ranks; each step's K/V send hides behind that step's attention block."""
+    return ring_exposed_time(g.ring, g.kv / g.ring_bw, step)
 
 
-def cp_a2a_p2p_time(g: CpGeometry, attention_per_layer: float) -> float:
-    """All-to-all inside the NVLink domain, a ring of the remaining CP/inside groups across it."""
-    outer = max(1, g.cp // g.inside)
-    volume = g.qkvo_a2a * (g.inside - 1) / g.inside
-    ring = CP_RING_TRANSFERS_PER_STEP * (outer - 1) * g.kv_chunk / g.scaleout_bw
-    return volume / g.nvlink_bw + max(0.0, ring - CP_RING_HIDDEN_SHARE * attention_per_layer) \
-        + CP_RING_TRANSFERS_PER_STEP * (outer - 1) * RING_TRANSFER_LATENCY_S
+def cp_allgather_time(g: CpGeometry, step: RingStep) -> float:
+    """allgather: K/V gathered before the forward's attention, gathered again for the backward and dK/dV
+    reduce-scattered after it (AttnFuncWithCPAndKVAllGather): three collectives of (CP-1) shards, not hidden."""
+    return 3 * (g.cp - 1) * g.kv / g.gather_bw if g.cp > 1 else 0.0
+
+
+def cp_a2a_time(g: CpGeometry, step: RingStep) -> float:
+    """a2a (Ulysses): heads exchanged for sequence before attention and back after it; nothing to hide behind."""
+    return a2a_exchange_time(g)
+
+
+def cp_a2a_p2p_time(g: CpGeometry, step: RingStep) -> float:
+    """a2a+p2p: the a2a level (inside the NVLink domain when a2a*TP fits) makes each ring step a2a x longer with
+    1/a2a of the heads: the same K/V bytes per step against a2a x more attention to hide them behind."""
+    return a2a_exchange_time(g) + ring_exposed_time(g.ring, g.kv / g.ring_bw, step)
 
 
 CP_COMM_TIME = {"p2p": cp_p2p_time, "allgather": cp_allgather_time, "a2a": cp_a2a_time, "a2a+p2p": cp_a2a_p2p_time}
@@ -509,15 +697,34 @@ def linear_attention_cp_time(job: Job, layers: int) -> float:
                                _scaleout_bw(job.gpu, job.cal))
 
 
+def cp_step_report(job: Job) -> dict[str, Any]:
+    """One full-attention layer's CP communication for one microbatch on one rank, in the units a reader checks
+    (MB, ms): levels, the link the ring crosses, the bytes and time of one ring transfer, the attention of one
+    ring step (fwd, bwd) that hides it, the all-to-all time and what stays exposed."""
+    g = cp_geometry(job)
+    t = attention_layer_time(job, "full")
+    step = RingStep(t.fwd / g.ring, t.bwd / g.ring)
+    transfer = g.kv / g.ring_bw
+    return {"cp_comm_type": job.layout.cp_comm_type, "a2a": g.a2a, "ring": g.ring,
+            "ring_link": "NVLink" if g.ring_bw == g.nvlink_bw else "scale-out",
+            "kv_mb_per_transfer": g.kv / 1e6, "transfer_ms": 1e3 * transfer,
+            "attention_fwd_step_ms": 1e3 * step.fwd, "attention_bwd_step_ms": 1e3 * step.bwd,
+            "attention_layer_ms": 1e3 * (t.fwd + t.bwd), "a2a_ms": 1e3 * a2a_exchange_time(g),
+            "exposed_ms": 1e3 * CP_COMM_TIME[job.layout.cp_comm_type](g, step) if g.cp > 1 else 0.0}
+
+
 def cp_comm_time(job: Job, rank: RankCompute) -> float:
     """Context parallel: the layout's cp_comm_type over the softmax-attention layers, plus the linear ones."""
     layers = [u for u in rank.units if u.is_layer]
-    softmax = [u for u in layers if job.model.attention_kind(u.layer) != "linear"]
-    linear = len(layers) - len(softmax)
+    kinds = [job.model.attention_kind(u.layer) for u in layers]
+    linear = kinds.count("linear")
     softmax_time = 0.0
-    if job.layout.cp > 1 and softmax:
-        per_layer = CP_COMM_TIME[job.layout.cp_comm_type](cp_geometry(job), rank.attention / len(softmax))
-        softmax_time = per_layer * len(softmax)
+    if job.layout.cp > 1 and len(kinds) > linear:
+        g = cp_geometry(job)
+        part = CP_COMM_TIME[job.layout.cp_comm_type]
+        for kind in set(kinds) - {"linear"}:
+            t = attention_layer_time(job, kind)
+            softmax_time += kinds.count(kind) * part(g, RingStep(t.fwd / g.ring, t.bwd / g.ring))
     return softmax_time + linear_attention_cp_time(job, linear)
 
 
@@ -547,12 +754,31 @@ def ep_comm_time(job: Job, moe_layers: int) -> float:
     return job.cal["ep_exposed"] * t_a2a * moe_layers
 
 
-def launch_overhead_time(job: Job, layers: int) -> float:
-    """Host launch/sync time per layer, removed by the CUDA-graph scopes that cover it; eager autograd on cpu."""
+def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe_layers: int) -> int:
+    """Pairwise gloo exchanges a cpu rank makes per microbatch: each collective over n ranks counts n-1 (the
+    CPU_*_COLLECTIVES constants), forward collectives twice where recompute repeats them."""
+    L = job.layout
+    full = L.recompute_granularity == "full"
+    again_attention = full or "core_attn" in L.recompute_modules
+    again_moe = full or "moe" in L.recompute_modules
+    sp = SP_COLLECTIVES_PER_LAYER + (CPU_SP_FORWARD_COLLECTIVES_PER_LAYER if full else 0)
+    cp = CPU_CP_COLLECTIVES_PER_LAYER[0] + (CPU_CP_COLLECTIVES_PER_LAYER[1] if again_attention else 0)
+    ep = CPU_EP_COLLECTIVES_PER_MOE_LAYER[0] + (CPU_EP_COLLECTIVES_PER_MOE_LAYER[1] if again_moe else 0)
+    n = sp * layers * (L.tp - 1) + cp * softmax_layers * (L.cp - 1) + ep * moe_layers * (L.ep - 1)
+    return n + (CPU_PP_COLLECTIVES_PER_STAGE * L.vpp if L.pp > 1 else 0)
+
+
+def launch_overhead_time(job: Job, units: list[Unit]) -> float:
+    """Host launch/sync time per layer, removed by the CUDA-graph scopes that cover it. On cpu: eager autograd
+    per layer and the fixed cost of each gloo collective."""
+    layers = sum(1 for u in units if u.is_layer)
     if job.gpu.is_cpu:
-        return job.cal["cpu_overhead_per_layer_s"] * layers
+        softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")
+        n = cpu_collectives(job, layers, softmax, _moe_layers(job.model, units))
+        return job.cal["cpu_overhead_per_layer_s"] * layers + job.cal["cpu_collective_latency_s"] * n
     coverage = min(1.0, sum(GRAPH_COVERAGE.get(s, 0.0) for s in job.layout.cuda_graphs))
-    return job.cal["launch_overhead_s"] * (1 - coverage) * layers
+    moe = _moe_layers(job.model, units)
+    return (job.cal["launch_overhead_s"] * moe + job.cal["dense_launch_overhead_s"] * (layers - moe)) * (1 - coverage)
 
 
 def pp_comm_time(job: Job) -> float:
@@ -582,7 +808,9 @@ def dp_comm_time(job: Job, params: RankParams) -> float:
         return 0.0
     per_param = grad_bytes(L) + weight_bytes(L)
     vol = params.dense * per_param * (dpcp - 1) / dpcp + params.expert * per_param * (edp - 1) / edp
-    return job.cal["dp_exposed"] * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal)
+    latency = job.cal["cpu_collective_latency_s"] * CPU_DP_COLLECTIVES_PER_STEP * (max(dpcp, edp) - 1) \
+        if job.gpu.is_cpu else 0.0
+    return job.cal["dp_exposed"] * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal) + latency
 
 
 def _optimizer_shard(job: Job, params: RankParams) -> float:
@@ -608,6 +836,16 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 
 
+def host_contention_time(job: Job, rank: RankCompute) -> float:
+    """cpu only, per microbatch: the run's ranks share the host's `cpu_cores`; with more ranks than cores each
+    rank's own work (compute and eager overhead) takes ranks / cores as long. On GPUs: 0."""
+    if not job.gpu.is_cpu:
+        return 0.0
+    slowdown = max(1.0, job.num_gpus / job.cal["cpu_cores"])
+    layers = sum(1 for u in rank.units if u.is_layer)
+    return (slowdown - 1.0) * (rank.total + job.cal["cpu_overhead_per_layer_s"] * layers)
+
+
 def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
               cal: dict | None = None) -> dict[str, float]:
     """Seconds per optimizer step, by component (the module docstring's formula); key 'step' is the total.
@@ -621,9 +859,10 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
     tp = tp_comm_time(job, layers)
     cp = cp_comm_time(job, rank)
     ep = ep_comm_time(job, _moe_layers(model, rank.units))
-    launch = launch_overhead_time(job, layers)
+    launch = launch_overhead_time(job, rank.units)
     pp = pp_comm_time(job)
-    per_mb = rank.total + tp + cp + ep + launch + pp  # rank.total: compute + recompute
+    contention = host_contention_time(job, rank)
+    per_mb = rank.total + tp + cp + ep + launch + pp + contention  # rank.total: compute + recompute
     bubble = pipeline_bubble_time(layout, per_mb, m)
     params = rank_params(model, layout, rank.units)
     dp = dp_comm_time(job, params)
@@ -644,6 +883,7 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
         "dp_comm": dp,
         "optimizer": optimizer,
         "optimizer_offload": offload,
+        "host_contention": contention * m,
         "step": per_mb * m + bubble + dp + optimizer + offload,
     }
 

@@ -31,7 +31,7 @@ LAYOUTS = [
                           recompute_num_layers=2, precision="fp8-delayed", dispatcher="hybridep",
                           distributed_optimizer=False, sequence_parallel=False)),
     Layout.from_dict(dict(cp=4, gbs=4, cuda_graphs="full_iteration", precision="fp32", dispatcher="allgather",
-                          cp_comm_type="a2a+p2p", optimizer_offload=1.0)),
+                          cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=1.0)),
     Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
     Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
 ]
@@ -117,6 +117,7 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
         assert ns.sequence_parallel == layout.sp
         assert ns.use_distributed_optimizer == layout.distributed_optimizer
         assert ns.cp_comm_type == [layout.cp_comm_type]
+        assert (ns.hierarchical_context_parallel_sizes or []) == list(layout.hierarchical_cp)
         assert ns.seq_length == 131072
         assert ns.num_layers == model.num_layers and ns.hidden_size == model.hidden_size
         assert ns.bf16 == (layout.precision != "fp32")
@@ -193,7 +194,7 @@ def test_every_flag_names_a_megatron_core_field(mcore):
                  "recompute-method", "recompute-num-layers", "cuda-graph-impl", "cuda-graph-modules", "fp8-format",
                  "fp8-recipe", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend", "cp-comm-type",
                  "optimizer-cpu-offload", "optimizer-offload-fraction", "use-distributed-optimizer",
-                 "sequence-parallel", "seq-length", "bf16"):
+                 "sequence-parallel", "seq-length", "bf16", "hierarchical-context-parallel-sizes"):
         assert flag in seen
 
 
@@ -298,7 +299,7 @@ def test_every_layout_dimension_reaches_both_exports():
     other = {"tp": 4, "cp": 2, "ep": 2, "etp": 2, "pp": 4, "vpp": 2, "mbs": 2, "gbs": 16, "precision": "fp8",
              "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
              "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
-             "distributed_optimizer": False, "sequence_parallel": False}
+             "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2"}
     assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
     for name, value in other.items():
         changed = base.replace(**{name: value})

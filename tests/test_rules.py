@@ -42,6 +42,8 @@ CASES = [
     ("expert_bias_etp", ("tiny-gpt-oss", "h100", 2, 512), dict(etp=2), dict(ep=2)),
     ("cp_window_sinks", ("tiny-gpt-oss", "h100", 2, 512), dict(cp=2, cp_comm_type="allgather"),
      dict(cp=2, cp_comm_type="a2a")),
+    ("hierarchical_cp", ("deepseek-v3", "h100", 64, 65536), dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,4"),
+     dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,2")),
 ]
 
 
@@ -91,3 +93,21 @@ def test_layer_kind_rules_follow_megatron_and_transformer_engine():
     assert "cp_window_sinks" not in windows_only
     # on cpu the trainer's own CP attention all-gathers K/V with windows and sinks: no TE limit applies
     assert "cp_window_sinks" not in rules_broken("tiny-gpt-oss", "cpu", 2, 512, cp=2)
+
+
+@pytest.mark.parametrize("fields,why", [
+    (dict(cp=16, cp_comm_type="a2a+p2p"), "needs hierarchical_cp"),  # Megatron asserts the sizes for a2a+p2p
+    (dict(cp=16, cp_comm_type="p2p", hierarchical_cp="8,2"), "only used by cp_comm_type a2a+p2p"),
+    (dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="2,2,4"), "needs hierarchical_cp A,P"),
+    (dict(cp=32, cp_comm_type="a2a+p2p", hierarchical_cp="16,2"), "must divide the heads"),  # 8 KV heads
+])
+def test_hierarchical_cp_says_why(fields, why):
+    violations = check(load_model("llama3-8b"), load_gpu("h100"), 64, 131072, Layout.from_dict(fields))
+    assert [v.reason for v in violations if v.rule == "hierarchical_cp" and why in v.reason], violations
+
+
+def test_a2a_needs_the_kv_heads_to_split_too():
+    # Llama3-8B: 32 heads, 8 KV heads: Transformer Engine's a2a splits both
+    assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=16, cp_comm_type="a2a")
+    assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=8, tp=2, cp_comm_type="a2a")  # 4 KV/TP
+    assert "cp_a2a_heads" not in rules_broken("llama3-8b", "h100", 8, 65536, cp=8, cp_comm_type="a2a")

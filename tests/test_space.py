@@ -67,3 +67,18 @@ def test_seed_layouts_follow_the_rules_of_thumb():
     assert rule_of_thumb_cp(131072) == 32 and rule_of_thumb_cp(8192) == 1
     tiny = seed_layouts(TINY, CPU, 4, 512, gbs=8)
     assert tiny and all(s.precision == "fp32" and s.gbs == 8 for s in tiny)
+
+
+def test_space_has_every_cp_communication_with_its_hierarchies():
+    """Llama3-8B (8 KV heads) at CP16: p2p, allgather, and a2a+p2p split as 2x8, 4x4, 8x2; plain a2a cannot split
+    8 KV heads 16 ways, and a hierarchy is counted as a rejection wherever it does not apply."""
+    from search_spaces.space import candidate_layouts, count_space
+
+    fixed = dict(tp=1, pp=1, cp=16, mbs=1, precision="bf16", recompute="none", cuda_graphs="none",
+                 optimizer_offload=0.0)
+    found = {(lay.cp_comm_type, lay.hierarchical_cp)
+             for lay in candidate_layouts("llama3-8b", "h100", 16, 65536, fixed=fixed, gbs=16)}
+    assert found == {("p2p", ()), ("allgather", ()), ("a2a+p2p", (2, 8)), ("a2a+p2p", (4, 4)), ("a2a+p2p", (8, 2))}
+    counted = count_space("llama3-8b", "h100", 16, 65536, fixed=fixed, gbs=16)
+    assert counted.legal == len(found) and counted.rejected_by_rule["hierarchical_cp"] > 0
+    assert counted.rejected_by_rule["cp_a2a_heads"] > 0

@@ -37,14 +37,19 @@ def test_layout_maps_onto_transformer_config_fields():
 
 def test_gpu_features_map_to_megatron_names():
     layout = Layout(precision="fp8-delayed", dispatcher="deepep", cuda_graphs="attn,moe_router",
-                    recompute="full", recompute_method="block", recompute_num_layers=2, cp=2,
-                    cp_comm_type="a2a+p2p", optimizer_offload=0.5)
+                    recompute="full", recompute_method="block", recompute_num_layers=2, cp=4,
+                    cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=0.5)
     kw = config.transformer_config_kwargs(TINY, layout, on_cpu=False)
     assert (kw["fp8"], kw["fp8_recipe"]) == ("hybrid", "delayed")
     assert (kw["moe_token_dispatcher_type"], kw["moe_flex_dispatcher_backend"]) == ("flex", "deepep")
     assert kw["cuda_graph_impl"] == "local" and kw["cuda_graph_modules"] == ["attn", "moe_router"]
     assert (kw["recompute_granularity"], kw["recompute_method"], kw["recompute_num_layers"]) == ("full", "block", 2)
     assert kw["cp_comm_type"] == "a2a+p2p" and "batch_p2p_comm" not in kw
+    assert kw["hierarchical_context_parallel_sizes"] == [2, 2]
+    ps = config.parallel_state_kwargs(layout, on_cpu=False)
+    assert ps["context_parallel_size"] == 4 and ps["hierarchical_context_parallel_sizes"] == [2, 2]
+    # the CPU trainer all-gathers K/V whatever the type: no hierarchy there
+    assert "hierarchical_context_parallel_sizes" not in config.parallel_state_kwargs(layout, on_cpu=True)
     opt = config.optimizer_config_kwargs(layout)
     assert opt["optimizer_cpu_offload"] and opt["optimizer_offload_fraction"] == 0.5
     assert config.transformer_config_kwargs(TINY, L(cp=2, cp_comm_type="allgather"), on_cpu=False)[

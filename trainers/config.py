@@ -166,10 +166,25 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
             kwargs["moe_token_dispatcher_type"] = layout.dispatcher
     if layout.cp > 1 and not on_cpu:
         kwargs["cp_comm_type"] = CP_COMM_TYPES[layout.cp_comm_type]
+        if layout.hierarchical_cp:
+            kwargs["hierarchical_context_parallel_sizes"] = list(layout.hierarchical_cp)
     if on_cpu:
         # gloo: batched isend/irecv silently corrupts interleaved (VPP) pipelines.
         kwargs["batch_p2p_comm"] = False
     kwargs.update(pipeline_split_kwargs(model, layout))
+    return kwargs
+
+
+def parallel_state_kwargs(layout: Layout, on_cpu: bool) -> dict[str, Any]:
+    """megatron.core.parallel_state.initialize_model_parallel's arguments: the sizes, and on GPUs the a2a+p2p
+    CP hierarchy (its groups are built there; the CPU trainer all-gathers K/V whatever the type)."""
+    kwargs: dict[str, Any] = dict(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp)
+    if layout.cp > 1 and layout.hierarchical_cp and not on_cpu:
+        kwargs["hierarchical_context_parallel_sizes"] = list(layout.hierarchical_cp)
     return kwargs
 
 

@@ -210,11 +210,7 @@ def _build(args, layout, model, on_cpu: bool) -> Built:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
-        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.etp)
+    ps.initialize_model_parallel(**trainer_config.parallel_state_kwargs(layout, on_cpu))
     config = _build_config(model, layout, on_cpu, have_te)
     # CUDA graphs need a capturable RNG tracker (TE's, or Megatron's graph-safe one).
     tensor_parallel.model_parallel_cuda_manual_seed(args.seed, te_rng_tracker=config.use_te_rng_tracker,

@@ -6,6 +6,7 @@ Thin: parse flags, call search_spaces, print a rich table or one JSON object.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -16,6 +17,9 @@ from search_spaces.errors import SpecError
 from search_spaces.memory import COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
+
+
+CALIBRATION_HELP = "a calibration file written by `moe-autotune calibrate` (default: the packaged constants)"
 
 
 def register(app: typer.Typer) -> None:
@@ -46,11 +50,13 @@ def estimate(
     num_layers: Optional[int] = typer.Option(None, "--num-layers", help="override the model's layer count"),
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="override the model's width"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     layout_flags: dict | None = None,
 ) -> int:
     """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their defaults;
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
     TP/CP/EP/PP/DP communication, launch overhead, pipeline bubble, optimizer and offload)."""
+    from search_spaces.calibration import load_calibration
     from search_spaces.costmodel import estimate as run_estimate
     from search_spaces.layout import Layout
 
@@ -60,7 +66,7 @@ def estimate(
         layout = Layout.from_params({"gbs": layout_flags["gbs"]}, base=layout)
     else:
         layout = layout.replace(gbs=layout.mbs * max(layout.dp(num_gpus), 1))
-    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout)
+    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=load_calibration(calibration))
     if as_json:
         typer.echo(json.dumps(est.to_dict()))
     else:
@@ -129,8 +135,10 @@ def space(
     num_layers: Optional[int] = typer.Option(None, "--num-layers"),
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
 ) -> int:
     """Enumerate the legal layouts, count rejections per rule, list the fastest that fit."""
+    from search_spaces.calibration import load_calibration
     from search_spaces.layout import BY_NAME
     from search_spaces.space import explore
 
@@ -144,8 +152,9 @@ def space(
         if key not in BY_NAME:
             raise SpecError(f"--fix: unknown layout field {key!r}; allowed: {', '.join(BY_NAME)}")
         fixed[key] = BY_NAME[key].decode(value)
+    cal = load_calibration(calibration)
     result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget,
-                     max_grids=max_grids)
+                     max_grids=max_grids, cal=cal)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
         return 0

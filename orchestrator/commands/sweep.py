@@ -33,6 +33,8 @@ def sweep(
     search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe | random | grid"),
     fidelity: Optional[str] = typer.Option(None, "--fidelity", help="auto (default) | full | proxy"),
     trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="the most GPUs one trial may use"),
+    calibration: Optional[str] = typer.Option(None, "--calibration",
+                                              help="a file from `moe-autotune calibrate`: the cost model's constants"),
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
@@ -43,7 +45,8 @@ def sweep(
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                                  "ray_address": ray_address, "seed": seed, "replay_table": replay_table,
-                                 "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus})
+                                 "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus,
+                                 "calibration": calibration})
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
     if spec.lengths:

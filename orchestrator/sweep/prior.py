@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from search_spaces.calibration import load_calibration
 from search_spaces.costmodel import estimate
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
@@ -60,6 +61,11 @@ class Prior:
     def gpu(self) -> GPUSpec:
         return load_gpu(self.spec.gpu)
 
+    @cached_property
+    def cal(self) -> dict:
+        """The cost model's constants: the spec's calibration file over the packaged ones (data handed in)."""
+        return load_calibration(self.spec.calibration)
+
     @property
     def memory_limit_gib(self) -> float:
         return float(self.gpu.memory_gib)
@@ -73,7 +79,8 @@ class Prior:
     def rules_of_thumb(self) -> list[Layout]:
         """The rules of thumb (search_spaces.heuristics), with the spec's fixed values applied."""
         fixed = self.fixed
-        seeds = seed_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, gbs=self.spec.gbs)
+        seeds = seed_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, gbs=self.spec.gbs,
+                             cal=self.cal)
         return distinct(s.replace(**fixed) for s in seeds)
 
     @cached_property
@@ -128,7 +135,7 @@ class Prior:
     @cached_property
     def _explored(self) -> list[Layout]:
         found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
-                        fixed=self.pinned, gbs=self.spec.gbs, top=self.EXPLORED)
+                        fixed=self.pinned, gbs=self.spec.gbs, top=self.EXPLORED, cal=self.cal)
         return [Layout.from_dict(row["layout"]) for row in found.top]
 
     # ---- the cost model --------------------------------------------------------------------------
@@ -138,7 +145,7 @@ class Prior:
         return self._cache[layout]
 
     def _predict(self, layout: Layout) -> Prediction:
-        est = estimate(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, layout)
+        est = estimate(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, layout, cal=self.cal)
         reason = None
         if est.violations:
             reason = "; ".join(f"{v.rule}: {v.reason}" for v in est.violations)

@@ -1,0 +1,184 @@
+"""A calibration that learns: measured trials from Optuna studies, MLflow experiments and replay tables in, a
+calibration file out (search_spaces.calibration does the fitting; this module reads the stores).
+
+Every trial that ran and measured (status ok, a tokens/s) is a data point, whatever sweep produced it, except
+analytic ones (their "measurement" is the cost model itself). The measurements are split in two declared
+halves (every other one in the order read; `holdout`), the per-GPU-family constants of the families they cover
+are fitted on the first half plus every published row of those families (search_spaces.reference; each side
+weighs as much as the other), and the error on the second half is reported before and after. On `cpu` the
+process's resident baseline is measured too (the median of measured peak minus the tensors the model counts).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from search_spaces.calibration import (Measurement, calibration_document, errors, fit, load_calibration, mape,
+                                       parameters_for, predict_peak_gib)
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.reference import published_rows
+
+# the result fields a measured trial must have to be a data point
+NEEDED = ("model", "gpu", "num_gpus", "seq_len", "layout", "tokens_per_sec_per_gpu")
+
+
+def measurement_from_result(result: dict[str, Any], source: str, backend: str = "") -> Measurement | None:
+    """A TrialResult dict (as the sweep stores it) -> a Measurement, or None when it is not a measured ok run."""
+    if backend == "analytic" or (result.get("extra") or {}).get("source") == "costmodel":
+        return None
+    if result.get("status") != "ok" or any(not result.get(k) for k in NEEDED):
+        return None
+    overrides = (result.get("extra") or {}).get("model_overrides") or {}
+    return Measurement(model=str(result["model"]), gpu=str(result["gpu"]), num_gpus=int(result["num_gpus"]),
+                       seq_len=int(result["seq_len"]), layout=Layout.from_dict(result["layout"]),
+                       tokens_per_sec_per_gpu=float(result["tokens_per_sec_per_gpu"]),
+                       peak_memory_gib=result.get("peak_memory_gib"), source=source,
+                       num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+
+
+def from_study(storage: str, study_name: str) -> list[Measurement]:
+    """The measured trials of an Optuna study (orchestrator.study.measured_trials)."""
+    from orchestrator import study as studies
+
+    study = studies.load_study(storage, study_name)
+    backend = study.user_attrs.get("backend", "")
+    overrides = (study.user_attrs.get("spec") or {}).get("model_overrides") or {}
+    out = []
+    for trial in studies.measured_trials(study):
+        result = dict(trial.user_attrs.get("result") or {})
+        result.setdefault("extra", {})
+        if overrides and not result["extra"].get("model_overrides"):
+            result["extra"] = {**result["extra"], "model_overrides": overrides}
+        m = measurement_from_result(result, f"study {study_name} trial {trial.number}", backend)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def from_experiment(tracking_uri: str, experiment: str) -> list[Measurement]:
+    """The measured child runs of an MLflow experiment (their trial.json artifact: result and layout)."""
+    import mlflow.artifacts
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SpecError(f"no MLflow experiment {experiment!r} at {tracking_uri}")
+    runs = client.search_runs([exp.experiment_id], "tags.status = 'ok'", max_results=10000)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in runs:
+            backend = run.data.tags.get("backend", "")
+            if backend == "analytic" or "trial.json" not in {a.path for a in client.list_artifacts(run.info.run_id)}:
+                continue
+            local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="trial.json",
+                                                       dst_path=tmp, tracking_uri=tracking_uri)
+            record = _read_json(Path(local))
+            m = measurement_from_result(record.get("result") or {}, f"experiment {experiment} run "
+                                        f"{run.info.run_id[:8]}", backend)
+            if m is not None:
+                out.append(m)
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def from_table(path: str) -> list[Measurement]:
+    """The rows measured ok of a replay table (`moe-autotune status --csv` writes one)."""
+    from orchestrator.backends.replay import load_table
+
+    table = load_table(path)
+    return [Measurement(table.model, table.gpu, table.num_gpus, table.seq_len, row.layout,
+                        tokens_per_sec_per_gpu=row.tokens_per_sec_per_gpu, peak_memory_gib=row.peak_memory_gib,
+                        source=f"table {Path(path).name} line {row.line}")
+            for row in table.rows.values() if row.status == "ok" and row.tokens_per_sec_per_gpu]
+
+
+def gather(studies: Iterable[str] = (), storage: str = "sqlite:///optuna.db", experiments: Iterable[str] = (),
+           tracking_uri: str = "sqlite:///mlflow.db", tables: Iterable[str] = ()) -> list[Measurement]:
+    """Every measurement of the named sources, each (situation, layout) once (the first one read)."""
+    found: list[Measurement] = []
+    for name in studies:
+        found += from_study(storage, name)
+    for name in experiments:
+        found += from_experiment(tracking_uri, name)
+    for path in tables:
+        found += from_table(path)
+    seen, out = set(), []
+    for m in found:
+        key = (m.model, m.gpu, m.num_gpus, m.seq_len, m.layout, m.num_layers, m.hidden_size)
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+@dataclass
+class CalibrationRun:
+    cal: dict
+    document: dict[str, Any]
+    fitted_on: int
+    held_out: int
+    published: int
+    families: list[str]
+    before: dict[str, float | None] = field(default_factory=dict)  # held-out MAPE (%) per quantity
+    after: dict[str, float | None] = field(default_factory=dict)
+
+
+def split(measurements: list[Measurement], holdout: float) -> tuple[list[Measurement], list[Measurement]]:
+    """(fit, held out): every k-th measurement held out (k = round(1 / holdout)), none for holdout 0."""
+    if holdout <= 0 or len(measurements) < 2:
+        return list(measurements), []
+    k = max(2, round(1 / holdout))
+    held = [m for i, m in enumerate(measurements) if i % k == k - 1]
+    return [m for m in measurements if m not in held], held
+
+
+def peak_mape(measurements: list[Measurement], cal: dict) -> float | None:
+    errs = [predict_peak_gib(m, cal) / m.peak_memory_gib - 1 for m in measurements if m.peak_memory_gib]
+    return mape([e for e in errs if e is not None])
+
+
+def fit_process_baseline(measurements: list[Measurement], cal: dict) -> float | None:
+    """cpu: the median of (measured peak - the tensors the model counts), in GiB."""
+    cpu = [m for m in measurements if m.gpu == "cpu" and m.peak_memory_gib]
+    if not cpu:
+        return None
+    base = {**cal, "cpu_process_baseline_gib": 1e-9}
+    return max(1e-3, statistics.median(m.peak_memory_gib - predict_peak_gib(m, base) for m in cpu))
+
+
+def calibrate(measurements: list[Measurement], start: dict | None = None, holdout: float = 0.5,
+              with_published: bool = True, max_evals: int | None = None) -> CalibrationRun:
+    """Fit the families' constants to the fit half (+ published rows), report the held-out half."""
+    if not measurements:
+        raise SpecError("no measured trial to calibrate on (only trials that ran with status ok count)")
+    start = start or load_calibration(None)
+    fit_part, held = split(measurements, holdout)
+    families = sorted({m.family for m in measurements})
+    anchor = [r for r in published_rows() if r.family in families] if with_published else []
+    kwargs = {"max_evals": max_evals} if max_evals else {}
+    cal, summary = fit(fit_part, parameters_for(families), start, anchor=anchor, **kwargs)
+    baseline = fit_process_baseline(fit_part, cal)
+    if baseline is not None:
+        cal["cpu_process_baseline_gib"] = baseline
+    run = CalibrationRun(cal, {}, len(fit_part), len(held), len(anchor), families)
+    for name, c in (("before", start), ("after", cal)):
+        getattr(run, name).update({"tokens_per_sec_per_gpu": mape(errors(held, c)),
+                                   "peak_memory_gib": peak_mape(held, c)})
+    run.document = calibration_document(cal, summary["fitted"] + (["cpu_process_baseline_gib"] if baseline else []),
+                                        {"measurements": len(measurements), "fitted_on": len(fit_part),
+                                         "held_out": len(held), "published_rows": len(anchor),
+                                         "families": families, "held_out_mape_before": run.before,
+                                         "held_out_mape_after": run.after, "fit": summary,
+                                         "sources": sorted({m.source.rsplit(" ", 2)[0] for m in measurements})})
+    return run

@@ -1,0 +1,67 @@
+"""`moe-autotune calibrate`: fit the cost model's per-GPU-family constants to measured trials; write a file
+that `estimate`, `space` and `sweep` (`--calibration FILE`, spec field `calibration:`) use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(
+    out: Path = typer.Option(..., "--out", help="the calibration file to write (JSON)"),
+    study: list[str] = typer.Option([], "--study", help="an Optuna study whose measured trials are data (repeatable)"),
+    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL of the studies"),
+    experiment: list[str] = typer.Option([], "--experiment",
+                                         help="an MLflow experiment whose measured runs are data (repeatable)"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    table: list[Path] = typer.Option([], "--table", help="a replay-table CSV of measurements (repeatable)"),
+    start: Optional[Path] = typer.Option(None, "--calibration",
+                                         help="start from this calibration file (default: the packaged one)"),
+    holdout: float = typer.Option(0.5, "--holdout", min=0.0, max=0.5,
+                                  help="share of the measurements held out to report the error on (0: none)"),
+    published: bool = typer.Option(True, "--published/--no-published",
+                                   help="fit the published rows of the same GPU families too"),
+) -> int:
+    """Fit the constants of the GPU families the measurements cover (GEMM, grouped-GEMM and attention efficiency;
+    on cpu the eager and gloo costs and the resident baseline) to the measurements plus the published rows, print
+    the error on the held-out measurements before and after, and write the calibration file."""
+    from orchestrator.calibrate import calibrate as run_calibrate
+    from orchestrator.calibrate import gather
+    from search_spaces.calibration import load_calibration, write_calibration
+    from search_spaces.errors import SpecError
+    from search_spaces.inputs import check_output_file
+
+    check_output_file(out, "--out")
+    if not (study or experiment or table):
+        raise SpecError("give at least one --study, --experiment or --table to calibrate on")
+    for path in table:
+        if not path.is_file():
+            raise SpecError(f"--table {str(path)!r} does not exist")
+    base = load_calibration(start)
+    measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
+    run = run_calibrate(measurements, base, holdout=holdout, with_published=published)
+    write_calibration(out, run.document)
+    console = Console()
+    console.print(f"{len(measurements)} measurements ({', '.join(run.families)}): fitted on {run.fitted_on}"
+                  f" + {run.published} published rows, {run.held_out} held out")
+    result = Table(title="held-out error (MAPE %)")
+    for col in ("quantity", "before", "after"):
+        result.add_column(col)
+    for key in ("tokens_per_sec_per_gpu", "peak_memory_gib"):
+        result.add_row(key, _pct(run.before.get(key)), _pct(run.after.get(key)))
+    console.print(result)
+    console.print(f"fitted: {', '.join(run.document['fitted'])}")
+    console.print(f"wrote {out}: use it with --calibration {out} (estimate, space, sweep) or `calibration: {out}`")
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -1,0 +1,301 @@
+"""Calibrations as data: measurements in, a file of constants out, the cost model's constants from that file.
+
+A `Measurement` is one measured (model, GPU, GPUs, length, Layout) -> tokens/s/GPU (or TF/s) and peak memory:
+a published row (search_spaces.reference), a measured sweep trial (orchestrator/calibrate.py reads Optuna and
+MLflow), or a replay-table row. `fit()` finds the per-GPU-family constants (`FAMILY_PARAMETERS`) that minimise
+the mean |log(predicted / measured)| tokens/s over the measurements it is given, within physical bounds, with a
+bounded Nelder-Mead in log space (pure Python). A calibration file holds the fitted constants (and what they
+were fitted on); `load_calibration(path)` lays them over the packaged calibration, and `estimate`, `space` and
+the sweep's prior take the result as `cal`. The cost model never reads a store: the calibration is handed in.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import json
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from search_spaces.errors import SpecError
+from search_spaces.hardware import load_gpu
+from search_spaces.inputs import read_text_file
+from search_spaces.layout import Layout
+from search_spaces.models import ModelSpec, load_model
+from search_spaces.throughput import DEFAULT_CALIBRATION, calibration, gpu_family
+
+FORMAT = "moe-autotune calibration"
+# constants fitted per GPU family: (path in the calibration, lower bound, upper bound); "*" = every precision
+# class of the family (BF16 and FP8 share one efficiency, CALIBRATION.md)
+FAMILY_PARAMETERS: dict[str, list[tuple[tuple[str, ...], float, float]]] = {
+    "hopper": [(("gemm_efficiency", "hopper", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "hopper"), 0.1, 1.0),
+               (("attention_fwd_efficiency", "hopper"), 0.15, 0.9),
+               (("attention_bwd_efficiency", "hopper"), 0.1, 0.9)],
+    "blackwell": [(("gemm_efficiency", "blackwell", "*"), 0.2, 0.95),
+                  (("grouped_gemm_efficiency", "blackwell"), 0.1, 1.0),
+                  (("attention_fwd_efficiency", "blackwell"), 0.15, 0.9),
+                  (("attention_bwd_efficiency", "blackwell"), 0.1, 0.9)],
+    "cpu": [(("gemm_efficiency", "cpu", "*"), 0.01, 1.0), (("attention_fwd_efficiency", "cpu"), 0.002, 1.0),
+            (("cpu_overhead_per_layer_s",), 1e-4, 0.5), (("cpu_collective_latency_s",), 1e-5, 0.1)],
+}
+# constants shared by the GPU families (fitted by bench/fit_calibration.py on the published rows only)
+SHARED_PARAMETERS: list[tuple[tuple[str, ...], float, float]] = [
+    (("ep_exposed",), 0.05, 1.0), (("elementwise_passes",), 1.0, 30.0), (("routed_passes",), 0.1, 30.0),
+    (("fp8_cast_bytes",), 0.5, 12.0), (("launch_overhead_s",), 1e-5, 3e-3),
+    (("dense_launch_overhead_s",), 1e-6, 3e-3), (("linear_attention_efficiency",), 0.1, 0.6)]
+# Nelder-Mead: stop when the simplex's losses differ by less than this, or after this many evaluations
+FIT_TOLERANCE = 1e-4
+FIT_MAX_EVALUATIONS = 1500
+FIT_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured layout. tokens/s/GPU is the quantity fitted (TF/s rows are converted with Bridge's FLOPs)."""
+    model: str
+    gpu: str
+    num_gpus: int
+    seq_len: int
+    layout: Layout
+    tflops_per_gpu: float | None = None
+    tokens_per_sec_per_gpu: float | None = None
+    peak_memory_gib: float | None = None
+    source: str = ""
+    num_layers: int | None = None  # proxy models (a sweep's model_overrides)
+    hidden_size: int | None = None
+    release: str = ""  # the software it ran (a key of the calibration's attention_release_factor, if older)
+
+    def spec(self) -> ModelSpec:
+        from search_spaces.reference import model_spec
+        spec = model_spec(self.model) if self.model == "deepseek-v3-no-mtp" else load_model(self.model)
+        return spec.with_overrides(num_layers=self.num_layers, hidden_size=self.hidden_size)
+
+    @property
+    def family(self) -> str:
+        return gpu_family(load_gpu(self.gpu))
+
+    def tokens(self) -> float:
+        """Measured tokens/s/GPU."""
+        if self.tokens_per_sec_per_gpu:
+            return float(self.tokens_per_sec_per_gpu)
+        from search_spaces.flops import flops_per_token
+        return float(self.tflops_per_gpu) * 1e12 / flops_per_token(self.spec(), self.seq_len)
+
+    def tflops(self) -> float:
+        """Measured TF/s/GPU in Bridge's count."""
+        if self.tflops_per_gpu:
+            return float(self.tflops_per_gpu)
+        from search_spaces.flops import flops_per_token
+        return self.tokens() * flops_per_token(self.spec(), self.seq_len) / 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["layout"] = self.layout.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        return cls(**{**data, "layout": Layout.from_dict(data["layout"])})
+
+
+# ---- predictions and errors -----------------------------------------------------------------------------------
+def predict_tokens(m: Measurement, cal: dict) -> float | None:
+    """Predicted tokens/s/GPU of a measurement's layout under `cal`; None when the layout breaks a rule."""
+    from search_spaces.rules import check
+    from search_spaces.throughput import step_time
+    spec, gpu = m.spec(), load_gpu(m.gpu)
+    if check(spec, gpu, m.num_gpus, m.seq_len, m.layout):
+        return None
+    step = step_time(spec, gpu, m.num_gpus, m.seq_len, m.layout, for_release(cal, m.release))["step"]
+    return m.layout.gbs * m.seq_len / step / m.num_gpus
+
+
+def predict_peak_gib(m: Measurement, cal: dict) -> float | None:
+    from search_spaces.costmodel import estimate
+    est = estimate(m.spec(), m.gpu, m.num_gpus, m.seq_len, m.layout, with_time=False, cal=cal)
+    return est.peak_memory_gib
+
+
+def for_release(cal: dict, release: str) -> dict:
+    """`cal` as it was for software `release`: the attention rates scaled by its attention_release_factor."""
+    factor = cal.get("attention_release_factor", {}).get(release)
+    if not factor:
+        return cal
+    out = dict(cal)
+    for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
+        out[key] = {fam: v * factor for fam, v in cal[key].items()}
+    return out
+
+
+def errors(measurements: Iterable[Measurement], cal: dict) -> list[float]:
+    """Signed relative errors of predicted tokens/s (skipping layouts the rules refuse)."""
+    out = []
+    for m in measurements:
+        pred = predict_tokens(m, cal)
+        if pred:
+            out.append(pred / m.tokens() - 1)
+    return out
+
+
+def mape(errs: list[float]) -> float | None:
+    return 100 * sum(abs(e) for e in errs) / len(errs) if errs else None
+
+
+def log_loss(measurements: list[Measurement], cal: dict) -> float:
+    """Mean |log(predicted / measured)| tokens/s (a refused layout costs as much as a 10x miss)."""
+    total = 0.0
+    for m in measurements:
+        pred = predict_tokens(m, cal)
+        total += abs(math.log(pred / m.tokens())) if pred else math.log(10)
+    return total / max(len(measurements), 1)
+
+
+# ---- the parameters and the fit -------------------------------------------------------------------------------
+def get_value(cal: dict, path: tuple[str, ...]) -> float:
+    node: Any = cal
+    for key in path:
+        node = node[key] if key != "*" else next(iter(node.values()))
+    return float(node)
+
+
+def set_value(cal: dict, path: tuple[str, ...], value: float) -> None:
+    node = cal
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    for key in (list(node) or ["bf16"]) if path[-1] == "*" else [path[-1]]:
+        node[key] = value
+
+
+def parameters_for(families: Iterable[str], shared: bool = False) -> list[tuple[tuple[str, ...], float, float]]:
+    params = [p for fam in sorted(set(families)) for p in FAMILY_PARAMETERS.get(fam, [])]
+    return params + (SHARED_PARAMETERS if shared else [])
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float = 0.3,
+                tol: float = FIT_TOLERANCE, max_evals: int = FIT_MAX_EVALUATIONS) -> tuple[list[float], float, int]:
+    """Minimise f from x0 (standard reflection/expansion/contraction/shrink); returns (x, f(x), evaluations)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    values = [f(x) for x in simplex]
+    evals = n + 1
+    while evals < max_evals:
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tol:
+            break
+        centre = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+        def towards(t: float) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centre, simplex[-1])]
+        reflected = towards(-1.0)
+        fr = f(reflected)
+        evals += 1
+        if fr < values[0]:
+            expanded = towards(-2.0)
+            fe = f(expanded)
+            evals += 1
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = towards(0.5 if fr >= values[-1] else -0.5)
+            fc = f(contracted)
+            evals += 1
+            if fc < min(fr, values[-1]):
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink towards the best
+                simplex = [simplex[0]] + [[b + 0.5 * (x - b) for b, x in zip(simplex[0], p)] for p in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+                evals += n
+    best = min(range(n + 1), key=values.__getitem__)
+    return simplex[best], values[best], evals
+
+
+def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], float, float]],
+        start: dict | None = None, max_evals: int = FIT_MAX_EVALUATIONS, anchor: list[Measurement] | None = None
+        ) -> tuple[dict, dict[str, Any]]:
+    """The calibration (a full constants dict) that minimises `log_loss` over `measurements` (plus, weighing as
+    much as they do together, over `anchor`: published rows that keep a small set of measurements from pulling
+    the constants anywhere) by moving `params` within their bounds from `start` (default: the packaged
+    calibration); and a summary of the fit."""
+    base = copy.deepcopy(start or calibration())
+    if not measurements or not params:
+        return base, {"evaluations": 0, "loss_before": None, "loss_after": None, "fitted": []}
+    anchor = list(anchor or [])
+
+    def objective(cal: dict) -> float:
+        return log_loss(measurements, cal) + (log_loss(anchor, cal) if anchor else 0.0)
+
+    lo = [math.log(p[1]) for p in params]
+    hi = [math.log(p[2]) for p in params]
+
+    def unpack(x: list[float]) -> dict:
+        cal = copy.deepcopy(base)
+        for (path, _, _), v, a, b in zip(params, x, lo, hi):
+            set_value(cal, path, math.exp(min(b, max(a, v))))
+        return cal
+
+    x = [min(b, max(a, math.log(get_value(base, p[0])))) for p, a, b in zip(params, lo, hi)]
+    before = after = objective(base)
+    evals = 0
+    for _ in range(FIT_RESTARTS + 1):  # a fresh simplex around the best point until it stops improving
+        x, loss, used = nelder_mead(lambda v: objective(unpack(v)), x, max_evals=max_evals - evals)
+        evals += used
+        improved = loss < after - FIT_TOLERANCE
+        after = min(after, loss)
+        if not improved or evals >= max_evals:
+            break
+    cal = unpack(x)
+    return cal, {"evaluations": evals, "loss_before": before, "loss_after": after,
+                 "fitted": [".".join(p[0]).replace(".*", "") for p in params]}
+
+
+# ---- files ----------------------------------------------------------------------------------------------------
+def _check_constants(data: Any, where: str, top: bool = True) -> None:
+    """Constants the cost model knows (top level), positive finite numbers for leaves: one line naming the
+    first bad one."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where} must be a mapping, got {type(data).__name__}")
+    for key, value in data.items():
+        if top and key not in DEFAULT_CALIBRATION:
+            raise SpecError(f"{where}: unknown constant {key!r}; known: {', '.join(DEFAULT_CALIBRATION)}")
+        if isinstance(value, dict):
+            _check_constants(value, f"{where}.{key}", top=False)
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            raise SpecError(f"{where}.{key} must be a positive number, got {value!r}")
+
+
+def load_calibration(path: str | Path | None) -> dict:
+    """The packaged calibration with a calibration file's constants laid over it (None: the packaged one)."""
+    cal = copy.deepcopy(calibration())
+    if path is None:
+        return cal
+    text = read_text_file(Path(path), "calibration file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"calibration file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    constants = data.get("constants") if isinstance(data, dict) and data.get("format") == FORMAT else data
+    _check_constants(constants, f"calibration file {path}")
+    return merge(cal, constants)
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def calibration_document(cal: dict, fitted: list[str], summary: dict[str, Any]) -> dict[str, Any]:
+    """What a calibration file holds: the constants (all of them, so the file stands alone) and how they came."""
+    return {"format": FORMAT, "version": 1,
+            "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "fitted": fitted, "summary": summary, "constants": cal}
+
+
+def write_calibration(path: str | Path, document: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(document, indent=2, default=float) + "\n")

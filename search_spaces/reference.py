@@ -1,0 +1,230 @@
+"""The published measurements the cost model is calibrated and scored on, as `Measurement`s.
+
+Files (search_spaces/reference/, copies of ../shared/reference; README there says what each column means):
+- megatron_bridge_performance_summary.csv: Megatron-Bridge's performance summary, newest release of each
+  (model, system, GPUs, length, precision) that a Layout can express (no FSDP, no NVFP4, catalog models only);
+  recompute / CUDA graphs / dispatcher that the table does not print are read from Megatron-Bridge's recipes
+  (RECIPE_SETTINGS), otherwise DeepEP on 8-GPU NVLink systems, HybridEP on NVL72, no recompute, no graphs.
+- skill_card_measurements.csv: Megatron-Bridge's MoE skill card.
+- moe_4k_more.csv: more MoE rows at 4K (Megatron-MoE-ModelZoo, skill cards); FSDP rows and rows already in
+  the skill card are left out.
+- long_sequence_dense_cp.csv: Llama2-7B (H100) and Llama3-8B (B200) from 4K/8K to 1M tokens with CP (NeMo). Their
+  TF/s are NeMo's count, whose Llama formula (NVIDIA/NeMo nemo/utils/flops_formulas.py, llama2/llama3) counts the
+  whole attention square (12 S/h per layer and token) where Bridge counts the causal half: they are converted
+  to Bridge's count (`nemo_to_bridge`), with the same tokens/s. cp_comm_type as run: p2p (NeMo's default then).
+
+Every row is a `Measurement` in Bridge's FLOP accounting (`search_spaces.flops`). Pure Python.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+from search_spaces.calibration import Measurement
+from search_spaces.errors import SpecError
+from search_spaces.flops import flops_per_token
+from search_spaces.hardware import load_gpu
+from search_spaces.layout import Layout
+from search_spaces.models import ModelSpec, load_model
+
+DATA = Path(__file__).parent / "reference"
+MODELS = {"DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/o MTP)": "deepseek-v3-no-mtp", "Kimi_K2": "kimi-k2",
+          "Qwen3_235B_a22B": "qwen3-235b-a22b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b",
+          "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b", "LLAMA3_8B": "llama3-8b",
+          "qwen3-next-80b-a3b": "qwen3-next-80b-a3b"}
+PRECISIONS = {"BF16": "bf16", "FP8": "fp8-tensorwise", "FP8-CS": "fp8-tensorwise", "FP8-MX": "mxfp8",
+              "MXFP8": "mxfp8", "FP8-CS (FP8-MX)": "fp8-tensorwise", "fp8-block": "fp8-blockwise",
+              "bf16": "bf16", "mxfp8": "mxfp8", "fp8": "fp8-delayed"}
+# Settings the summary table does not print (recompute, CUDA graphs, dispatcher), read from Megatron-Bridge:
+# rows of release 26.06+ from its perf recipes at the commit the summary was taken from (067f987,
+# src/megatron/bridge/perf_recipes/<model>/<gpu>/*.py); rows of release 26.04.x from the legacy configs of that
+# time (commit 0a21da4, 2026-05-20: scripts/performance/configs/*/*_workload_base_configs.py and the recipes'
+# default dispatcher). Other rows keep the defaults. (model, gpu, precision) -> (recompute, cuda_graphs, dispatcher)
+_TE_GRAPHS = "attn,moe_router,moe_preprocess"
+RECIPE_SETTINGS = {
+    "26.06+": {
+        ("deepseek-v3", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("deepseek-v3", "gb200", "mxfp8"): ("mla_up_proj", _TE_GRAPHS, "hybridep"),
+        ("gpt-oss-120b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("gpt-oss-120b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("gpt-oss-120b", "b300", "mxfp8"): ("none", _TE_GRAPHS, "hybridep"),
+        ("qwen3-30b-a3b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "b300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-30b-a3b", "h100", "fp8-tensorwise"): ("none", _TE_GRAPHS, "hybridep"),
+        ("qwen3-235b-a22b", "gb300", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("qwen3-235b-a22b", "gb200", "mxfp8"): ("none", "full_iteration", "hybridep"),
+        ("kimi-k2", "gb300", "mxfp8"): ("mla_up_proj", "none", "hybridep"),
+    },
+    "26.04": {
+        ("gpt-oss-120b", "gb300", "bf16"): ("none", _TE_GRAPHS, "alltoall"),
+        ("gpt-oss-120b", "gb200", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("gpt-oss-120b", "b300", "bf16"): ("none", _TE_GRAPHS, "hybridep"),
+        ("gpt-oss-120b", "b200", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("gpt-oss-120b", "h100", "bf16"): ("layernorm,moe_act", "none", "alltoall"),
+        ("qwen3-235b-a22b", "b200", "mxfp8"): ("none", "none", "alltoall"),
+    },
+}
+# NeMo's Llama FLOP formula (nemo/utils/flops_formulas.py) uses these vocabularies (LLM_VOCAB_SIZE_MAP)
+NEMO_VOCAB = {"llama2-7b": 32000, "llama3-8b": 128256}
+
+
+def model_spec(name: str) -> ModelSpec:
+    """A catalog model; `deepseek-v3-no-mtp` is DeepSeek-V3 without its MTP layer (published as such)."""
+    if name == "deepseek-v3-no-mtp":
+        return dataclasses.replace(load_model("deepseek-v3"), name=name, mtp_layers=0)
+    return load_model(name)
+
+
+def _int(text: str | None, default: int = 1) -> int:
+    text = (text or "").strip()
+    if not text or text.lower() in ("n/a", "no"):
+        return default
+    return int(float(text.split()[0]))
+
+
+def _release(text: str) -> tuple:
+    """'bridge-26.04.01' -> (26, 4, 1)."""
+    return tuple(int(p) for p in text.rsplit("-", 1)[-1].split(".") if p.isdigit())
+
+
+def _recipe_settings(model: str, gpu: str, precision: str, release: str):
+    era = "26.06+" if _release(release) >= (26, 6) else "26.04" if _release(release)[:2] == (26, 4) else None
+    return RECIPE_SETTINGS.get(era, {}).get((model.replace("-no-mtp", ""), gpu, precision))
+
+
+def _default_dispatcher(gpu: str) -> str:
+    return "hybridep" if load_gpu(gpu).nvlink_domain > 8 else "deepep"
+
+
+def _summary_row(r: dict) -> Measurement | None:
+    model, precision = MODELS.get(r["model"]), PRECISIONS.get(r["precision"].strip())
+    if not model or not precision or _int(r["fsdp"], 0) > 0:
+        return None
+    gpu = r["system"].replace("DGX-", "").lower()
+    try:
+        spec = model_spec(model)
+        layout = Layout(tp=_int(r["tp"]), cp=_int(r["cp"]), pp=_int(r["pp"]), vpp=_int(r["vp"]),
+                        ep=_int(r["ep"]) if spec.is_moe else 1, mbs=int(r["mbs"]), gbs=int(r["gbs"]),
+                        precision=precision, dispatcher=_default_dispatcher(gpu) if spec.is_moe else "alltoall")
+        tflops = float(r["tflops_per_gpu"].split()[0])
+        if not load_gpu(gpu).supports(precision):
+            return None
+    except (SpecError, ValueError):
+        return None
+    known = _recipe_settings(model, gpu, precision, r["release"])
+    if known:
+        rc, graphs, dispatcher = known
+        layout = Layout.from_dict({**layout.to_dict(), "recompute": rc, "cuda_graphs": graphs,
+                                   "dispatcher": dispatcher})
+    return Measurement(model, gpu, int(r["num_gpus"]), int(r["seq_len"]), layout, tflops_per_gpu=tflops,
+                       source="summary " + r["release"], release="bridge-" + r["release"])
+
+
+def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") -> list[Measurement]:
+    """Newest release of each (model, system, GPUs, length, precision) of the summary that we can express."""
+    newest: dict[tuple, list[Measurement]] = {}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            row = _summary_row(r)
+            if row is None:
+                continue
+            key = (row.model, row.gpu, row.num_gpus, row.seq_len, row.layout.precision)
+            old = newest.get(key)
+            if not old or _release(row.release) > _release(old[0].release):
+                newest[key] = [row]
+            elif _release(row.release) == _release(old[0].release):
+                old.append(row)
+    return [row for rows in newest.values() for row in rows]
+
+
+def _card_layout(r: dict, precision: str) -> Layout:
+    rc = (r.get("recompute") or "").strip() or "none"
+    return Layout.from_dict(dict(
+        tp=_int(r["tp"]), cp=_int(r["cp"]), pp=_int(r["pp"]), vpp=_int(r["vpp"]), ep=_int(r["ep"]),
+        etp=_int(r["etp"]), mbs=_int(r["mbs"]), gbs=int(r["gbs"]), precision=precision,
+        dispatcher=r["dispatcher"] or "alltoall", recompute=rc.replace(";", ","),
+        cuda_graphs=(r["cuda_graphs"] or "none").replace(";", ","),
+        optimizer_offload=float(_int(r.get("optimizer_offload"), 0)),
+        cp_comm_type=(r.get("cp_comm_type") or "p2p").strip() or "p2p"))
+
+
+def skill_card_rows(path: Path = DATA / "skill_card_measurements.csv") -> list[Measurement]:
+    out = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            model = r["model"] if r["model"] in MODELS.values() or r["model"] == "deepseek-v3-no-mtp" \
+                else MODELS.get(r["model"])
+            precision = PRECISIONS.get(r["precision"].strip())
+            if model and precision:
+                out.append(Measurement(model, r["gpu"], int(r["num_gpus"]), int(r["seq_len"]),
+                                       _card_layout(r, precision), tflops_per_gpu=float(r["tflops_per_gpu"]),
+                                       source="skill card"))
+    return out
+
+
+def moe_more_rows(path: Path = DATA / "moe_4k_more.csv", known: list[Measurement] | None = None
+                  ) -> list[Measurement]:
+    """moe_4k_more.csv without FSDP rows and without rows the skill card already holds (same model, GPU, GPUs,
+    length and layout)."""
+    seen = {(m.model, m.gpu, m.num_gpus, m.seq_len, m.layout) for m in (known or skill_card_rows())}
+    out = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if "FSDP on" in r["source"]:
+                continue
+            layout = _card_layout(r, PRECISIONS[r["precision"].strip()])
+            row = Measurement(r["model"], r["gpu"], int(r["num_gpus"]), int(r["seq_len"]), layout,
+                              tflops_per_gpu=float(r["tflops_per_gpu"]) if r["tflops_per_gpu"] else None,
+                              tokens_per_sec_per_gpu=float(r["tokens_per_sec_per_gpu"])
+                              if r["tokens_per_sec_per_gpu"] else None, source="moe_4k_more")
+            if (row.model, row.gpu, row.num_gpus, row.seq_len, row.layout) not in seen:
+                out.append(row)
+    return out
+
+
+def nemo_llama_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """NeMo's Llama count per token: L h^2 (12 + 12 g/a + 18 ffn/h + 12 S/h + 6 V/(L h)) -- the whole square."""
+    h, layers = model.hidden_size, model.num_layers
+    per = (12 + 12 * model.num_kv_heads / model.num_attention_heads + 18 * model.ffn_hidden_size / h
+           + 12 * seq_len / h + 6 * NEMO_VOCAB[model.name] / (layers * h))
+    return layers * h * h * per
+
+
+def nemo_to_bridge(model: ModelSpec, seq_len: int) -> float:
+    """Factor from a NeMo-counted Llama TF/s to Bridge's count (same tokens/s): Bridge FLOPs / NeMo FLOPs."""
+    return flops_per_token(model, seq_len) / nemo_llama_flops_per_token(model, seq_len)
+
+
+def long_sequence_rows(path: Path = DATA / "long_sequence_dense_cp.csv") -> list[Measurement]:
+    out = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            spec, seq = load_model(r["model"]), int(r["seq_len"])
+            layout = _card_layout({**r, "mbs": r["mbs"] or "1", "dispatcher": "alltoall"}, PRECISIONS[r["precision"]])
+            container = r["source"].split("container NeMo ", 1)[1].split(".framework")[0].split(";")[0]
+            out.append(Measurement(r["model"], r["gpu"], int(r["num_gpus"]), seq, layout,
+                                   tflops_per_gpu=float(r["tflops_per_gpu"]) * nemo_to_bridge(spec, seq),
+                                   source="nemo long sequence", release="nemo-" + container))
+    return out
+
+
+def published_rows() -> list[Measurement]:
+    """Every published row the cost model can express, in a fixed order (the declared halves depend on it)."""
+    cards = skill_card_rows()
+    return summary_rows() + cards + moe_more_rows(known=cards) + long_sequence_rows()
+
+
+def declared_halves(rows: list[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
+    """(fit, held out): every other row of each source in file order -- for the long-sequence series every other
+    length of each model, so both halves span 4K/8K to 1M."""
+    fit, held = [], []
+    by_series: dict[tuple, int] = {}
+    for row in rows:
+        series = (row.source, row.model, row.gpu) if row.source == "nemo long sequence" else (row.source.split()[0],)
+        n = by_series.get(series, 0)
+        by_series[series] = n + 1
+        (fit if n % 2 == 0 else held).append(row)
+    return fit, held

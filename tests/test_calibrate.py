@@ -1,0 +1,185 @@
+"""A calibration that learns: measurements in (tables, studies), a file out, and the commands that use it."""
+
+import csv
+import json
+import math
+
+import pytest
+
+from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
+from orchestrator.cli import main
+from search_spaces.calibration import (Measurement, fit, get_value, load_calibration, log_loss, nelder_mead,
+                                       parameters_for, predict_tokens)
+from search_spaces.errors import SpecError
+from search_spaces.layout import Layout
+from search_spaces.throughput import calibration
+
+H100_LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]
+
+
+def _truth(gemm=0.5, fwd=0.4, bwd=0.3) -> dict:
+    cal = json.loads(json.dumps(calibration()))
+    cal["gemm_efficiency"]["hopper"] = {"bf16": gemm, "fp8": gemm}
+    cal["attention_fwd_efficiency"]["hopper"] = fwd
+    cal["attention_bwd_efficiency"]["hopper"] = bwd
+    return cal
+
+
+def _measured(truth: dict, seqs=(8192, 32768)) -> list[Measurement]:
+    """What a Llama3-8B sweep on 16 H100 would measure if the truth were `truth` (the model's own shape)."""
+    out = []
+    for seq in seqs:
+        for layout in H100_LAYOUTS:
+            m = Measurement("llama3-8b", "h100", 16, seq, layout, tokens_per_sec_per_gpu=1.0, source="synthetic")
+            out.append(Measurement(**{**m.__dict__, "tokens_per_sec_per_gpu": predict_tokens(m, truth)}))
+    return out
+
+
+def test_nelder_mead_finds_a_bowl_minimum():
+    x, value, _ = nelder_mead(lambda v: (v[0] - 1) ** 2 + 2 * (v[1] + 0.5) ** 2, [0.0, 0.0])
+    assert value < 1e-4 and x[0] == pytest.approx(1, abs=0.02) and x[1] == pytest.approx(-0.5, abs=0.02)
+
+
+def test_fit_recovers_the_constants_that_made_the_measurements():
+    truth = _truth()
+    ms = _measured(truth)
+    start = calibration()
+    assert log_loss(ms, start) > 0.1
+    cal, summary = fit(ms, parameters_for(["hopper"]))
+    assert summary["loss_after"] < 0.01 < summary["loss_before"]
+    assert get_value(cal, ("gemm_efficiency", "hopper", "*")) == pytest.approx(0.5, rel=0.05)
+
+
+def _write_table(path, ms: list[Measurement]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=TABLE_COLUMNS)
+        writer.writeheader()
+        for m in ms:
+            writer.writerow({"model": m.model, "gpu": m.gpu, "num_gpus": m.num_gpus, "seq_len": m.seq_len,
+                             **m.layout.params(LAYOUT_COLUMNS), "status": "ok",
+                             "tokens_per_sec_per_gpu": m.tokens_per_sec_per_gpu, "tflops_per_gpu": "",
+                             "peak_memory_gib": 50.0})
+
+
+def test_calibrate_command_learns_from_tables_and_estimate_uses_the_file(tmp_path, capsys):
+    truth = _truth()
+    tables = []
+    for seq in (8192, 32768):  # a replay table holds one situation each
+        table = tmp_path / f"llama-{seq}.csv"
+        _write_table(table, _measured(truth, (seq,)))
+        tables += ["--table", str(table)]
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", *tables, "--no-published", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "held-out error" in text and "hopper" in text
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "moe-autotune calibration" and doc["summary"]["held_out"] == 5
+    before, after = doc["summary"]["held_out_mape_before"], doc["summary"]["held_out_mape_after"]
+    assert after["tokens_per_sec_per_gpu"] < before["tokens_per_sec_per_gpu"] / 3
+    # estimate with the file predicts what the "measurements" said
+    argv = ["estimate", "--model", "llama3-8b", "--gpu", "h100", "--num-gpus", "16", "--seq-len", "32768",
+            "--tp", "2", "--cp", "2", "--gbs", "64", "--precision", "bf16", "--json"]
+    assert main(argv) == 0
+    packaged = json.loads(capsys.readouterr().out)["tokens_per_sec_per_gpu"]
+    assert main(argv + ["--calibration", str(out)]) == 0
+    learnt = json.loads(capsys.readouterr().out)["tokens_per_sec_per_gpu"]
+    want = predict_tokens(Measurement("llama3-8b", "h100", 16, 32768, H100_LAYOUTS[3]), truth)
+    assert abs(math.log(learnt / want)) < abs(math.log(packaged / want))
+    assert main(["space", "--model", "llama3-8b", "--gpu", "h100", "--num-gpus", "16", "--seq-len", "32768",
+                 "--top", "2", "--json", "--calibration", str(out), "--max-grids", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["top"]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not JSON"),
+    ('{"gemm_efficiency": {"hopper": {"bf16": -1}}}', "must be a positive number"),
+    ('{"warp_drive": 2}', "unknown constant 'warp_drive'"),
+])
+def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, content, needle, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    rc = main(["estimate", "--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "1", "--seq-len", "256",
+               "--calibration", str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and needle in err[0]
+    with pytest.raises(SpecError, match=needle):
+        load_calibration(bad)
+
+
+def test_calibrate_needs_measurements(tmp_path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "c.json")]) == 2
+    assert "give at least one --study" in capsys.readouterr().err
+    empty = tmp_path / "empty.csv"
+    _write_table(empty, [])
+    assert main(["calibrate", "--table", str(empty), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "no measured rows" in err
+    with pytest.raises(SpecError, match="no measured trial"):
+        from orchestrator.calibrate import calibrate
+        calibrate([])
+
+
+def test_sweep_spec_takes_a_calibration(tmp_path):
+    from orchestrator.spec import parse_spec
+    from orchestrator.sweep.prior import make_prior
+
+    cal_file = tmp_path / "cal.json"
+    cal_file.write_text(json.dumps({"cpu_overhead_per_layer_s": 0.5}))
+    spec = parse_spec({"model": "tiny-moe", "gpu": "cpu", "seq_len": 256, "gpus_per_node": 4, "gbs": 8,
+                       "backend": "analytic", "calibration": str(cal_file)})
+    slow = make_prior(spec).predict(Layout(gbs=8, precision="fp32")).tokens_per_sec_per_gpu
+    plain = make_prior(spec.model_copy(update={"calibration": None})).predict(
+        Layout(gbs=8, precision="fp32")).tokens_per_sec_per_gpu
+    assert slow < plain
+    with pytest.raises(SpecError, match="calibration"):
+        parse_spec({"calibration": str(tmp_path / "missing.json")})
+
+
+def test_measured_study_trials_are_data(tmp_path):
+    """A study's measured trials (not analytic ones) become measurements, with the proxy model's overrides."""
+    from orchestrator.calibrate import measurement_from_result
+
+    result = {"status": "ok", "model": "tiny-moe", "gpu": "cpu", "num_gpus": 4, "seq_len": 256,
+              "layout": Layout(gbs=8, precision="fp32").to_dict(), "tokens_per_sec_per_gpu": 900.0,
+              "peak_memory_gib": 0.8, "extra": {"model_overrides": {"num_layers": 2, "hidden_size": None}}}
+    m = measurement_from_result(result, "study s trial 0", "local")
+    assert m.tokens() == 900.0 and m.spec().num_layers == 2
+    assert measurement_from_result(result, "x", "analytic") is None
+    assert measurement_from_result({**result, "status": "oom"}, "x", "local") is None
+
+
+@pytest.mark.timeout(600)
+def test_replay_sweep_records_its_calibration_and_its_trials_teach_the_next(tmp_path, capsys):
+    """A sweep with `calibration:` logs the file on its MLflow parent run; its measured trials (replay rows here;
+    analytic ones would not count) are data for `calibrate --study` and `--experiment`."""
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    from orchestrator.spec import parse_spec
+    from orchestrator.sweep import run_sweep
+
+    table = Path(__file__).parent / "data" / "replay_small.csv"
+    start = tmp_path / "start.json"
+    start.write_text(json.dumps({"cpu_overhead_per_layer_s": 0.02}))
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    spec = parse_spec({"name": "replayed", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 128,
+                       "gbs": 8, "backend": "replay", "replay_table": str(table), "seed": 3,
+                       "budget": {"n_trials": 8}, "storage": storage, "tracking_uri": tracking,
+                       "workdir": str(tmp_path / "runs"), "calibration": str(start)})
+    out = run_sweep(spec, show_progress=False)
+    assert out.exit_code == 0
+    client = MlflowClient(tracking)
+    parent = client.get_run(out.study.user_attrs["mlflow_parent_run_id"])
+    assert parent.data.params["calibration"].startswith("start.json sha256:")
+    assert "calibration/start.json" in {a.path for a in client.list_artifacts(parent.info.run_id, "calibration")}
+    capsys.readouterr()
+    learnt = tmp_path / "learnt.json"
+    assert main(["calibrate", "--study", "replayed", "--storage", storage, "--out", str(learnt)]) == 0
+    doc = json.loads(learnt.read_text())
+    assert doc["summary"]["families"] == ["cpu"] and doc["summary"]["measurements"] >= 5
+    assert main(["calibrate", "--experiment", "replayed", "--tracking-uri", tracking, "--holdout", "0",
+                 "--out", str(tmp_path / "from-mlflow.json")]) == 0
+    assert json.loads((tmp_path / "from-mlflow.json").read_text())["summary"]["measurements"] == \
+        doc["summary"]["measurements"]
