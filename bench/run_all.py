@@ -75,6 +75,8 @@ BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("estimator_accuracy", "Estimator accuracy", lambda m, a: m.run()),
     # measured runs come from bench/memory_measurements.json (bench/memory_accuracy.py --remeasure refreshes it)
     ("memory_accuracy", "Memory accuracy", lambda m, a: m.run()),
+    # cached trainer runs in bench/proxy_accuracy.json (bench/proxy_accuracy.py --remeasure refreshes them)
+    ("proxy_accuracy", "Proxy accuracy (proxy trial composed vs the full layout, real trainer)", lambda m, a: m.run()),
     ("long_context", "Long context: DeepSeek-V3 from 4K to 128K, CP communication per length", lambda m, a: m.run()),
     ("cpu_calibration", "CPU calibration (real trainer vs estimate --gpu cpu)", lambda m, a: m.run()),
     ("transfer_check", "Transfer: calibrate at one length, rank at twice that length", lambda m, a: m.run()),
