@@ -14,7 +14,9 @@ precision, dispatcher, offload) and shrinks the rest, each change with its reaso
     step  = per-microbatch stage time (measured) x (microbatches + pipeline bubble at full PP*VPP)
             + the optimizer step (measured, re-sharded to the full DP/EDP)
             + what the proxy cannot see (modelled): DP/EDP gradient reduce and parameter gather at full DP,
-              the extra EP/CP traffic when the full layout spans more NVLink domains than the proxy
+              the extra EP/CP traffic when the full layout spans more NVLink domains than the proxy,
+              on CPU the extra contention of more ranks on the host's cores (and at least the measured
+              CPU-seconds of the full layout's work over the cores)
     peak  = weights and gradients (measured) + optimizer states (measured, re-sharded)
             + activations per microbatch (measured) x microbatches in flight on stage 0 at full PP*VPP
             + buffers (modelled: dispatcher, CUDA graphs, runtime, allocator margin)
@@ -43,6 +45,8 @@ STEADY_MICROBATCHES_PER_STAGE = 4
 # time components of the cost model that the proxy measures itself (its own compute and communication)
 MODELLED_TIME = ("dp_comm",)  # what a proxy with a smaller DP/EDP cannot see
 SCALE_OUT_TIME = ("ep_comm", "cp_comm")  # what it sees only in part when it spans fewer NVLink domains
+# cpu only: more ranks than the host has cores slow each rank down; the proxy, with fewer ranks, sees less of it
+HOST_TIME = ("host_contention",)
 BUFFERS = ("dispatcher_buffers", "cuda_graphs", "runtime_overhead", "allocator_margin")
 
 
@@ -185,9 +189,9 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
     balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
     modelled = {"stage_balance": per_mb * (balance - 1.0) * slots}
     modelled.update({k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME})
-    for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy already paid
-        extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy
-        modelled[f"{k}_scale_out"] = max(0.0, extra) * m_full
+    for k in SCALE_OUT_TIME + HOST_TIME:  # per microbatch, the full layout's extra over what the proxy paid:
+        extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy  # in every slot, the bubble's too
+        modelled[k if k in HOST_TIME else f"{k}_scale_out"] = max(0.0, extra) * slots
     modelled["cpu_contention"] = _cpu_contention(plan, m, m_full / m_proxy,
                                                  sum(measured.values()) + sum(modelled.values()))
     return {"measured": measured, "modelled": modelled}

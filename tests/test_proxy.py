@@ -23,8 +23,9 @@ from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")
 QWEN, TINY, CPU = load_model("qwen3-235b-a22b"), load_model("tiny-moe"), load_gpu("cpu")
 LONG = Layout.from_dict(dict(tp=1, cp=32, ep=32, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8", dispatcher="deepep",
-                             recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0, cp_comm_type="a2a+p2p"))
-KEPT = ("tp", "cp", "cp_comm_type", "ep", "etp", "mbs", "recompute", "cuda_graphs", "precision", "dispatcher",
+                             recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0, cp_comm_type="a2a+p2p",
+                             hierarchical_cp="8,4"))
+KEPT = ("tp", "cp", "cp_comm_type", "hierarchical_cp", "ep", "etp", "mbs", "recompute", "cuda_graphs", "precision", "dispatcher",
         "optimizer_offload", "vpp")
 
 
