@@ -15,11 +15,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from mlflow import MlflowClient
 
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
 from search_spaces.layout import Layout
 
@@ -204,7 +206,39 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
             subprocess.run(["umount", "--lazy", str(ro)])
 
 
-# ---- 5. the storage's disk fills up ---------------------------------------------------------------------
+# ---- 5. the storage refuses a measured result -----------------------------------------------------------
+def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_again(tmp_path, monkeypatch):
+    """The storage fails exactly at the third measured result (a fake failure; the full disk below is real,
+    and may land at a proposal instead): the result survives in the spool and --resume records it."""
+    data = _spec(tmp_path)
+    spec = _write(tmp_path, data)
+    real_tell, told = optuna.Study.tell, []
+
+    def tell(self, trial, values=None, state=None, skip_if_finished=False):
+        if values is not None:
+            told.append(trial.number if hasattr(trial, "number") else trial)
+            if len(told) == 3:
+                raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, OSError("database or disk is full"))
+        return real_tell(self, trial, values, state, skip_if_finished)
+
+    monkeypatch.setattr(optuna.Study, "tell", tell)
+    assert main(["sweep", str(spec), "--quiet"]) == 4
+    monkeypatch.setattr(optuna.Study, "tell", real_tell)
+    kept = ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").records()
+    assert [k["trial_number"] for k in kept] == [told[2]]
+    measured = kept[0]["attrs"]["result"]
+    assert measured["status"] == "ok" and measured["tokens_per_sec_per_gpu"] > 0
+
+    assert main(["sweep", str(spec), "--quiet", "--resume"]) == 0
+    study = _consistent(data)
+    assert len(studies.measured_trials(study)) == 6
+    recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
+    assert [t.user_attrs["retry_of"] for t in recorded] == [told[2]]
+    assert recorded[0].values[0] == pytest.approx(measured["tokens_per_sec_per_gpu"])
+    assert not ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").path.exists()
+
+
+# ---- 6. the storage's disk fills up ---------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
@@ -228,7 +262,8 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         assert "Traceback" not in full.stderr and "max length" not in full.stderr
         stored = _measured(data["storage"], data["name"])
         assert 0 < stored < 150
-        kept = [json.loads(x) for x in (tmp_path / "runs" / "integrity" / "results-spool.jsonl").read_text().splitlines()]
+        # the disk may fill at a proposal (nothing measured in flight, an empty spool) or at a result (kept)
+        kept = ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").records()
         filler.unlink()  # space is freed
         again = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path, env=_env(),
                                capture_output=True, text=True, timeout=400)
