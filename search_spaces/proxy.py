@@ -15,8 +15,8 @@ precision, dispatcher, offload) and shrinks the rest, each change with its reaso
             + the optimizer step (measured, re-sharded to the full DP/EDP)
             + what the proxy cannot see (modelled): DP/EDP gradient reduce and parameter gather at full DP,
               the extra EP/CP traffic when the full layout spans more NVLink domains than the proxy,
-              on CPU the extra contention of more ranks on the host's cores (and at least the measured
-              CPU-seconds of the full layout's work over the cores)
+              on CPU the extra contention of more ranks on the host's cores (ranks/cores, applied to the
+              measured stage time; and at least the measured CPU-seconds of the full work over the cores)
     peak  = weights and gradients (measured) + optimizer states (measured, re-sharded)
             + activations per microbatch (measured) x microbatches in flight on stage 0 at full PP*VPP
             + buffers (modelled: dispatcher, CUDA graphs, runtime, allocator margin)
@@ -45,8 +45,6 @@ STEADY_MICROBATCHES_PER_STAGE = 4
 # time components of the cost model that the proxy measures itself (its own compute and communication)
 MODELLED_TIME = ("dp_comm",)  # what a proxy with a smaller DP/EDP cannot see
 SCALE_OUT_TIME = ("ep_comm", "cp_comm")  # what it sees only in part when it spans fewer NVLink domains
-# cpu only: more ranks than the host has cores slow each rank down; the proxy, with fewer ranks, sees less of it
-HOST_TIME = ("host_contention",)
 BUFFERS = ("dispatcher_buffers", "cuda_graphs", "runtime_overhead", "allocator_margin")
 
 
@@ -165,7 +163,7 @@ def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: 
     full = plan.full_layout
     est_full = estimate(plan.full_model, gpu, plan.full_world, seq_len, full)
     est_proxy = estimate(plan.model, gpu, plan.world, seq_len, plan.layout)
-    time = _compose_time(plan, measured, est_full, est_proxy)
+    time = _compose_time(plan, measured, est_full, est_proxy, gpu.is_cpu)
     memory = _compose_memory(plan, measured, est_full, est_proxy)
     step = sum(time["measured"].values()) + sum(time["modelled"].values())
     peak = sum(memory["measured"].values()) + sum(memory["modelled"].values())
@@ -173,8 +171,8 @@ def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: 
     return Composed(step, tokens, peak, time, memory)
 
 
-def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
-                  est_proxy: Estimate) -> dict[str, dict[str, float]]:
+def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_proxy: Estimate,
+                  on_cpu: bool) -> dict[str, dict[str, float]]:
     full, proxy = plan.full_layout, plan.layout
     m_full = full.grad_accum(plan.full_world) or 1
     m_proxy = proxy.grad_accum(plan.world) or 1
@@ -189,12 +187,24 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
     balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
     modelled = {"stage_balance": per_mb * (balance - 1.0) * slots}
     modelled.update({k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME})
-    for k in SCALE_OUT_TIME + HOST_TIME:  # per microbatch, the full layout's extra over what the proxy paid:
+    for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy paid:
         extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy  # in every slot, the bubble's too
-        modelled[k if k in HOST_TIME else f"{k}_scale_out"] = max(0.0, extra) * slots
+        modelled[f"{k}_scale_out"] = max(0.0, extra) * slots
+    if on_cpu:
+        modelled["host_contention"] = _host_contention(plan, m, per_mb * slots)
     modelled["cpu_contention"] = _cpu_contention(plan, m, m_full / m_proxy,
                                                  sum(measured.values()) + sum(modelled.values()))
     return {"measured": measured, "modelled": modelled}
+
+
+def _host_contention(plan: ProxyPlan, m: ProxyMeasurement, stage_time: float) -> float:
+    """cpu only: R ranks on C cores each run max(1, R/C) times as long (the cost model's law,
+    throughput.host_contention_time), applied to the measured stage time rather than the cost model's own
+    estimate of it (the proxy measured the work; only the ratio of the two worlds is modelled)."""
+    if not m.host_cores:
+        return 0.0
+    full, proxy = (max(1.0, ranks / m.host_cores) for ranks in (plan.full_world, plan.world))
+    return stage_time * (full / proxy - 1.0)
 
 
 def _cpu_contention(plan: ProxyPlan, m: ProxyMeasurement, work_ratio: float, composed: float) -> float:

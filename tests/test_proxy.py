@@ -19,6 +19,7 @@ from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
+from search_spaces.throughput import calibration
 
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")
 QWEN, TINY, CPU = load_model("qwen3-235b-a22b"), load_model("tiny-moe"), load_gpu("cpu")
@@ -92,7 +93,8 @@ def _as_measured(est, plan, gpu, seq) -> ProxyMeasurement:
     return ProxyMeasurement(forward_backward_s=est.step_time_s - optimizer, optimizer_s=optimizer,
                             weights_gib=mem["weights"], gradients_gib=mem["gradients"],
                             optimizer_states_gib=mem["optimizer_states"],
-                            activations_per_microbatch_gib=mem["activations_per_microbatch"])
+                            activations_per_microbatch_gib=mem["activations_per_microbatch"],
+                            host_cores=int(calibration()["cpu_cores"]) if gpu.is_cpu else None)
 
 
 def _layers_per_rank(model, layout) -> list[int]:
