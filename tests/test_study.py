@@ -8,6 +8,7 @@ import pytest
 from orchestrator import study as studies
 from orchestrator.cli import main
 from orchestrator.sweep import run_sweep
+from orchestrator.sweep.prior import Prior
 from orchestrator.spec import load_spec, parse_spec
 from search_spaces.errors import SpecError
 from tests.sweep_helpers import prior_for, real_space_available
@@ -51,6 +52,18 @@ def test_analytic_sweep_storage_contract(tmp_path):
     first = study.trials[0]
     assert first.user_attrs.get("proposed_by") == "rule-of-thumb"
     assert all(studies.fits(t) for t in out.pareto)
+
+
+def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_models_best(tmp_path, monkeypatch):
+    prior = prior_for(_spec(tmp_path))
+    thumbs = [s.replace(**prior.pinned) for s in prior.rules_of_thumb]
+    best = prior.predict(prior.ranked(limit=1)[0]).tokens_per_sec_per_gpu
+    seeds = prior.seeds()
+    assert seeds[0] == next(s for s in thumbs if prior.predict(s).feasible)
+    assert all(prior.predict(s).tokens_per_sec_per_gpu >= Prior.SEED_FLOOR * best for s in seeds[1:])
+    assert len(seeds) < min(len(thumbs), 4)  # on CPU the (GPU) rules of thumb are far from the best: dropped
+    monkeypatch.setattr(Prior, "SEED_FLOOR", 0.0)
+    assert prior.seeds() == thumbs[:4]
 
 
 @pytest.mark.timeout(300)
