@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from search_spaces.hardware import load_gpu  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.memory import chunk_activation_terms, rank_memory  # noqa: E402
+from search_spaces.memory import chunk_activation_terms, rank_memory_breakdown  # noqa: E402
 from search_spaces.models import load_model  # noqa: E402
 from search_spaces.pipeline import placement  # noqa: E402
 from trainers.activation_terms import LAYER, measured_terms  # noqa: E402
@@ -180,7 +180,7 @@ def predicted(run: dict) -> dict:
     """The memory model on the measured rank: its components, its terms, and its bytes per decoder layer."""
     model = load_model(run["model"]).with_overrides(**run["model_overrides"])
     layout = Layout.from_dict(run["layout"])
-    mem = rank_memory(model, load_gpu("cpu"), run["num_gpus"], run["seq_len"], layout, run["pipeline_rank"])
+    mem = rank_memory_breakdown(model, load_gpu("cpu"), run["num_gpus"], run["seq_len"], layout, run["pipeline_rank"])
     terms: dict[str, float] = {}
     layers: dict[int, float] = {}
     for chunk in placement(model, layout.pp, layout.vpp).rank_stages(run["pipeline_rank"]):

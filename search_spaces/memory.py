@@ -440,15 +440,6 @@ def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int
     return best
 
 
-def rank_memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-                rank: int) -> dict[str, float]:
-    """memory_breakdown's components on pipeline rank `rank` (to compare with a measurement of that rank)."""
-    place = placement(model, layout.pp, layout.vpp)
-    if place is None:
-        raise ValueError("layout has no pipeline placement (check rules first)")
-    return _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)
-
-
 def _candidate_ranks(place: Placement) -> list[int]:
     # Rank 0 holds the most microbatches in flight, the last rank the output head; the others only matter
     # when the split is uneven. Checking every rank is cheap enough for PP <= 16, sample beyond.
@@ -542,7 +533,8 @@ def to_gib(breakdown: dict[str, float]) -> dict[str, float]:
 
 def rank_memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
                           rank: int) -> dict[str, float]:
-    """The memory components (bytes) of one pipeline rank (memory_breakdown gives the most loaded one)."""
+    """The memory components (bytes) of one pipeline rank (memory_breakdown gives the most loaded one; this
+    one compares with a measurement of that rank)."""
     place = placement(model, layout.pp, layout.vpp)
     if place is None:
         raise ValueError("layout has no pipeline placement (check rules first)")

@@ -38,6 +38,7 @@ from search_spaces.memory import inflight_per_chunk
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import placement
 from search_spaces.result import TrialResult
+from search_spaces.throughput import host_slowdown
 
 PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured
 # 1F1B reaches its steady state once every stage has work in flight; four per stage also averages the noise
@@ -198,13 +199,12 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_
 
 
 def _host_contention(plan: ProxyPlan, m: ProxyMeasurement, stage_time: float) -> float:
-    """cpu only: R ranks on C cores each run max(1, R/C) times as long (the cost model's law,
-    throughput.host_contention_time), applied to the measured stage time rather than the cost model's own
-    estimate of it (the proxy measured the work; only the ratio of the two worlds is modelled)."""
+    """cpu only: the cost model's law (throughput.host_slowdown) applied to the measured stage time rather
+    than to the cost model's own estimate of it: the proxy measured the work; only the two worlds' ratio is
+    modelled."""
     if not m.host_cores:
         return 0.0
-    full, proxy = (max(1.0, ranks / m.host_cores) for ranks in (plan.full_world, plan.world))
-    return stage_time * (full / proxy - 1.0)
+    return stage_time * (host_slowdown(plan.full_world, m.host_cores) / host_slowdown(plan.world, m.host_cores) - 1.0)
 
 
 def _cpu_contention(plan: ProxyPlan, m: ProxyMeasurement, work_ratio: float, composed: float) -> float:

@@ -836,12 +836,17 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 
 
+def host_slowdown(ranks: int, cores: float) -> float:
+    """cpu only: ranks sharing a host's cores each take max(1, ranks / cores) times as long."""
+    return max(1.0, ranks / cores)
+
+
 def host_contention_time(job: Job, rank: RankCompute) -> float:
     """cpu only, per microbatch: the run's ranks share the host's `cpu_cores`; with more ranks than cores each
-    rank's own work (compute and eager overhead) takes ranks / cores as long. On GPUs: 0."""
+    rank's own work (compute and eager overhead) takes host_slowdown times as long. On GPUs: 0."""
     if not job.gpu.is_cpu:
         return 0.0
-    slowdown = max(1.0, job.num_gpus / job.cal["cpu_cores"])
+    slowdown = host_slowdown(job.num_gpus, job.cal["cpu_cores"])
     layers = sum(1 for u in rank.units if u.is_layer)
     return (slowdown - 1.0) * (rank.total + job.cal["cpu_overhead_per_layer_s"] * layers)
 
