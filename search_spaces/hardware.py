@@ -12,6 +12,11 @@ from search_spaces.errors import SpecError
 from search_spaces.layout import PRECISION_ALIASES
 
 
+# Architecture families (one set of calibrated rates each) and the hosts beside the accelerators.
+FAMILIES = ("hopper", "blackwell", "cpu")
+HOSTS = ("x86", "grace", "cpu")
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     name: str
@@ -22,7 +27,14 @@ class GPUSpec:
     nvlink_gbps: float  # per GPU, per direction
     scaleout_gbps: float  # per GPU, per direction (InfiniBand / RoCE NIC)
     host_link_gbps: float  # GPU<->CPU, per direction (PCIe or NVLink-C2C), used by optimizer offload
+    family: str  # the architecture whose calibrated rates apply: hopper | blackwell | cpu (see FAMILIES)
+    host: str  # the host CPU that runs offloaded optimizer steps: x86 | grace | cpu (see HOSTS)
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES or self.host not in HOSTS:
+            raise SpecError(f"GPU {self.name}: family {self.family!r} or host {self.host!r} is unknown; "
+                            f"families: {', '.join(FAMILIES)}; hosts: {', '.join(HOSTS)}")
 
     def supports(self, precision: str) -> bool:
         return PRECISION_ALIASES.get(precision, precision) in self.peak_tflops
@@ -37,12 +49,14 @@ class GPUSpec:
 
     @property
     def is_cpu(self) -> bool:
-        return self.name == "cpu"
+        """The local host itself (gloo ranks), not an accelerator: its own cost terms apply."""
+        return self.family == "cpu"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "memory_gib": self.memory_gib, "peak_tflops": dict(self.peak_tflops),
                 "hbm_tbps": self.hbm_tbps, "nvlink_domain": self.nvlink_domain, "nvlink_gbps": self.nvlink_gbps,
-                "scaleout_gbps": self.scaleout_gbps, "host_link_gbps": self.host_link_gbps}
+                "scaleout_gbps": self.scaleout_gbps, "host_link_gbps": self.host_link_gbps, "family": self.family,
+                "host": self.host}
 
 
 def _fp8(rate: float, mx: bool) -> dict:
@@ -59,21 +73,21 @@ def _fp8(rate: float, mx: bool) -> dict:
 # 2.5 PF BF16, 186 GB HBM3e 8 TB/s, 72-GPU NVLink domain, NVLink-C2C 900 GB/s to Grace); GB300 NVL72 datasheet
 # (288 GB HBM3e, ConnectX-8 800 Gb/s, FP8/BF16 as GB200); DGX B300 datasheet (288 GB HBM3e, 8x ConnectX-8).
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (
-    GPUSpec("h100", 79.6, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 3.35, 8, 450, 50, 55,
+    GPUSpec("h100", 79.6, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 3.35, 8, 450, 50, 55, "hopper", "x86",
             "H100 SXM5 80 GB (DGX H100)"),
-    GPUSpec("h200", 140.0, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 4.8, 8, 450, 50, 55,
+    GPUSpec("h200", 140.0, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 4.8, 8, 450, 50, 55, "hopper", "x86",
             "H200 SXM 141 GB (DGX H200)"),
-    GPUSpec("b200", 179.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 50, 55,
+    GPUSpec("b200", 179.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 50, 55, "blackwell", "x86",
             "B200 180 GB (DGX B200)"),
-    GPUSpec("b300", 268.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 100, 55,
+    GPUSpec("b300", 268.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 100, 55, "blackwell", "x86",
             "B300 288 GB (DGX B300)"),
-    GPUSpec("gb200", 184.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 50, 450,
+    GPUSpec("gb200", 184.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 50, 450, "blackwell", "grace",
             "GB200 NVL72, 186 GB per GPU"),
-    GPUSpec("gb300", 277.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 100, 450,
+    GPUSpec("gb300", 277.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 100, 450, "blackwell", "grace",
             "GB300 NVL72, 288 GB per GPU"),
     # Local CPU runs (gloo): all ranks share one host, so the "NVLink domain" is the machine; rates are a
     # rough 2-core figure, only used to order layouts, not to promise speed.
-    GPUSpec("cpu", 16.0, {"fp32": 0.1, "bf16": 0.05}, 0.02, 64, 5, 5, 5, "host CPU (gloo), fp32/bf16 only"),
+    GPUSpec("cpu", 16.0, {"fp32": 0.1, "bf16": 0.05}, 0.02, 64, 5, 5, 5, "cpu", "cpu", "host CPU (gloo), fp32/bf16 only"),
 )}
 GPU_NAMES: tuple[str, ...] = tuple(GPUS)
 

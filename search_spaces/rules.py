@@ -1,16 +1,20 @@
-"""Legality rules: each has a name and says why, in words, a layout cannot run.
+"""Legality rules: each is one declared function that names the rule, says why in words, the level of the
+space's nested enumeration that decides it and the layout fields it reads.
 
-`check()` returns every violation (an empty list = legal). `RULES` lists the names in the order they are
-tested, so a space enumeration can count rejections per rule. Cheap rules come first.
+`check()` returns every violation (an empty list = legal), testing the rules in the order they are declared
+here (cheap ones first). Everything else about a rule derives from its declaration: `RULES` (the names, in that
+order, for counting rejections per rule), `level_rules()` (which rules a partial grid of the enumeration can
+already break) and `level_reads()` (the fields a cached verdict at that level must be keyed by).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from search_spaces.hardware import GPUSpec
 from search_spaces.models import ModelSpec
-from search_spaces.layout import Layout
+from search_spaces.layout import FIELD_NAMES, Layout
 from search_spaces.pipeline import placement
 
 # Features that need a GPU (CUDA kernels, NVSHMEM, host pinned-memory offload). On `cpu` the trainer runs gloo
@@ -18,6 +22,10 @@ from search_spaces.pipeline import placement
 # allgather are accepted, a2a variants are not (they need head-sharded attention kernels).
 GPU_ONLY_DISPATCHERS = ("deepep", "hybridep")
 CPU_CP_COMM_TYPES = ("p2p", "allgather")
+
+# The levels of the space's nested enumeration (search_spaces/space.py), outermost first; a rule declared at a
+# level reads only the grid fields fixed by then. Rules without a level are feature rules.
+LEVELS = ("pipe", "tp", "cp", "ep", "mbs")
 
 
 @dataclass(frozen=True)
@@ -29,131 +37,313 @@ class Violation:
         return {"rule": self.rule, "reason": self.reason}
 
 
-RULES = (
-    "world_dense",        # world = TP*CP*PP*DP
-    "world_expert",       # world = ETP*EP*EDP*PP (parallel folding)
-    "pipeline_split",     # the model's pieces cover PP*VPP stages
-    "vpp_needs_pp",       # interleaving needs PP > 1
-    "heads_tp",           # attention heads and KV groups divide by TP
-    "experts_ep",         # routed experts divide by EP
-    "expert_ffn_etp",     # expert FFN width divides by ETP
-    "dense_model_ep",     # a dense model has EP = ETP = 1
-    "sequence_cp",        # seq_len divides by 2*CP (*TP with sequence parallel)
-    "cp_a2a_heads",       # a2a CP splits heads: heads % CP == 0
-    "global_batch",       # GBS divides by MBS*DP
-    "moe_tp_needs_sp",    # MoE with TP > 1 needs sequence parallel
-    "precision_supported",
-    "gpu_only_feature",   # cpu: no fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload, a2a CP
-    "graph_recompute_conflict",
-    "offload_needs_distopt",
-    "tp_in_nvlink",       # TP inside one NVLink domain
-    "ep_in_nvlink",       # EP*ETP within 8 NVLink domains; beyond one domain the throughput model charges the
-                          # scale-out share of the all-to-all (the soft penalty), beyond 8 it is refused
-    # the layer kinds besides full attention, as Megatron-Core 0.19.2 / Transformer Engine support them
-    "linear_heads_cp",    # gated delta-net splits its key and value heads over TP*CP
-    "linear_fp8_align",   # fp8: the gated delta-net input projection width is a multiple of 16 (mxfp8: 32)
-    "expert_bias_etp",    # MoE with linear biases (gpt-oss) needs ETP = 1
-    "cp_window_sinks",    # TE's CP: sliding windows need cp_comm_type allgather or a2a, attention sinks a2a
-    "hierarchical_cp",    # a2a+p2p needs the CP sizes per level (a2a, p2p): product CP, a2a level splits heads;
-                          # no hierarchy otherwise (last: the space expands it per grid, see space._FeatureTable)
-)
+@dataclass(frozen=True)
+class Situation:
+    """What a rule judges: a layout for a model on a number of GPUs of one kind at a sequence length."""
+    model: ModelSpec
+    gpu: GPUSpec
+    num_gpus: int
+    seq_len: int
+    layout: Layout
 
 
-def _ok(cond: bool, rule: str, reason: str, out: list[Violation]) -> None:
-    if not cond:
-        out.append(Violation(rule, reason))
+# A rule's test: None when the layout keeps the rule, else the reason (or several) it breaks it.
+RuleTest = Callable[[Situation], "str | list[str] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    """The rule's name, as counted by `space` and shown in every violation."""
+    why: str
+    """Why the rule exists, in words (the class of layouts it refuses and who refuses them)."""
+    level: str | None
+    """The enumeration level (one of LEVELS) whose grid fields decide it; None for a feature rule."""
+    reads: tuple[str, ...]
+    """The Layout fields the test reads (a test checks this): cached verdicts are keyed by them."""
+    test: RuleTest
+
+    def __call__(self, situation: Situation) -> list[Violation]:
+        found = self.test(situation)
+        if not found:
+            return []
+        return [Violation(self.name, reason) for reason in ([found] if isinstance(found, str) else found)]
+
+
+REGISTRY: list[Rule] = []
+
+
+def rule(name: str, *, why: str, reads: Iterable[str], level: str | None = None) -> Callable[[RuleTest], RuleTest]:
+    """Declare a legality rule (the decorated function is its test); rules run in declaration order."""
+    reads = tuple(reads)
+    unknown = [f for f in reads if f not in FIELD_NAMES]
+    if unknown or (level is not None and level not in LEVELS) or any(r.name == name for r in REGISTRY):
+        raise ValueError(f"rule {name!r}: unknown fields {unknown}, level {level!r} or a second declaration")
+
+    def declare(test: RuleTest) -> RuleTest:
+        REGISTRY.append(Rule(name, why, level, reads, test))
+        return test
+    return declare
 
 
 def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> list[Violation]:
     """Every rule the layout breaks for this model, GPU, world size and sequence length."""
-    v: list[Violation] = []
-    L = layout
-    _ok(L.dp(num_gpus) > 0, "world_dense",
-        f"{num_gpus} GPUs is not a multiple of TP*CP*PP = {L.tp}*{L.cp}*{L.pp} = {L.tp * L.cp * L.pp}", v)
-    _ok(L.edp(num_gpus) > 0, "world_expert",
-        f"{num_gpus} GPUs is not a multiple of ETP*EP*PP = {L.etp}*{L.ep}*{L.pp} = {L.etp * L.ep * L.pp}", v)
-    _ok(placement(model, L.pp, L.vpp) is not None, "pipeline_split",
-        f"{model.num_layers} layers (+{model.mtp_layers} MTP, embedding, loss) cannot fill "
-        f"PP*VPP = {L.pp * L.vpp} stages", v)
-    _ok(L.vpp == 1 or L.pp > 1, "vpp_needs_pp", f"VPP={L.vpp} needs PP > 1", v)
-    heads_ok = model.num_attention_heads % L.tp == 0 and (model.is_mla or model.num_kv_heads % L.tp == 0)
-    if "L" in model.attention_pattern:
-        heads_ok = heads_ok and model.linear_num_key_heads % L.tp == 0 and model.linear_num_value_heads % L.tp == 0
-    _ok(heads_ok, "heads_tp", f"{model.num_attention_heads} heads / {model.num_kv_heads} KV groups "
-        f"do not divide by TP={L.tp}", v)
-    if model.is_moe:
-        _ok(model.num_experts % L.ep == 0, "experts_ep",
-            f"{model.num_experts} experts do not divide by EP={L.ep}", v)
-        _ok(model.moe_ffn_hidden_size % L.etp == 0, "expert_ffn_etp",
-            f"expert FFN width {model.moe_ffn_hidden_size} does not divide by ETP={L.etp}", v)
-    else:
-        _ok(L.ep == 1 and L.etp == 1, "dense_model_ep", f"{model.name} has no experts: EP and ETP must be 1", v)
+    situation = Situation(model, gpu, num_gpus, seq_len, layout)
+    return [v for r in REGISTRY for v in r(situation)]
+
+
+def is_legal(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> bool:
+    return not check(model, gpu, num_gpus, seq_len, layout)
+
+
+def level_rules(level: str) -> tuple[str, ...]:
+    """The rules a partial grid at `level` of the enumeration can already break."""
+    return tuple(r.name for r in REGISTRY if r.level == level)
+
+
+def level_reads(level: str | None, among: Iterable[str] = FIELD_NAMES) -> tuple[str, ...]:
+    """The fields (of `among`, in its order) that the rules at `level` read: a cached verdict's key."""
+    read = {f for r in REGISTRY if r.level == level for f in r.reads}
+    return tuple(f for f in among if f in read)
+
+
+def _is_fp8(precision: str) -> bool:
+    return precision.startswith("fp8") or precision == "mxfp8"
+
+
+# ---- the rules, cheap ones first --------------------------------------------------------------------------
+@rule("world_dense", level="cp", reads=("tp", "cp", "pp"),
+      why="the world must split into TP*CP*PP*DP ranks")
+def _world_dense(s: Situation) -> str | None:
+    L = s.layout
+    if L.dp(s.num_gpus) == 0:
+        return f"{s.num_gpus} GPUs is not a multiple of TP*CP*PP = {L.tp}*{L.cp}*{L.pp} = {L.tp * L.cp * L.pp}"
+    return None
+
+
+@rule("world_expert", level="ep", reads=("etp", "ep", "pp"),
+      why="parallel folding: the world must also split into ETP*EP*EDP*PP ranks")
+def _world_expert(s: Situation) -> str | None:
+    L = s.layout
+    if L.edp(s.num_gpus) == 0:
+        return f"{s.num_gpus} GPUs is not a multiple of ETP*EP*PP = {L.etp}*{L.ep}*{L.pp} = {L.etp * L.ep * L.pp}"
+    return None
+
+
+@rule("pipeline_split", level="pipe", reads=("pp", "vpp"),
+      why="the model's layers (with MTP, embedding and loss) must fill PP*VPP stages")
+def _pipeline_split(s: Situation) -> str | None:
+    L, m = s.layout, s.model
+    if placement(m, L.pp, L.vpp) is None:
+        return f"{m.num_layers} layers (+{m.mtp_layers} MTP, embedding, loss) cannot fill PP*VPP = {L.pp * L.vpp} stages"
+    return None
+
+
+@rule("vpp_needs_pp", level="pipe", reads=("vpp", "pp"), why="interleaving (VPP > 1) needs PP > 1")
+def _vpp_needs_pp(s: Situation) -> str | None:
+    return f"VPP={s.layout.vpp} needs PP > 1" if s.layout.vpp > 1 and s.layout.pp == 1 else None
+
+
+@rule("heads_tp", level="tp", reads=("tp",), why="attention heads, KV groups and delta-net heads divide by TP")
+def _heads_tp(s: Situation) -> str | None:
+    m, tp = s.model, s.layout.tp
+    ok = m.num_attention_heads % tp == 0 and (m.is_mla or m.num_kv_heads % tp == 0)
+    if "L" in m.attention_pattern:
+        ok = ok and m.linear_num_key_heads % tp == 0 and m.linear_num_value_heads % tp == 0
+    return None if ok else f"{m.num_attention_heads} heads / {m.num_kv_heads} KV groups do not divide by TP={tp}"
+
+
+@rule("experts_ep", level="ep", reads=("ep",), why="routed experts divide by EP")
+def _experts_ep(s: Situation) -> str | None:
+    m, ep = s.model, s.layout.ep
+    return f"{m.num_experts} experts do not divide by EP={ep}" if m.is_moe and m.num_experts % ep else None
+
+
+@rule("expert_ffn_etp", level="ep", reads=("etp",), why="the expert FFN width divides by ETP")
+def _expert_ffn_etp(s: Situation) -> str | None:
+    m, etp = s.model, s.layout.etp
+    if m.is_moe and m.moe_ffn_hidden_size % etp:
+        return f"expert FFN width {m.moe_ffn_hidden_size} does not divide by ETP={etp}"
+    return None
+
+
+@rule("dense_model_ep", level="ep", reads=("ep", "etp"), why="a dense model has no experts to split: EP = ETP = 1")
+def _dense_model_ep(s: Situation) -> str | None:
+    if not s.model.is_moe and (s.layout.ep > 1 or s.layout.etp > 1):
+        return f"{s.model.name} has no experts: EP and ETP must be 1"
+    return None
+
+
+@rule("sequence_cp", level="cp", reads=("cp", "tp", "sequence_parallel"),
+      why="the sequence splits into 2*CP load-balanced chunks (times TP with sequence parallel)")
+def _sequence_cp(s: Situation) -> str | None:
+    L = s.layout
     div = 2 * L.cp * (L.tp if L.sp else 1) if L.cp > 1 else (L.tp if L.sp else 1)
-    _ok(seq_len % div == 0, "sequence_cp",
-        f"seq_len {seq_len} does not divide by {'2*CP' if L.cp > 1 else ''}{'*TP' if L.sp and L.cp > 1 else ''}"
-        f"{'TP' if L.sp and L.cp == 1 else ''} = {div}", v)
-    if L.cp > 1 and L.cp_comm_type == "a2a":
-        _ok(a2a_heads_divide(model, L.tp, L.cp), "cp_a2a_heads", f"a2a context parallel needs heads "
-            f"({model.num_attention_heads // L.tp}) and KV heads per TP rank divisible by CP={L.cp}", v)
-    dp = L.dp(num_gpus)
-    if dp:
-        _ok(L.gbs % (L.mbs * dp) == 0, "global_batch",
-            f"GBS={L.gbs} is not a multiple of MBS*DP = {L.mbs}*{dp} = {L.mbs * dp}", v)
-    _ok(not (model.is_moe and L.tp > 1 and not L.sp), "moe_tp_needs_sp",
-        "MoE with TP > 1 needs sequence parallel", v)
-    _ok(gpu.supports(L.precision), "precision_supported",
-        f"{gpu.name} does not support {L.precision} (supported: {', '.join(gpu.peak_tflops)})", v)
-    if gpu.is_cpu:
-        bad = []
-        if L.precision.startswith("fp8") or L.precision == "mxfp8":
-            bad.append(L.precision)
-        if L.dispatcher in GPU_ONLY_DISPATCHERS:
-            bad.append(f"dispatcher {L.dispatcher}")
-        if L.cuda_graphs:
-            bad.append("CUDA graphs")
-        if L.optimizer_offload > 0:
-            bad.append("optimizer offload")
-        if L.cp > 1 and L.cp_comm_type not in CPU_CP_COMM_TYPES:
-            bad.append(f"cp_comm_type {L.cp_comm_type} (the CPU trainer all-gathers K/V)")
-        _ok(not bad, "gpu_only_feature", f"not available on cpu: {', '.join(bad)}", v)
-    _graph_conflicts(L, v)
-    _layer_kind_rules(model, gpu, L, v)
-    _ok(L.optimizer_offload == 0 or L.distributed_optimizer, "offload_needs_distopt",
-        "optimizer CPU offload needs the distributed optimizer", v)
-    _ok(L.tp <= gpu.nvlink_domain, "tp_in_nvlink",
-        f"TP={L.tp} spans more than one NVLink domain ({gpu.nvlink_domain} GPUs)", v)
-    _ok(L.ep * L.etp <= gpu.nvlink_domain * 8 if model.is_moe else True, "ep_in_nvlink",
-        f"EP*ETP={L.ep * L.etp} spans more than 8 NVLink domains ({gpu.nvlink_domain} GPUs each)", v)
-    reason = hierarchical_cp_violation(model, L)
-    _ok(reason is None, "hierarchical_cp", reason or "", v)
-    return v
+    if s.seq_len % div == 0:
+        return None
+    return (f"seq_len {s.seq_len} does not divide by {'2*CP' if L.cp > 1 else ''}"
+            f"{'*TP' if L.sp and L.cp > 1 else ''}{'TP' if L.sp and L.cp == 1 else ''} = {div}")
 
 
-def _layer_kind_rules(model: ModelSpec, gpu: GPUSpec, L: Layout, v: list[Violation]) -> None:
-    """What Megatron-Core 0.19.2 (TransformerConfig, GatedDeltaNet, MoE) and Transformer Engine refuse for
-    gated delta-net layers (Qwen3-Next), sliding windows, attention sinks and linear biases (gpt-oss)."""
-    if "L" in model.attention_pattern:
-        if L.cp > 1:
-            split = L.tp * L.cp
-            _ok(model.linear_num_key_heads % split == 0 and model.linear_num_value_heads % split == 0,
-                "linear_heads_cp", f"gated delta-net all-to-alls its heads over CP: {model.linear_num_key_heads} "
-                f"key / {model.linear_num_value_heads} value heads do not divide by TP*CP = {split}", v)
-        if L.precision.startswith("fp8") or L.precision == "mxfp8":
-            width = 2 * model.linear_key_head_dim * model.linear_num_key_heads + 2 * (
-                model.linear_value_head_dim + 1) * model.linear_num_value_heads
-            align = 32 if L.precision == "mxfp8" else 16
-            _ok(width % align == 0, "linear_fp8_align",
-                f"{L.precision} needs the gated delta-net input projection width ({width}) divisible by {align}", v)
-    if model.is_moe and model.linear_bias:
-        _ok(L.etp == 1, "expert_bias_etp", f"Megatron-Core supports expert biases only with ETP = 1, not {L.etp}", v)
-    # On cpu the trainer's own CP attention handles windows and sinks (it all-gathers K/V): TE's limits only.
-    if L.cp > 1 and not gpu.is_cpu:
-        if model.attention_sinks:
-            _ok(L.cp_comm_type == "a2a", "cp_window_sinks",
-                f"Transformer Engine runs attention sinks under CP with cp_comm_type a2a only, not {L.cp_comm_type}", v)
-        elif "S" in model.attention_pattern:
-            _ok(L.cp_comm_type in ("allgather", "a2a"), "cp_window_sinks", "Transformer Engine runs sliding-window "
-                f"attention under CP with cp_comm_type allgather or a2a only, not {L.cp_comm_type}", v)
+@rule("cp_a2a_heads", reads=("cp", "cp_comm_type", "tp"), why="a2a CP splits the heads of each TP rank over CP")
+def _cp_a2a_heads(s: Situation) -> str | None:
+    L, m = s.layout, s.model
+    if L.cp > 1 and L.cp_comm_type == "a2a" and not a2a_heads_divide(m, L.tp, L.cp):
+        return (f"a2a context parallel needs heads ({m.num_attention_heads // L.tp}) and KV heads per TP rank "
+                f"divisible by CP={L.cp}")
+    return None
+
+
+@rule("global_batch", level="mbs", reads=("gbs", "mbs", "tp", "cp", "pp"),
+      why="the global batch splits into whole microbatches on every data-parallel rank")
+def _global_batch(s: Situation) -> str | None:
+    L = s.layout
+    dp = L.dp(s.num_gpus)
+    if dp and L.gbs % (L.mbs * dp):
+        return f"GBS={L.gbs} is not a multiple of MBS*DP = {L.mbs}*{dp} = {L.mbs * dp}"
+    return None
+
+
+@rule("moe_tp_needs_sp", level="tp", reads=("tp", "sequence_parallel"),
+      why="Megatron-Core requires sequence parallel for MoE with TP > 1")
+def _moe_tp_needs_sp(s: Situation) -> str | None:
+    return "MoE with TP > 1 needs sequence parallel" if s.model.is_moe and s.layout.tp > 1 and not s.layout.sp else None
+
+
+@rule("precision_supported", reads=("precision",), why="the GPU has the precision's tensor cores")
+def _precision_supported(s: Situation) -> str | None:
+    if s.gpu.supports(s.layout.precision):
+        return None
+    return f"{s.gpu.name} does not support {s.layout.precision} (supported: {', '.join(s.gpu.peak_tflops)})"
+
+
+@rule("gpu_only_feature", reads=("precision", "dispatcher", "cuda_graphs", "optimizer_offload", "cp", "cp_comm_type"),
+      why="fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload and a2a CP need a GPU (cpu runs gloo)")
+def _gpu_only_feature(s: Situation) -> str | None:
+    if not s.gpu.is_cpu:
+        return None
+    L, bad = s.layout, []
+    if _is_fp8(L.precision):
+        bad.append(L.precision)
+    if L.dispatcher in GPU_ONLY_DISPATCHERS:
+        bad.append(f"dispatcher {L.dispatcher}")
+    if L.cuda_graphs:
+        bad.append("CUDA graphs")
+    if L.optimizer_offload > 0:
+        bad.append("optimizer offload")
+    if L.cp > 1 and L.cp_comm_type not in CPU_CP_COMM_TYPES:
+        bad.append(f"cp_comm_type {L.cp_comm_type} (the CPU trainer all-gathers K/V)")
+    return f"not available on cpu: {', '.join(bad)}" if bad else None
+
+
+@rule("graph_recompute_conflict", reads=("cuda_graphs", "recompute", "optimizer_offload"),
+      why="a recompute region lies wholly inside or outside a CUDA-graph scope; full_iteration graphs stand alone")
+def _graph_recompute_conflict(s: Situation) -> list[str]:
+    L = s.layout
+    graphs, mods, out = set(L.cuda_graphs), set(L.recompute_modules), []
+    if not graphs:
+        return out
+    if "moe" in mods and "moe_router" in graphs:
+        out.append("whole-moe recompute conflicts with the moe_router graph scope")
+    if L.recompute_granularity == "full" and "full_iteration" not in graphs:
+        out.append("full recompute needs full_iteration CUDA graphs")
+    if "attn" in graphs and "core_attn" in mods:
+        out.append("core_attn recompute splits the attn graph scope")
+    if "moe" in graphs and ("moe_act" in mods or "shared_experts" in mods):
+        out.append("moe_act/shared_experts recompute splits the moe graph scope")
+    if "mlp" in graphs and "moe_act" in mods:
+        out.append("moe_act recompute splits the mlp graph scope")
+    if "full_iteration" in graphs and len(graphs) > 1:
+        out.append("full_iteration graphs cannot be combined with other scopes")
+    if L.optimizer_offload > 0 and "full_iteration" in graphs:
+        out.append("optimizer CPU offload conflicts with full_iteration graphs")
+    return out
+
+
+@rule("offload_needs_distopt", reads=("optimizer_offload", "distributed_optimizer"),
+      why="Megatron offloads the distributed optimizer's shards only")
+def _offload_needs_distopt(s: Situation) -> str | None:
+    L = s.layout
+    if L.optimizer_offload > 0 and not L.distributed_optimizer:
+        return "optimizer CPU offload needs the distributed optimizer"
+    return None
+
+
+@rule("tp_in_nvlink", level="tp", reads=("tp",), why="TP's per-layer collectives need one NVLink domain")
+def _tp_in_nvlink(s: Situation) -> str | None:
+    if s.layout.tp > s.gpu.nvlink_domain:
+        return f"TP={s.layout.tp} spans more than one NVLink domain ({s.gpu.nvlink_domain} GPUs)"
+    return None
+
+
+@rule("ep_in_nvlink", level="ep", reads=("ep", "etp"),
+      why="EP*ETP may span up to 8 NVLink domains (beyond one, the throughput model charges the scale-out "
+          "all-to-all); beyond 8 it is refused")
+def _ep_in_nvlink(s: Situation) -> str | None:
+    L = s.layout
+    if s.model.is_moe and L.ep * L.etp > s.gpu.nvlink_domain * 8:
+        return f"EP*ETP={L.ep * L.etp} spans more than 8 NVLink domains ({s.gpu.nvlink_domain} GPUs each)"
+    return None
+
+
+# ---- the layer kinds besides full attention, as Megatron-Core 0.19.2 / Transformer Engine support them ------
+@rule("linear_heads_cp", level="cp", reads=("tp", "cp"),
+      why="gated delta-net (Qwen3-Next) all-to-alls its key and value heads over TP*CP")
+def _linear_heads_cp(s: Situation) -> str | None:
+    m, L = s.model, s.layout
+    if "L" not in m.attention_pattern or L.cp == 1:
+        return None
+    split = L.tp * L.cp
+    if m.linear_num_key_heads % split == 0 and m.linear_num_value_heads % split == 0:
+        return None
+    return (f"gated delta-net all-to-alls its heads over CP: {m.linear_num_key_heads} key / "
+            f"{m.linear_num_value_heads} value heads do not divide by TP*CP = {split}")
+
+
+@rule("linear_fp8_align", reads=("precision",),
+      why="fp8 GEMMs need the gated delta-net input projection width a multiple of 16 (mxfp8: 32)")
+def _linear_fp8_align(s: Situation) -> str | None:
+    m, precision = s.model, s.layout.precision
+    if "L" not in m.attention_pattern or not _is_fp8(precision):
+        return None
+    width = 2 * m.linear_key_head_dim * m.linear_num_key_heads + 2 * (
+        m.linear_value_head_dim + 1) * m.linear_num_value_heads
+    align = 32 if precision == "mxfp8" else 16
+    return None if width % align == 0 else (
+        f"{precision} needs the gated delta-net input projection width ({width}) divisible by {align}")
+
+
+@rule("expert_bias_etp", level="ep", reads=("etp",), why="Megatron-Core supports expert biases (gpt-oss) only with ETP = 1")
+def _expert_bias_etp(s: Situation) -> str | None:
+    if s.model.is_moe and s.model.linear_bias and s.layout.etp != 1:
+        return f"Megatron-Core supports expert biases only with ETP = 1, not {s.layout.etp}"
+    return None
+
+
+@rule("cp_window_sinks", reads=("cp", "cp_comm_type"),
+      why="Transformer Engine's CP runs sliding windows with allgather or a2a, attention sinks with a2a only "
+          "(on cpu the trainer's own CP attention all-gathers K/V and handles both)")
+def _cp_window_sinks(s: Situation) -> str | None:
+    m, L = s.model, s.layout
+    if L.cp == 1 or s.gpu.is_cpu:
+        return None
+    if m.attention_sinks:
+        return None if L.cp_comm_type == "a2a" else (
+            f"Transformer Engine runs attention sinks under CP with cp_comm_type a2a only, not {L.cp_comm_type}")
+    if "S" in m.attention_pattern and L.cp_comm_type not in ("allgather", "a2a"):
+        return ("Transformer Engine runs sliding-window attention under CP with cp_comm_type allgather or a2a only, "
+                f"not {L.cp_comm_type}")
+    return None
+
+
+@rule("hierarchical_cp", reads=("hierarchical_cp", "cp_comm_type", "cp", "tp"),
+      why="a2a+p2p needs the CP sizes per level (a2a, p2p): product CP, the a2a level splits heads; no hierarchy "
+          "otherwise (declared last: the space expands it per grid, see space._FeatureTable)")
+def _hierarchical_cp(s: Situation) -> str | None:
+    return hierarchical_cp_violation(s.model, s.layout)
+
+
+RULES: tuple[str, ...] = tuple(r.name for r in REGISTRY)
 
 
 def a2a_heads_divide(model: ModelSpec, tp: int, size: int) -> bool:
@@ -179,29 +369,3 @@ def hierarchical_cp_violation(model: ModelSpec, L: Layout) -> str | None:
         return (f"the a2a level of hierarchical_cp ({sizes[0]}) must divide the heads "
                 f"({model.num_attention_heads // L.tp}) and KV heads per TP rank")
     return None
-
-
-def _graph_conflicts(L: Layout, v: list[Violation]) -> None:
-    graphs = set(L.cuda_graphs)
-    if not graphs:
-        return
-    mods = set(L.recompute_modules)
-    if "moe" in mods and "moe_router" in graphs:
-        v.append(Violation("graph_recompute_conflict", "whole-moe recompute conflicts with the moe_router graph scope"))
-    if L.recompute_granularity == "full" and "full_iteration" not in graphs:
-        v.append(Violation("graph_recompute_conflict", "full recompute needs full_iteration CUDA graphs"))
-    # a recompute region must lie wholly inside or outside a graph scope
-    if "attn" in graphs and "core_attn" in mods:
-        v.append(Violation("graph_recompute_conflict", "core_attn recompute splits the attn graph scope"))
-    if "moe" in graphs and ("moe_act" in mods or "shared_experts" in mods):
-        v.append(Violation("graph_recompute_conflict", "moe_act/shared_experts recompute splits the moe graph scope"))
-    if "mlp" in graphs and "moe_act" in mods:
-        v.append(Violation("graph_recompute_conflict", "moe_act recompute splits the mlp graph scope"))
-    if "full_iteration" in graphs and len(graphs) > 1:
-        v.append(Violation("graph_recompute_conflict", "full_iteration graphs cannot be combined with other scopes"))
-    if L.optimizer_offload > 0 and "full_iteration" in graphs:
-        v.append(Violation("graph_recompute_conflict", "optimizer CPU offload conflicts with full_iteration graphs"))
-
-
-def is_legal(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> bool:
-    return not check(model, gpu, num_gpus, seq_len, layout)

@@ -26,7 +26,8 @@ from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
-from search_spaces.rules import RULES, a2a_heads_divide, check, hierarchical_cp_violation
+from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation, level_reads,
+                                  level_rules)
 
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -35,14 +36,11 @@ MBS_CHOICES = (1, 2, 4)
 GRID_FIELDS = PARALLEL_SIZES + ("mbs",)
 FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + ("distributed_optimizer",)
 
-# rules decided at each level of the nested enumeration (others cannot fail there)
-_LEVEL_RULES = {
-    "pipe": ("pipeline_split", "vpp_needs_pp"),
-    "tp": ("heads_tp", "tp_in_nvlink", "moe_tp_needs_sp"),
-    "cp": ("sequence_cp", "world_dense", "linear_heads_cp"),
-    "ep": ("dense_model_ep", "experts_ep", "expert_ffn_etp", "world_expert", "ep_in_nvlink", "expert_bias_etp"),
-    "mbs": ("global_batch",),
-}
+# the rules decided at each level of the nested enumeration (others cannot fail there), and the grid fields
+# those rules read (a probe's verdict is cached per distinct value of them): both from the rules' declarations
+_LEVEL_RULES = {level: level_rules(level) for level in LEVELS}
+_LEVEL_READS = {level: level_reads(level, GRID_FIELDS) for level in _LEVEL_RULES}
+_FEATURE_READS = level_reads(None, GRID_FIELDS)  # the grid fields the feature rules read
 
 
 def default_gbs(seq_len: int, gpu: GPUSpec | None = None) -> int:
@@ -168,11 +166,9 @@ def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims
     plain.pop("gbs")
 
     memo: dict[tuple, str | None] = {}
-    # the fields each level's rules read (so a probe is computed once per distinct value)
-    relevant = {"pipe": ("pp", "vpp"), "tp": ("tp",), "cp": ("tp", "cp", "pp"), "ep": ("pp", "ep", "etp")}
 
-    def probe(level: str, **grid) -> str | None:
-        key = (level,) + tuple(grid[k] for k in relevant[level])
+    def probe(level: str, **grid) -> str | None:  # computed once per distinct value of the fields it reads
+        key = (level,) + tuple(grid[k] for k in _LEVEL_READS[level])
         if key not in memo:
             memo[key] = _probe(level, **grid)
         return memo[key]
@@ -257,7 +253,7 @@ class _FeatureTable:
 
     def _base_combos(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
         """Every combination of the features but the hierarchy, checked by every rule but the hierarchy's."""
-        key = (grid["cp"] > 1, a2a_heads_divide(self.model, grid["tp"], grid["cp"]))
+        key = tuple(grid[f] for f in _FEATURE_READS)
         if key not in self._base:
             legal, rejected = [], {}
             v = self.dims.values

@@ -159,8 +159,6 @@ OFFLOAD_HOST_BYTES_PER_PARAM = 6
 # CPU Adam throughput of the host (parameters/s): the x86 hosts of DGX Hopper/Blackwell, Grace (GB200/GB300) and
 # the local cpu runs; order-of-magnitude assumptions, not measured in this repository
 CPU_ADAM_PARAMS_PER_S = {"hopper": 0.6e9, "blackwell": 1.0e9, "grace": 2.5e9, "cpu": 0.2e9}
-# a host link this fast is Grace's NVLink-C2C (450 GB/s); PCIe hosts have 55 GB/s
-GRACE_HOST_LINK_GBPS = 400
 
 
 @lru_cache(maxsize=1)
@@ -173,9 +171,7 @@ def calibration() -> dict:
 
 
 def gpu_family(gpu: GPUSpec) -> str:
-    if gpu.is_cpu:
-        return "cpu"
-    return "hopper" if gpu.name.startswith("h") else "blackwell"
+    return gpu.family
 
 
 def precision_class(precision: str) -> str:
@@ -831,7 +827,8 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     if job.layout.optimizer_offload <= 0:
         return 0.0
     gpu = job.gpu
-    host = "grace" if gpu.host_link_gbps >= GRACE_HOST_LINK_GBPS else gpu_family(gpu)
+    # an x86 host's CPU Adam rate goes with the generation of the DGX it sits in (Hopper or Blackwell)
+    host = gpu.family if gpu.host == "x86" else gpu.host
     off = _optimizer_shard(job, params) * job.layout.optimizer_offload
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 

@@ -178,3 +178,21 @@ def test_valid_variants_still_load(tmp_path):
         path.parent.mkdir()
         path.write_text(json.dumps({**_tiny_cfg(), **change}))
         load_model(str(path))
+
+
+def test_each_accelerator_declares_its_family_and_host():
+    import dataclasses
+
+    from search_spaces.hardware import FAMILIES, GPUS, HOSTS
+    from search_spaces.throughput import gpu_family
+
+    expected = {"h100": ("hopper", "x86"), "h200": ("hopper", "x86"), "b200": ("blackwell", "x86"),
+                "b300": ("blackwell", "x86"), "gb200": ("blackwell", "grace"), "gb300": ("blackwell", "grace"),
+                "cpu": ("cpu", "cpu")}
+    assert {name: (g.family, g.host) for name, g in GPUS.items()} == expected
+    # the family is read from the declaration, never guessed from the name (an "h"-named Blackwell stays one)
+    renamed = dataclasses.replace(GPUS["gb200"], name="hypothetical-gb")
+    assert gpu_family(renamed) == "blackwell" and not renamed.is_cpu
+    with pytest.raises(SpecError):
+        dataclasses.replace(GPUS["h100"], family="ampere")
+    assert set(FAMILIES) >= {g.family for g in GPUS.values()} and set(HOSTS) >= {g.host for g in GPUS.values()}

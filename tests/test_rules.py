@@ -7,6 +7,7 @@ import pytest
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
+from search_spaces import rules
 from search_spaces.rules import RULES, check
 
 
@@ -111,3 +112,66 @@ def test_a2a_needs_the_kv_heads_to_split_too():
     assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=16, cp_comm_type="a2a")
     assert "cp_a2a_heads" in rules_broken("llama3-8b", "h100", 16, 65536, cp=8, tp=2, cp_comm_type="a2a")  # 4 KV/TP
     assert "cp_a2a_heads" not in rules_broken("llama3-8b", "h100", 8, 65536, cp=8, cp_comm_type="a2a")
+
+
+# ---- the registry: a rule's declaration is what the enumeration relies on ---------------------------------------
+class _Recorder:
+    """A layout that records which fields are read, through its properties and methods too."""
+
+    def __init__(self, layout: Layout):
+        self._layout, self.read = layout, set()
+
+    def __getattr__(self, name):
+        attr = getattr(type(self._layout), name, None)
+        if isinstance(attr, property):
+            return attr.fget(self)
+        if callable(attr) and not isinstance(attr, type):
+            return lambda *a, **k: attr(self, *a, **k)
+        self.read.add(name)
+        return getattr(self._layout, name)
+
+
+def _situations():
+    """Every layout of the cases above (breaking and legal), so that each rule's branches are taken."""
+    for _, (model, gpu, n, seq), bad, good in CASES:
+        for fields in (bad, good):
+            yield rules.Situation(load_model(model), load_gpu(gpu), n, seq, Layout.from_dict(fields))
+
+
+@pytest.mark.parametrize("rule", rules.REGISTRY, ids=[r.name for r in rules.REGISTRY])
+def test_a_rule_reads_only_the_fields_it_declares(rule):
+    # the enumeration caches a level's verdict keyed by its rules' declared fields: an undeclared read would
+    # cache a wrong verdict for every grid that differs only in that field
+    read = set()
+    for s in _situations():
+        recorder = _Recorder(s.layout)
+        rule.test(dataclasses.replace(s, layout=recorder))
+        read |= recorder.read
+    assert read <= set(rule.reads), f"{rule.name} reads {sorted(read - set(rule.reads))} it does not declare"
+    assert read, f"{rule.name} declares {rule.reads} but read nothing over the cases"
+
+
+def test_a_level_rule_reads_only_fields_fixed_by_its_level():
+    from search_spaces.space import GRID_FIELDS
+
+    fixed_by = {"pipe": {"pp", "vpp"}, "tp": {"tp"}, "cp": {"cp"}, "ep": {"ep", "etp"}, "mbs": {"mbs"}}
+    known: set[str] = set()
+    for level in rules.LEVELS:
+        known |= fixed_by[level]
+        for name in rules.level_rules(level):
+            reads = set(next(r for r in rules.REGISTRY if r.name == name).reads) & set(GRID_FIELDS)
+            assert reads <= known, f"{name} at level {level} reads {sorted(reads - known)}, enumerated later"
+
+
+def test_declaration_order_is_check_order_and_names_are_unique():
+    assert rules.RULES == tuple(r.name for r in rules.REGISTRY) and len(set(rules.RULES)) == len(rules.RULES)
+    broken = check(load_model("tiny-moe"), load_gpu("cpu"), 4, 512, Layout(tp=3, pp=3, ep=3, precision="fp8"))
+    order = [rules.RULES.index(v.rule) for v in broken]
+    assert len(broken) >= 3 and order == sorted(order)
+
+
+def test_a_rule_declared_twice_or_reading_an_unknown_field_is_refused():
+    with pytest.raises(ValueError):
+        rules.rule("world_dense", why="again", reads=("tp",))
+    with pytest.raises(ValueError):
+        rules.rule("new_rule", why="typo", reads=("tensor_parallel",))
