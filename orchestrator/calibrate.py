@@ -7,10 +7,15 @@ halves (every other one in the order read; `holdout`), the per-GPU-family consta
 are fitted on the first half plus every published row of those families (search_spaces.reference; each side
 weighs as much as the other), and the error on the second half is reported before and after. On `cpu` the
 process's resident baseline is measured too (the median of measured peak minus the tensors the model counts).
+
+A measurement that cannot be true (search_spaces.validation: NaN, negative, above the GPU's peak or capacity,
+tokens/s that disagree with the step time...) is skipped wherever it enters (a study's trial, an MLflow run, a
+table row); `gather` says how many it skipped and why, and refuses when none is left.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -18,30 +23,56 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from search_spaces.calibration import (Measurement, calibration_document, errors, fit, load_calibration, mape,
-                                       parameters_for, predict_peak_gib)
-from search_spaces.errors import SpecError
+                                       parameters_for, predict_peak_gib, usable)
+from search_spaces.errors import MoeAutotuneError, SpecError
+from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.reference import published_rows
+from search_spaces.result import TrialResult
+from search_spaces.validation import problems
+
+log = logging.getLogger("moe_autotune")
 
 # the result fields a measured trial must have to be a data point
 NEEDED = ("model", "gpu", "num_gpus", "seq_len", "layout", "tokens_per_sec_per_gpu")
 
 
 def measurement_from_result(result: dict[str, Any], source: str, backend: str = "") -> Measurement | None:
-    """A TrialResult dict (as the sweep stores it) -> a Measurement, or None when it is not a measured ok run."""
-    if backend == "analytic" or (result.get("extra") or {}).get("source") == "costmodel":
-        return None
-    if result.get("status") != "ok" or any(not result.get(k) for k in NEEDED):
-        return None
-    overrides = (result.get("extra") or {}).get("model_overrides") or {}
-    return Measurement(model=str(result["model"]), gpu=str(result["gpu"]), num_gpus=int(result["num_gpus"]),
-                       seq_len=int(result["seq_len"]), layout=Layout.from_dict(result["layout"]),
-                       tokens_per_sec_per_gpu=float(result["tokens_per_sec_per_gpu"]),
-                       peak_memory_gib=result.get("peak_memory_gib"), source=source,
-                       num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+    """A TrialResult dict (as the sweep stores it) -> a Measurement, or None when it is not a measured ok run
+    (or its numbers cannot be true: `judge_result` says why)."""
+    return judge_result(result, source, backend)[0]
 
 
-def from_study(storage: str, study_name: str) -> list[Measurement]:
+def judge_result(result: Any, source: str, backend: str = "") -> tuple[Measurement | None, str | None]:
+    """(the Measurement, None); (None, why it is skipped) when a run recorded as ok cannot be true; (None, None)
+    when it is no data point at all (not measured ok, or the cost model's own answer)."""
+    if not isinstance(result, dict):
+        return None, None
+    extra = result.get("extra") if isinstance(result.get("extra"), dict) else {}
+    if backend == "analytic" or extra.get("source") == "costmodel" or result.get("status") != "ok":
+        return None, None
+    missing = [k for k in NEEDED if not result.get(k)]
+    if missing:
+        return None, f"{source}: recorded as ok without {missing[0]}"
+    overrides = extra.get("model_overrides") if isinstance(extra.get("model_overrides"), dict) else {}
+    try:
+        m = Measurement(model=str(result["model"]), gpu=str(result["gpu"]), num_gpus=int(result["num_gpus"]),
+                        seq_len=int(result["seq_len"]), layout=Layout.from_dict(result["layout"]),
+                        tokens_per_sec_per_gpu=result["tokens_per_sec_per_gpu"],
+                        peak_memory_gib=result.get("peak_memory_gib"), source=source,
+                        num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+        claimed = TrialResult.from_dict({k: v for k, v in result.items() if k != "extra"})
+        composed = extra.get("fidelity") == "proxy"  # the full layout's figures on the proxy's record
+        reasons = problems(claimed, m.layout, load_gpu(m.gpu), model=m.spec(), seq_len=m.seq_len,
+                           num_gpus=None if composed else m.num_gpus, memory_measured=not composed)
+    except (MoeAutotuneError, TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+        return None, f"{source}: not a trial result ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    if reasons:
+        return None, f"{source}: {'; '.join(reasons)}"
+    return m, None
+
+
+def from_study(storage: str, study_name: str, skipped: list[str] | None = None) -> list[Measurement]:
     """The measured trials of an Optuna study (orchestrator.study.measured_trials)."""
     from orchestrator import study as studies
 
@@ -54,13 +85,19 @@ def from_study(storage: str, study_name: str) -> list[Measurement]:
         result.setdefault("extra", {})
         if overrides and not result["extra"].get("model_overrides"):
             result["extra"] = {**result["extra"], "model_overrides": overrides}
-        m = measurement_from_result(result, f"study {study_name} trial {trial.number}", backend)
-        if m is not None:
-            out.append(m)
+        _keep(judge_result(result, f"study {study_name} trial {trial.number}", backend), out, skipped)
     return out
 
 
-def from_experiment(tracking_uri: str, experiment: str) -> list[Measurement]:
+def _keep(judged: tuple[Measurement | None, str | None], out: list[Measurement], skipped: list[str] | None) -> None:
+    m, why = judged
+    if m is not None:
+        out.append(m)
+    elif why and skipped is not None:
+        skipped.append(why)
+
+
+def from_experiment(tracking_uri: str, experiment: str, skipped: list[str] | None = None) -> list[Measurement]:
     """The measured child runs of an MLflow experiment (their trial.json artifact: result and layout)."""
     import mlflow.artifacts
     from mlflow.tracking import MlflowClient
@@ -79,24 +116,29 @@ def from_experiment(tracking_uri: str, experiment: str) -> list[Measurement]:
             local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="trial.json",
                                                        dst_path=tmp, tracking_uri=tracking_uri)
             record = _read_json(Path(local))
-            m = measurement_from_result(record.get("result") or {}, f"experiment {experiment} run "
-                                        f"{run.info.run_id[:8]}", backend)
-            if m is not None:
-                out.append(m)
+            _keep(judge_result(record.get("result") or {}, f"experiment {experiment} run {run.info.run_id[:8]}",
+                               backend), out, skipped)
     return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     import json
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
     return data if isinstance(data, dict) else {}
 
 
-def from_table(path: str) -> list[Measurement]:
-    """The rows measured ok of a replay table (`moe-autotune status --csv` writes one)."""
+def from_table(path: str, skipped: list[str] | None = None) -> list[Measurement]:
+    """The rows measured ok of a replay table (`moe-autotune status --csv` writes one); a row whose numbers
+    cannot be true was made invalid as it was read (replay.load_table) and is skipped with its reason."""
     from orchestrator.backends.replay import load_table
 
     table = load_table(path)
+    if skipped is not None:
+        skipped += [f"table {Path(path).name} line {row.line}: {row.reason}" for row in table.rows.values()
+                    if row.reason]
     return [Measurement(table.model, table.gpu, table.num_gpus, table.seq_len, row.layout,
                         tokens_per_sec_per_gpu=row.tokens_per_sec_per_gpu, peak_memory_gib=row.peak_memory_gib,
                         source=f"table {Path(path).name} line {row.line}")
@@ -105,14 +147,24 @@ def from_table(path: str) -> list[Measurement]:
 
 def gather(studies: Iterable[str] = (), storage: str = "sqlite:///optuna.db", experiments: Iterable[str] = (),
            tracking_uri: str = "sqlite:///mlflow.db", tables: Iterable[str] = ()) -> list[Measurement]:
-    """Every measurement of the named sources, each (situation, layout) once (the first one read)."""
+    """Every measurement of the named sources that can be true, each (situation, layout) once (the first one
+    read). Those that cannot be true are skipped, with a warning that counts them and names the first reason;
+    when none is left, one line says so (SpecError)."""
     found: list[Measurement] = []
+    skipped: list[str] = []
     for name in studies:
-        found += from_study(storage, name)
+        found += from_study(storage, name, skipped)
     for name in experiments:
-        found += from_experiment(tracking_uri, name)
+        found += from_experiment(tracking_uri, name, skipped)
     for path in tables:
-        found += from_table(path)
+        found += from_table(path, skipped)
+    found, refused = usable(found)  # the last guard: whatever the source, the same bounds
+    skipped += refused
+    if skipped and not found:
+        raise SpecError(f"no measurement left to calibrate on: all {len(skipped)} measured ok cannot be true "
+                        f"(first: {skipped[0]})")
+    if skipped:
+        log.warning("calibrate: skipped %d measurement(s) that cannot be true (first: %s)", len(skipped), skipped[0])
     seen, out = set(), []
     for m in found:
         key = (m.model, m.gpu, m.num_gpus, m.seq_len, m.layout, m.num_layers, m.hidden_size)
@@ -162,6 +214,9 @@ def calibrate(measurements: list[Measurement], start: dict | None = None, holdou
     """Fit the families' constants to the fit half (+ published rows), report the held-out half."""
     if not measurements:
         raise SpecError("no measured trial to calibrate on (only trials that ran with status ok count)")
+    measurements, skipped = usable(measurements)  # a caller that did not gather: the same bounds
+    if not measurements:
+        raise SpecError(f"no measurement left to calibrate on: all {len(skipped)} cannot be true (first: {skipped[0]})")
     start = start or load_calibration(None)
     fit_part, held = split(measurements, holdout)
     families = sorted({m.family for m in measurements})

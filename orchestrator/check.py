@@ -23,7 +23,7 @@ from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
 from orchestrator.spec import tracks_rejections
-from orchestrator.tracking import PROXY_PARAM, TRIAL_TAG, layout_params
+from orchestrator.tracking import PROXY_PARAM, TRIAL_TAG, layout_params, require_existing_store
 
 # result fields logged as metrics of the same name (step_time_s is a history, checked by its points' count)
 CHECKED_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
@@ -137,5 +137,6 @@ def check(storage: str, study_name: str | None, tracking_uri: str | None = None)
     problems = storage_problems(study)
     uri = tracking_uri or study.user_attrs.get("tracking_uri")
     if uri and uri.lower() != "none":
+        require_existing_store(uri)  # a store that is not there is refused, not created by reading it
         problems += tracking_problems(study, uri)
     return study, problems

@@ -6,8 +6,10 @@ Three renderings of the same layout:
 - `sbatch_script`: a ready Slurm launch (torchrun per node under srun, running pretrain_gpt.py).
 `layout_from_megatron_args` parses the flags back to a Layout (round trip).
 
-Every flag and field name exists in the installed megatron-core 0.19.2 (tests/test_export.py checks them against
-the config dataclasses and Megatron-LM's own argument parser). No torch or megatron import here.
+Values are spelled as each dimension's declaration says (search_spaces.layout: `megatron_values`, ...). Every
+flag, field name and value is checked against what consumes it: Megatron-LM's own argument parser and the
+megatron-core 0.19.2 config dataclasses (tests/test_export.py), Megatron-Bridge's override loading and the value
+sets Megatron-Core / Transformer Engine accept (tests/test_consumers.py). No torch or megatron import here.
 """
 
 from __future__ import annotations
@@ -22,13 +24,8 @@ import yaml
 from search_spaces.errors import SpecError
 from search_spaces.layout import BY_NAME, DIMENSIONS, Layout
 
-# Megatron's --fp8-recipe values are our precision names minus the "fp8-" prefix; delayed scaling is
-# usually run with the hybrid (e4m3 forward, e5m2 backward) format, the rest with e4m3.
-_FP8_RECIPE = {"fp8-tensorwise": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
-               "mxfp8": "mxfp8"}
-_PRECISION_OF_RECIPE = {v: k for k, v in _FP8_RECIPE.items()}
-# Our dispatcher names: the two DeepEP-style ones are Megatron's "flex" dispatcher with a backend.
-_FLEX_BACKENDS = ("deepep", "hybridep")
+# Megatron-LM flags whose name is not the config field's (`--field-name` otherwise).
+_LM_FLAG_OF_FIELD = {"fp8": "--fp8-format"}
 
 
 # ---- pieces shared by the renderings ---------------------------------------------------------------
@@ -45,11 +42,9 @@ def _cuda_graph_impl(layout: Layout) -> tuple[str, list[str]]:
     return "transformer_engine", graphs
 
 
-def _dispatcher(layout: Layout) -> tuple[str, str | None]:
-    """(moe_token_dispatcher_type, moe_flex_dispatcher_backend or None)."""
-    if layout.dispatcher in _FLEX_BACKENDS:
-        return "flex", layout.dispatcher
-    return layout.dispatcher, None
+def _megatron_fields(layout: Layout, name: str) -> dict[str, Any]:
+    """The Megatron-Core config fields of one dimension's value, as its declaration spells them."""
+    return BY_NAME[name].megatron_fields(getattr(layout, name))
 
 
 def _attr(model: Any, name: str, default: Any = None) -> Any:
@@ -82,17 +77,16 @@ def _graph_flags(layout: Layout) -> list[str]:
     return ["--cuda-graph-impl", impl] + (["--cuda-graph-modules", *modules] if modules else [])
 
 
-def _precision_flags(layout: Layout) -> list[str]:
-    argv = ["--bf16"] if layout.precision != "fp32" else []
-    if layout.precision in _FP8_RECIPE:
-        recipe = _FP8_RECIPE[layout.precision]
-        argv += ["--fp8-format", "hybrid" if recipe == "delayed" else "e4m3", "--fp8-recipe", recipe]
+def _field_flags(fields: dict[str, Any]) -> list[str]:
+    """Megatron-LM flags of Megatron-Core config fields: `--field-name value`, a true bool as the bare flag."""
+    argv: list[str] = []
+    for name, value in fields.items():
+        flag = _LM_FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
     return argv
-
-
-def _dispatcher_flags(layout: Layout) -> list[str]:
-    dispatcher, backend = _dispatcher(layout)
-    return ["--moe-token-dispatcher-type", dispatcher] + (["--moe-flex-dispatcher-backend", backend] if backend else [])
 
 
 def _full_recompute_only(name: str):
@@ -108,8 +102,8 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
     "recompute_method": _full_recompute_only("recompute_method"),
     "recompute_num_layers": _full_recompute_only("recompute_num_layers"),
     "cuda_graphs": _graph_flags,
-    "precision": _precision_flags,
-    "dispatcher": _dispatcher_flags,
+    "precision": lambda lay: _field_flags(_megatron_fields(lay, "precision")),
+    "dispatcher": lambda lay: _field_flags(_megatron_fields(lay, "dispatcher")),
     "optimizer_offload": lambda lay: (["--optimizer-cpu-offload", "--optimizer-offload-fraction",
                                        repr(lay.optimizer_offload)] if lay.optimizer_offload > 0 else []),
     "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
@@ -124,7 +118,7 @@ def layout_args(layout: Layout) -> list[str]:
     argv: list[str] = []
     for dim in DIMENSIONS:
         render = _LM_FLAGS.get(dim.name)
-        argv += render(layout) if render else [dim.megatron_lm, str(getattr(layout, dim.name))]
+        argv += render(layout) if render else [dim.megatron_lm, str(dim.megatron_value(getattr(layout, dim.name)))]
     return argv
 
 
@@ -298,12 +292,9 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         raise SpecError("cannot parse the Megatron arguments (a flag is missing its value?)") from None
     if ns.global_batch_size is None:
         raise SpecError("Megatron arguments lack --global-batch-size")
-    if ns.fp8_format:
-        precision = _PRECISION_OF_RECIPE.get(ns.fp8_recipe)
-        if precision is None:
-            raise SpecError(f"unsupported --fp8-recipe {ns.fp8_recipe!r}")
-    else:
-        precision = "bf16" if ns.bf16 else "fp32"
+    # Megatron reads --fp8-recipe only with an --fp8-format
+    precision = BY_NAME["precision"].from_megatron(
+        {"fp8_recipe": ns.fp8_recipe if ns.fp8_format else None, "fp8": ns.fp8_format, "bf16": ns.bf16})
     if ns.cuda_graph_impl == "full_iteration":
         graphs: list[str] = ["full_iteration"]
     elif ns.cuda_graph_impl in ("local", "transformer_engine"):
@@ -312,8 +303,8 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
             raise SpecError("whole-layer CUDA graphs (empty --cuda-graph-modules) are not a layout choice")
     else:
         graphs = []
-    dispatcher = (ns.moe_flex_dispatcher_backend if ns.moe_token_dispatcher_type == "flex"
-                  else ns.moe_token_dispatcher_type)
+    dispatcher = BY_NAME["dispatcher"].from_megatron({"moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
+                                                      "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend})
     if len(ns.cp_comm_type) != 1:
         raise SpecError("per-layer --cp-comm-type lists are not a layout choice")
     tp = ns.tensor_model_parallel_size
@@ -325,7 +316,7 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         mbs=ns.micro_batch_size, gbs=ns.global_batch_size,
         recompute=list(ns.recompute_modules or ["core_attn"]) if gran == "selective" else gran,
         cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
-        cp_comm_type=ns.cp_comm_type[0],
+        cp_comm_type=BY_NAME["cp_comm_type"].from_megatron({"cp_comm_type": ns.cp_comm_type[0]}),
         hierarchical_cp=tuple(ns.hierarchical_context_parallel_sizes or ()),
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
         distributed_optimizer=ns.use_distributed_optimizer,
@@ -351,18 +342,15 @@ def _bridge_graphs(layout: Layout) -> dict[str, Any]:
     return {"model.cuda_graph_impl": impl, **({"model.cuda_graph_modules": modules} if modules else {})}
 
 
+def _bridge_fields(name: str):
+    """A dimension's model fields (model.*) and the other ConfigContainer entries its value sets."""
+    dim = BY_NAME[name]
+    return lambda layout: {**{f"model.{k}": v for k, v in dim.megatron_fields(getattr(layout, name)).items()},
+                           **dim.bridge_extra.get(getattr(layout, name), {})}
+
+
 def _bridge_precision(layout: Layout) -> dict[str, Any]:
-    out: dict[str, Any] = {"model.bf16": layout.precision != "fp32", "optimizer.bf16": layout.precision != "fp32"}
-    if layout.precision in _FP8_RECIPE:
-        recipe = _FP8_RECIPE[layout.precision]
-        out.update({"model.fp8": "hybrid" if recipe == "delayed" else "e4m3", "model.fp8_recipe": recipe})
-    return out
-
-
-def _bridge_dispatcher(layout: Layout) -> dict[str, Any]:
-    dispatcher, backend = _dispatcher(layout)
-    return {"model.moe_token_dispatcher_type": dispatcher,
-            **({"model.moe_flex_dispatcher_backend": backend} if backend else {})}
+    return {**_bridge_fields("precision")(layout), "optimizer.bf16": layout.precision != "fp32"}
 
 
 def _bridge_full_only(name: str):
@@ -378,7 +366,7 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "recompute_num_layers": _bridge_full_only("recompute_num_layers"),
     "cuda_graphs": _bridge_graphs,
     "precision": _bridge_precision,
-    "dispatcher": _bridge_dispatcher,
+    "dispatcher": _bridge_fields("dispatcher"),
     "optimizer_offload": lambda lay: ({"optimizer.optimizer_cpu_offload": True,
                                        "optimizer.optimizer_offload_fraction": lay.optimizer_offload}
                                       if lay.optimizer_offload > 0 else {}),
@@ -389,19 +377,24 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
 }
 
 
-def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[str, dict[str, Any]]:
-    """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.*; one
-    rendering per dimension of the registry; with `model`, also its layer kinds (`family_fields`)."""
+def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[str, Any]:
+    """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.* and
+    mixed_precision (a Bridge recipe name: it is applied over model.* at run time); one rendering per
+    dimension of the registry; with `model`, also its layer kinds (`family_fields`)."""
     family = family_fields(model) if model is not None else {}
     if "linear_attention_freq" in family:  # Bridge takes the Python value, not Megatron-LM's string
         family["linear_attention_freq"] = _pattern_value(family["linear_attention_freq"])
     if "window_attn_skip_freq" in family:
         family["window_attn_skip_freq"] = _pattern_value(family["window_attn_skip_freq"])
-    out: dict[str, dict[str, Any]] = {"model": family, "train": {}, "optimizer": {}, "ddp": {},
+    out: dict[str, Any] = {"model": family, "train": {}, "optimizer": {}, "ddp": {},
                                       "dataset": {"sequence_length": int(seq_len)}}
     for dim in DIMENSIONS:
         render = _BRIDGE.get(dim.name)
-        for path, value in (render(layout) if render else {dim.megatron: getattr(layout, dim.name)}).items():
+        for path, value in (render(layout) if render else
+                            {dim.megatron: dim.megatron_value(getattr(layout, dim.name))}).items():
+            if "." not in path:  # a ConfigContainer entry of its own (the mixed-precision recipe)
+                out[path] = value
+                continue
             section, name = path.split(".", 1)
             out[section][name] = value
     return out

@@ -29,7 +29,7 @@ from search_spaces.errors import SpecError
 
 from orchestrator.errors import TrackingError
 from orchestrator.redact import redact_uri
-from orchestrator.tracking import (PARENT_TAG, check_sqlite_store, mark_training_experiment, runs_page_url,
+from orchestrator.tracking import (PARENT_TAG, mark_training_experiment, require_existing_store, runs_page_url,
                                    unusable)
 
 HOST = "127.0.0.1"
@@ -90,7 +90,7 @@ def _say(*args: object, **kwargs: object) -> None:
 def open_sweep(tracking_uri: str, study: str | None) -> Experiment:
     """The sweep's experiment in the store, tagged for the model-training view; one line when the store
     cannot be used or holds no such sweep."""
-    check_sqlite_store(tracking_uri, must_exist=True)  # reading a missing file would create an empty store
+    require_existing_store(tracking_uri)  # opening a missing store would create an empty one
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         experiment = _find(client, tracking_uri, study)

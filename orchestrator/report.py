@@ -11,7 +11,6 @@ written and the PNGs are skipped with a note saying why.
 from __future__ import annotations
 
 import contextlib
-import html
 import math
 import os
 import warnings
@@ -19,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import jinja2
 import optuna
 import plotly.graph_objects as go
+from markupsafe import Markup
 from plotly.subplots import make_subplots
 
 from search_spaces.memory import COUNT_KEYS, PEAK_KEYS
@@ -33,6 +34,9 @@ _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invali
 PNG_SIZE = (1000, 500)  # width, height in pixels
 # plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
 _HOVER_FORMAT = ",.4~r"
+# the page: a packaged template, every value escaped but plotly's own figure HTML; a missing value is an error
+_PAGE = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"), autoescape=True,
+                           undefined=jinja2.StrictUndefined).get_template("report.html.j2")
 
 
 @dataclass
@@ -295,20 +299,18 @@ def _cell(value: Any) -> str:
     return sig(float(value)) if _num(value) is not None else ""
 
 
-def _table(trials: list[TrialView], limit: int = 50) -> str:
+_TABLE_HEAD = ("trial", "status", "layout", "fidelity", "tokens/s/GPU", "peak GiB", "backend", "reason")
+
+
+def _table_rows(trials: list[TrialView], limit: int = 50) -> list[tuple]:
     rows = sorted(trials, key=lambda v: (v.status != "ok", -(_num(v.tokens_per_sec_per_gpu) or 0)))[:limit]
-    cells = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            v.number, v.status, v.layout.key() if v.layout else "", v.fidelity, _cell(v.tokens_per_sec_per_gpu),
-            _cell(v.peak_memory_gib), v.backend, v.reason or "")) + "</tr>" for v in rows)
-    head = "".join(f"<th>{h}</th>" for h in ("trial", "status", "layout", "fidelity", "tokens/s/GPU", "peak GiB",
-                                              "backend", "reason"))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>"
+    return [(v.number, v.status, v.layout.key() if v.layout else "", v.fidelity, _cell(v.tokens_per_sec_per_gpu),
+             _cell(v.peak_memory_gib), v.backend, v.reason or "") for v in rows]
 
 
-def _winner_line(winner: TrialView | None) -> str:
+def _winner(winner: TrialView | None) -> dict[str, str] | None:
     if winner is None:
-        return "<p><b>No trial succeeded and fits.</b></p>"
+        return None
     pred = winner.prediction
 
     def numbers(tps: Any, peak: Any) -> str:
@@ -317,14 +319,13 @@ def _winner_line(winner: TrialView | None) -> str:
     line = numbers(winner.tokens_per_sec_per_gpu, winner.peak_memory_gib)
     if _num(pred.get("tokens_per_sec_per_gpu")) is not None or _num(pred.get("peak_memory_gib")) is not None:
         line += f" (predicted {numbers(pred.get('tokens_per_sec_per_gpu'), pred.get('peak_memory_gib'))})"
-    return f"<p><b>Winner:</b> {html.escape(_label(winner))} — {html.escape(line)}</p>"
+    return {"label": _label(winner), "line": line}
 
 
-def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> str:
-    div = fig.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{name}")
-    image = (f'<details><summary>static image ({png.name})</summary>'
-             f'<img class="png" alt="{name}" src="{png.name}"></details>' if png else "")
-    return f'<section id="{name}"><h2>{name.replace("_", " ")}</h2>{div}{image}</section>'
+def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> dict[str, Any]:
+    # plotly's own HTML goes in as it is (Markup); every other value the template escapes
+    div = Markup(fig.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{name}"))
+    return {"name": name, "div": div, "png": png.name if png else None}
 
 
 def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
@@ -343,20 +344,10 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
     title = f"moe-autotune report: {study.study_name}"
     summary = (f"model {attrs.get('model')} · seq_len {attrs.get('seq_len')} · {attrs.get('num_gpus')}× "
                f"{attrs.get('gpu')} · backend {attrs.get('backend')} · {len(trials)} trials")
-    skipped = f"<p><i>Static PNGs not written: {html.escape(png_note)}.</i></p>" if png_note and pngs else ""
-    lead = headline(study, trials, winner)
-    sections = "".join(_section(name, fig, i == 0, pngs_written.get(name))
-                       for i, (name, fig) in enumerate(figs.items()))
-    page = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} img.png{{max-width:48%;border:1px solid #ddd}}
-table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:2px 6px}}</style>
-</head><body>
-<h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>{_winner_line(winner)}{lead}{skipped}
-{sections}
-<section id="trials"><h2>trials</h2>{_table(trials)}</section>
-</body></html>
-"""
+    page = _PAGE.render(
+        title=title, summary=summary, winner=_winner(winner), headline=headline(study, trials, winner),
+        png_note=png_note if png_note and pngs else None, table_head=_TABLE_HEAD, table_rows=_table_rows(trials),
+        sections=[_section(name, fig, i == 0, pngs_written.get(name)) for i, (name, fig) in enumerate(figs.items())])
     html_path = out / "report.html"
     html_path.write_text(page, encoding="utf-8")
     return Report(html_path, pngs_written, winner, png_note)
@@ -406,7 +397,8 @@ def _family_figure(rows: list[dict[str, Any]]) -> go.Figure:
 
 
 def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> str:
-    """What the winner saves against the first rule of thumb, the time and money to train, the sweep's spend."""
+    """What the winner saves against the first rule of thumb, the time and money to train, the sweep's spend
+    (plain text; empty when there is nothing to say)."""
     from orchestrator.economics import cost_of, money, sweep_spend, to_train
 
     parts = []
@@ -432,4 +424,4 @@ def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | N
         full = (f"; at full size the same trials would have used {sig(spend['full_size_gpu_hours'])} GPU-hours"
                 if spend["full_size_gpu_hours"] > spend["gpu_hours"] * 1.001 else "")
         parts.append(f"The sweep used {sig(spend['gpu_hours'])} GPU-hours{usd}{full}.")
-    return f"<p>{html.escape(' '.join(parts))}</p>" if parts else ""
+    return " ".join(parts)

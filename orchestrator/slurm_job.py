@@ -2,13 +2,16 @@
 
 Every value that reaches the script is validated here (pydantic) and then either checked against a strict
 pattern (`#SBATCH` lines, which sbatch parses itself) or shell-quoted with shlex.quote (the script body).
-Submission runs `sbatch` with an argv list; nothing goes through a shell.
+Submission runs `sbatch` with an argv list; nothing goes through a shell. The template is package data
+(orchestrator/templates/ray-sweep.sbatch.j2), read through importlib.resources so that an installed wheel
+renders it as a source checkout does.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 import shlex
 import shutil
 import subprocess
@@ -17,19 +20,22 @@ import time
 from pathlib import Path
 from typing import Literal
 
+import jinja2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from search_spaces.errors import SpecError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO_ROOT / "slurm" / "ray-sweep.sbatch.tmpl"
+TEMPLATE = "ray-sweep.sbatch.j2"  # in the package's templates/ folder
 
 # `#SBATCH` values are parsed by sbatch, not a shell: allow only plain tokens.
 _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9._:,/@%+=\-\[\]]+$")
 _EXTRA_SBATCH = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9._:,/@%+=\-\[\]]+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# A value the template names but the renderer does not give is an error, never an empty string. Bash's
+# `${#ARRAY[@]}` opens Jinja's default comment `{#`, so comments take a delimiter bash never writes.
+_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                            comment_start_string="{##", comment_end_string="##}")
 
 
 class SlurmSettings(BaseModel):
@@ -183,9 +189,15 @@ def _directives(s: SlurmSettings) -> list[str]:
     return ["#SBATCH " + line for line in lines]
 
 
+def template_text(name: str = TEMPLATE) -> str:
+    """A template shipped inside the package (a wheel's site-packages or the source tree alike)."""
+    return resources.files("orchestrator").joinpath("templates", name).read_text(encoding="utf-8")
+
+
 def render(settings: SlurmSettings, driver: list[str], link: list[str] | None = None,
-           template: str | Path = TEMPLATE) -> str:
-    """The batch script text. `driver` and `link` are argv lists (quoted here)."""
+           template: str = TEMPLATE) -> str:
+    """The batch script text. `driver` and `link` are argv lists (quoted here); `template` names a file of
+    the package's templates/ folder."""
     venv_activate = ""
     if settings.venv:
         venv = Path(settings.venv)
@@ -206,11 +218,7 @@ def render(settings: SlurmSettings, driver: list[str], link: list[str] | None = 
         "driver_argv": " ".join(shlex.quote(a) for a in driver),
         "link_argv": " ".join(shlex.quote(a) for a in (link or [])),
     }
-    text = Path(template).read_text()
-    missing = set(_PLACEHOLDER.findall(text)) - set(values)
-    if missing:
-        raise SpecError(f"template {template} has unknown placeholders: {', '.join(sorted(missing))}")
-    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+    return _JINJA.from_string(template_text(template)).render(values)
 
 
 def submit(script: str, workdir: str | Path, job_name: str = "moe-autotune", wait: bool = False,

@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search_spaces.errors import SpecError
-from search_spaces.inputs import read_text_file
+from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
+                                  check_name, read_text_file)
 from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
@@ -25,8 +26,6 @@ WHAT_IF_BACKENDS = ("analytic", "replay")
 # budget, the search and its seed, where MLflow or Ray live, timeouts ... may change between runs).
 SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", "model_overrides", "backend",
                     "replay_table")
-# Names end up in paths, MLflow and argv: keep them plain.
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_SEED = 2 ** 32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32 - 1]
 
 
@@ -47,9 +46,9 @@ class Budget(_Strict):
 
 
 class ModelOverrides(_Strict):
-    num_layers: int | None = Field(None, ge=1, strict=True)
+    num_layers: int | None = Field(None, ge=1, le=MAX_LAYERS, strict=True)
     """Fewer (or more) decoder layers than the catalog model: a smaller model for CPU runs."""
-    hidden_size: int | None = Field(None, ge=1, strict=True)
+    hidden_size: int | None = Field(None, ge=1, le=MAX_MODEL_WIDTH, strict=True)
     """Another width than the catalog model (heads and head_dim kept)."""
 
 
@@ -65,18 +64,18 @@ class SweepSpec(_Strict):
     """The study's name (Optuna) and the MLflow experiment's; letters, digits, '.', '_', '-'."""
     model: str = "tiny-moe"
     """A catalog model (search_spaces/catalog/models) or the path of a Hugging Face config.json."""
-    seq_len: int = Field(4096, ge=1, strict=True)
+    seq_len: int = Field(4096, ge=1, le=MAX_SEQ_LEN, strict=True)
     """Tokens per sequence. A list (`seq_len: [32768, 65536]`) is a length family: one sub-sweep per length, in
     order, each seeded from the previous length's best layouts (it is stored in `lengths`)."""
     lengths: list[int] | None = None
     """The lengths of a length family (set from a seq_len list); None for one length."""
     gpu: str = "h100"
     """The GPU (hardware catalog: h100 h200 b200 b300 gb200 gb300, or cpu for the CPU trainer)."""
-    nodes: int = Field(1, ge=1, strict=True)
+    nodes: int = Field(1, ge=1, le=MAX_GPUS, strict=True)
     """Nodes of the target cluster (the layouts are for nodes x gpus_per_node GPUs)."""
-    gpus_per_node: int = Field(8, ge=1, strict=True)
+    gpus_per_node: int = Field(8, ge=1, le=MAX_GPUS_PER_NODE, strict=True)
     """GPUs per node (CPU ranks on cpu)."""
-    gbs: int | None = Field(None, ge=1, strict=True)
+    gbs: int | None = Field(None, ge=1, le=MAX_GBS, strict=True)
     """Global batch in sequences; default ~16M tokens per step (8 sequences on cpu)."""
     free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
     """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values."""
@@ -120,7 +119,7 @@ class SweepSpec(_Strict):
     fidelity: Literal["auto", "full", "proxy"] = "auto"
     """full: every trial at the target size; proxy: on the fewest GPUs that reproduce its per-GPU work,
     composed back to full size (search_spaces/proxy.py); auto: full when it fits in trial_gpus."""
-    trial_gpus: int | None = Field(None, ge=1, strict=True)
+    trial_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, strict=True)
     """The most GPUs one trial may use (default: the whole target cluster); sizes the Slurm allocation."""
     cost: Cost = Field(default_factory=Cost)
     """Dollars per GPU-hour and the tokens to train: the time and money per layout and for the sweep."""
@@ -150,18 +149,23 @@ class SweepSpec(_Strict):
         if isinstance(data, dict) and isinstance(data.get("seq_len"), list):
             data = dict(data)
             lengths = data.pop("seq_len")
-            if not lengths or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in lengths):
-                raise ValueError(f"seq_len: a length family is a list of positive integers, got {lengths!r}")
+            if not lengths or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_SEQ_LEN
+                                      for x in lengths):
+                raise ValueError(f"seq_len: a length family is a list of integers in [1, {MAX_SEQ_LEN}], got "
+                                 f"{_short(lengths)}")
             if lengths != sorted(set(lengths)):
                 raise ValueError(f"seq_len: a length family runs shortest first, each length once, got {lengths!r}")
             data.update(seq_len=lengths[0], lengths=lengths if len(lengths) > 1 else None)
         return data
 
-    @field_validator("name")
+    @field_validator("name", "experiment")
     @classmethod
-    def _plain_name(cls, value: str) -> str:
-        if not _SAFE_NAME.match(value):
-            raise ValueError(f"{value!r} must be letters, digits, '.', '_' or '-' (no spaces or shell characters)")
+    def _plain_name(cls, value: str | None, info) -> str | None:  # noqa: ANN001 (pydantic's ValidationInfo)
+        if value is not None:
+            try:
+                check_name(value, info.field_name)  # the one rule for names (search_spaces/inputs.py)
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("model", "gpu", "trainer_module")
@@ -185,7 +189,10 @@ class SweepSpec(_Strict):
         for key in value:
             if key not in FIELD_NAMES:
                 raise ValueError(f"unknown layout field {key!r}; allowed: {', '.join(FIELD_NAMES)}")
-            BY_NAME[key].parse(value[key])  # SpecError names a bad value
+            parsed = BY_NAME[key].parse(value[key])  # SpecError names a bad value
+            limit = MAX_GBS if key == "gbs" else MAX_GPUS  # a size no cluster has would only make loops long
+            if type(parsed) is int and parsed > limit:
+                raise ValueError(f"layout field {key} must be <= {limit:,}, got {_short(parsed)}")
         return value
 
     @field_validator("objectives")
@@ -197,6 +204,9 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "SweepSpec":
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"nodes x gpus_per_node ({self.nodes} x {self.gpus_per_node} = {self.num_gpus:,}) is "
+                             f"more than {MAX_GPUS:,} GPUs (2**20), more than any cluster has")
         if self.warmup >= self.steps:
             raise ValueError(f"warmup ({self.warmup}) must be smaller than steps ({self.steps})")
         if self.backend == "replay" and not self.replay_table:
@@ -270,7 +280,7 @@ class _Refused(Exception):
 class _SpecLoader(yaml.SafeLoader):
     """SafeLoader that refuses anchors and aliases (a spec has no use for them, and nested aliases are a
     "billion laughs" bomb) before any object is built, and duplicate keys at any depth (YAML would let
-    the last one win silently)."""
+    the last one win silently); numbers are read as YAML 1.2 writes them (see below)."""
 
     def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
         event = self.peek_event()
@@ -294,6 +304,15 @@ class _SpecLoader(yaml.SafeLoader):
                 raise _Refused(f"duplicate key {key!r} at line {line} (first at line {first})")
             seen[key] = line
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML's schema) reads `1e12` and `1.0e12` as strings: a float needs a dot and a signed exponent.
+# YAML 1.2's core schema, what users write (the README's `train_tokens: 1.0e12`), makes them floats. The
+# resolver is added to the spec loader only (not to yaml.SafeLoader), and after PyYAML's own: what YAML 1.1
+# already reads as a number, a bool or a string keeps its meaning. The field types then decide: a float where
+# an integer is wanted (`nodes: 1e3`) is still refused, as `nodes: 1.7` is.
+YAML12_FLOAT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+.0123456789"))
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
@@ -334,6 +353,8 @@ _SHOW_INPUT = {"int_from_float", "int_parsing", "finite_number", "greater_than",
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
     text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -29,14 +29,12 @@ from search_spaces.layout import Layout
 from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import sqlite_tuning
-from orchestrator.backends.replay import CONTEXT_COLUMNS, LAYOUT_COLUMNS, NUMBER_COLUMNS, TABLE_COLUMNS
+from orchestrator.backends.replay import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS,
+                                         TABLE_COLUMNS)
 from orchestrator.errors import StorageError, StorageFull
 from orchestrator.redact import redact_uri
 
 DIRECTIONS = ["maximize", "minimize"]
-# leaderboard columns beyond the replay table's (a replay table read back skips them)
-LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
-                     "train_days", "train_usd", "reason", "mlflow_run_id")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -126,8 +124,18 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
     return study, name in existing
 
 
+def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
+    """The storage a read-only command names (status, check, export, report, promote, calibrate): it must
+    already hold Optuna's tables; a missing sqlite file or an empty database is one line, and none is created."""
+    from orchestrator.stores import OPTUNA_TABLE, require_existing
+
+    require_existing(url, OPTUNA_TABLE, "Optuna storage", "run a sweep first, or pass --storage")
+    return open_storage(url)
+
+
 def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
-    store = open_storage(storage)
+    """A study of an existing storage (the newest when unnamed); a SpecError naming what is missing."""
+    store = open_existing_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if study_name is None:
         if not names:
@@ -140,7 +148,7 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
 
 def family_members(storage: str, name: str) -> list[optuna.Study]:
     """The studies of length family `name` (one per sequence length), shortest first; [] when it is none."""
-    store = open_storage(storage)
+    store = open_existing_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)
              if s.user_attrs.get("family") == name and s.study_name != name]
     members = [optuna.load_study(study_name=n, storage=store) for n in names]

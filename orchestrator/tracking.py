@@ -70,6 +70,22 @@ def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
                             f"{str(target)!r} is not writable")
 
 
+def require_existing_store(tracking_uri: str) -> None:
+    """The MLflow store a read-only command reads (check, ui, export, calibrate, report, promote --rollback) must
+    already exist: MLflow would create a missing SQLite file, the schema of an empty database, or a file store's
+    folder just by opening it. One SpecError line instead (orchestrator/stores.py); a server is left to answer."""
+    from urllib.parse import urlsplit
+
+    from orchestrator.stores import MLFLOW_TABLE, require_existing, require_file_store
+
+    hint = "run a sweep with tracking first, or pass --tracking-uri"
+    scheme = urlsplit(tracking_uri).scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and tracking_uri[1:3] in (":\\", ":/")):  # a path
+        require_file_store(tracking_uri, "MLflow store", hint)
+    else:
+        require_existing(tracking_uri, MLFLOW_TABLE, "MLflow store", hint)
+
+
 def unusable(tracking_uri: str, exc: Exception) -> TrackingError:
     """One line naming the store and why it cannot be used."""
     # redact before cutting: a cut could split a password from its '@'

@@ -4,7 +4,7 @@ A `Measurement` is one measured (model, GPU, GPUs, length, Layout) -> tokens/s/G
 a published row (search_spaces.reference), a measured sweep trial (orchestrator/calibrate.py reads Optuna and
 MLflow), or a replay-table row. `fit()` finds the per-GPU-family constants (`FAMILY_PARAMETERS`) that minimise
 the mean |log(predicted / measured)| tokens/s over the measurements it is given, within physical bounds, with a
-bounded Nelder-Mead in log space (pure Python). A calibration file holds the fitted constants (and what they
+bounded Nelder-Mead in log space (scipy.optimize). A calibration file holds the fitted constants (and what they
 were fitted on); `load_calibration(path)` lays them over the packaged calibration, and `estimate`, `space` and
 the sweep's prior take the result as `cal`. The cost model never reads a store: the calibration is handed in.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from search_spaces.errors import SpecError
+from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
 from search_spaces.inputs import read_text_file
 from search_spaces.layout import Layout
@@ -102,6 +102,37 @@ class Measurement:
         return cls(**{**data, "layout": Layout.from_dict(data["layout"])})
 
 
+# ---- measurements that cannot be true -------------------------------------------------------------------------
+def measurement_problems(m: Measurement) -> list[str]:
+    """Why a measurement cannot be true (the bounds of search_spaces.validation: finite, positive, within the
+    GPU's peak and capacity); empty when it can. Nothing that fails here feeds a calibration."""
+    from search_spaces.result import TrialResult
+    from search_spaces.validation import problems
+
+    claimed = {k: getattr(m, k) for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
+               if getattr(m, k) is not None}
+    if not (claimed.get("tokens_per_sec_per_gpu") or claimed.get("tflops_per_gpu")):
+        return ["neither tokens/s nor TF/s was measured"]
+    try:
+        gpu, model = load_gpu(m.gpu), m.spec()
+    except (MoeAutotuneError, OSError, ValueError) as exc:
+        return [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+    return problems(TrialResult(status="ok", **claimed), m.layout, gpu, model=model, seq_len=m.seq_len,
+                    num_gpus=m.num_gpus)
+
+
+def usable(measurements: Iterable[Measurement]) -> tuple[list[Measurement], list[str]]:
+    """(the measurements that can be true, "source: reason" of each that cannot)."""
+    kept, skipped = [], []
+    for m in measurements:
+        reasons = measurement_problems(m)
+        if reasons:
+            skipped.append(f"{m.source or m.model}: {'; '.join(reasons)}")
+        else:
+            kept.append(m)
+    return kept, skipped
+
+
 # ---- predictions and errors -----------------------------------------------------------------------------------
 def predict_tokens(m: Measurement, cal: dict) -> float | None:
     """Predicted tokens/s/GPU of a measurement's layout under `cal`; None when the layout breaks a rule."""
@@ -176,42 +207,18 @@ def parameters_for(families: Iterable[str], shared: bool = False) -> list[tuple[
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float = 0.3,
-                tol: float = FIT_TOLERANCE, max_evals: int = FIT_MAX_EVALUATIONS) -> tuple[list[float], float, int]:
-    """Minimise f from x0 (standard reflection/expansion/contraction/shrink); returns (x, f(x), evaluations)."""
+                tol: float = FIT_TOLERANCE, max_evals: int = FIT_MAX_EVALUATIONS,
+                bounds: list[tuple[float, float]] | None = None) -> tuple[list[float], float, int]:
+    """Minimise f from x0 with scipy's Nelder-Mead (a simplex of `step` along each axis, stopping when its
+    losses differ by less than `tol` or after `max_evals`); returns (x, f(x), evaluations)."""
+    from scipy.optimize import minimize  # only a fit needs it: estimate, space and the sweep never fit
+
     n = len(x0)
     simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
-    values = [f(x) for x in simplex]
-    evals = n + 1
-    while evals < max_evals:
-        order = sorted(range(n + 1), key=values.__getitem__)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < tol:
-            break
-        centre = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
-        def towards(t: float) -> list[float]:
-            return [c + t * (w - c) for c, w in zip(centre, simplex[-1])]
-        reflected = towards(-1.0)
-        fr = f(reflected)
-        evals += 1
-        if fr < values[0]:
-            expanded = towards(-2.0)
-            fe = f(expanded)
-            evals += 1
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = towards(0.5 if fr >= values[-1] else -0.5)
-            fc = f(contracted)
-            evals += 1
-            if fc < min(fr, values[-1]):
-                simplex[-1], values[-1] = contracted, fc
-            else:  # shrink towards the best
-                simplex = [simplex[0]] + [[b + 0.5 * (x - b) for b, x in zip(simplex[0], p)] for p in simplex[1:]]
-                values = [values[0]] + [f(p) for p in simplex[1:]]
-                evals += n
-    best = min(range(n + 1), key=values.__getitem__)
-    return simplex[best], values[best], evals
+    found = minimize(lambda x: f(list(x)), x0, method="Nelder-Mead", bounds=bounds,
+                     options={"initial_simplex": simplex, "fatol": tol, "xatol": math.inf,
+                              "maxfev": max(max_evals, n + 1)})
+    return [float(v) for v in found.x], float(found.fun), int(found.nfev)
 
 
 def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], float, float]],

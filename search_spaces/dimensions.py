@@ -34,6 +34,14 @@ class Dimension:
     flag: str  # the flag of `moe-autotune estimate` and `python -m trainers.megatron_moe`
     megatron: str | None = None  # Megatron-Bridge ConfigContainer path (model.* is Megatron-Core's TransformerConfig)
     megatron_lm: str | None = None  # Megatron-LM (pretrain_gpt.py) flag
+    # How Megatron-Core / Transformer Engine spell each value in the `megatron` field, where that is not our
+    # spelling (None: the field is left unset). The one home of these spellings: the trainer's configs and
+    # every export read them through `megatron_fields`.
+    megatron_values: dict[str, Any] = field(default_factory=dict)
+    # Further Megatron-Core config fields (TransformerConfig names) a value sets, beside the `megatron` one.
+    megatron_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Megatron-Bridge ConfigContainer entries a value sets outside its model (e.g. a mixed-precision recipe).
+    bridge_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     searchable: bool = False  # a sweep may vary it (spec `free`) and it is a search parameter
     parallel: bool = False  # a parallel size the trainer reports back as applied
     choices: tuple[str, ...] = ()  # legal values of a choice or modules dimension
@@ -98,6 +106,35 @@ class Dimension:
                 return False
             raise SpecError(f"layout field {self.name} must be true or false, got {text!r}")
         return self.parse(raw.replace(";", ","))
+
+    # ---- Megatron spellings -------------------------------------------------------------------------
+    def megatron_value(self, value: Any) -> Any:
+        """A canonical value as Megatron-Core spells it in the `megatron` field (names mapped one by one)."""
+        if self.kind == "modules":
+            return [self.megatron_values.get(v, v) for v in value]
+        if self.kind == "choice":
+            return self.megatron_values.get(value, value)
+        return value
+
+    def megatron_fields(self, value: Any) -> dict[str, Any]:
+        """The Megatron-Core config fields (by their TransformerConfig name) a choice value sets; a field
+        spelled None is left out (Megatron's default)."""
+        fields = {self.megatron.rsplit(".", 1)[-1]: self.megatron_value(value), **self.megatron_extra.get(value, {})}
+        return {k: v for k, v in fields.items() if v is not None}
+
+    def from_megatron(self, fields: dict[str, Any]) -> Any:
+        """The choice value Megatron-Core config `fields` spell (the inverse of `megatron_fields`): the one
+        whose spelling of the `megatron` field (missing or None: unset) and whose further fields all match,
+        or a SpecError naming the Megatron spelling."""
+        name = self.megatron.rsplit(".", 1)[-1]
+        for value in self.choices:
+            if self.megatron_value(value) == fields.get(name) and all(
+                    fields.get(k) == v for k, v in self.megatron_extra.get(value, {}).items()):
+                return value
+        shown = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v is not None) or "nothing set"
+        raise SpecError(f"no {self.name} is spelled {shown} in Megatron; allowed: "
+                        + "; ".join(", ".join(f"{k}={v!r}" for k, v in self.megatron_fields(c).items()) or c
+                                    for c in self.choices))
 
     def values_text(self) -> str:
         """The legal values in words, for help texts and errors."""

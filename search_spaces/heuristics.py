@@ -20,7 +20,7 @@ from search_spaces.layout import Layout, distinct
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.pipeline import placement
 from search_spaces.rules import a2a_heads_divide, check
-from search_spaces.space import default_gbs, recompute_options
+from search_spaces.space import default_gbs, divisors, recompute_options
 
 
 def _pow2_floor(x: float) -> int:
@@ -132,8 +132,7 @@ def _ep_options(model: ModelSpec, gpu: GPUSpec, num_gpus: int, tp: int, pp: int)
     """Rule 8: the largest EP inside the NVLink domain (with TP), then the next larger one across it."""
     if not model.is_moe:
         return [1]
-    divs = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0
-            and num_gpus % (d * pp) == 0]
+    divs = [d for d in divisors(model.num_experts, upto=num_gpus) if num_gpus % (d * pp) == 0]
     inside = [d for d in divs if d * tp <= gpu.nvlink_domain]
     outside = [d for d in divs if d * tp > gpu.nvlink_domain]
     out = ([max(inside)] if inside else []) + outside[:3]

@@ -30,6 +30,26 @@ PRECISION_ALIASES = {"fp8": "fp8-blockwise", "fp8-block": "fp8-blockwise", "fp8-
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 
+# How Megatron-Core, Transformer Engine and Megatron-Bridge spell the values (tests/test_consumers.py checks
+# them against the installed packages). FP8 formats and mixed-precision recipes as Megatron-Bridge's own
+# recipes pair them (megatron.bridge.training.mixed_precision): hybrid (e4m3 forward, e5m2 backward) but
+# for MXFP8. A Bridge recipe's mixed_precision is applied over the model's fields at run time, so the
+# precision must be named there too.
+_FP8 = {"fp8-tensorwise": ("tensorwise", "hybrid", "bf16_with_fp8_current_scaling_mixed"),
+        "fp8-delayed": ("delayed", "hybrid", "bf16_with_fp8_delayed_scaling_mixed"),
+        "fp8-blockwise": ("blockwise", "hybrid", "bf16_with_fp8_subchannel_scaling_mixed"),
+        "mxfp8": ("mxfp8", "e4m3", "bf16_with_mxfp8_mixed")}
+PRECISION_MEGATRON = dict(
+    megatron_values={"fp32": None, "bf16": None, **{p: recipe for p, (recipe, _, _) in _FP8.items()}},
+    megatron_extra={"fp32": {"bf16": False}, "bf16": {"bf16": True},
+                    **{p: {"bf16": True, "fp8": fmt} for p, (_, fmt, _) in _FP8.items()}},
+    bridge_extra={"fp32": {"mixed_precision": None}, "bf16": {"mixed_precision": "bf16_mixed"},
+                  **{p: {"mixed_precision": mixed} for p, (_, _, mixed) in _FP8.items()}})
+# The DeepEP-style dispatchers are Megatron's "flex" dispatcher with a backend.
+DISPATCHER_MEGATRON = dict(megatron_values={"deepep": "flex", "hybridep": "flex"},
+                           megatron_extra={b: {"moe_flex_dispatcher_backend": b} for b in ("deepep", "hybridep")})
+CP_COMM_MEGATRON = dict(megatron_values={"allgather": "all_gather"})  # Transformer Engine's name
+
 
 def _size(doc: str, flag: str, megatron: str, megatron_lm: str, searchable: bool = True,
           parallel: bool = True) -> Any:
@@ -60,7 +80,7 @@ class Layout:
     precision: str = dimension(
         "bf16", "GEMM precision: fp32 (CPU only), bf16, an fp8 recipe or mxfp8 (Blackwell)", kind="choice",
         flag="--precision", megatron="model.fp8_recipe", megatron_lm="--fp8-recipe", searchable=True,
-        choices=PRECISIONS, aliases=PRECISION_ALIASES)
+        choices=PRECISIONS, aliases=PRECISION_ALIASES, **PRECISION_MEGATRON)
     recompute: str = dimension(
         "none", "activation recompute: none, full (whole layers) or the modules recomputed selectively",
         kind="recompute", flag="--recompute", megatron="model.recompute_modules", megatron_lm="--recompute-modules",
@@ -79,11 +99,11 @@ class Layout:
     dispatcher: str = dimension(
         "alltoall", "MoE token dispatcher: alltoall, allgather, or the flex dispatcher with DeepEP / HybridEP",
         kind="choice", flag="--dispatcher", megatron="model.moe_token_dispatcher_type",
-        megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS)
+        megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS, **DISPATCHER_MEGATRON)
     cp_comm_type: str = dimension(
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
         "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
-        megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES)
+        megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES, **CP_COMM_MEGATRON)
     hierarchical_cp: tuple[int, ...] = dimension(
         (), "a2a+p2p only: the CP group sizes per level, a2a (inner, consecutive CP ranks) then p2p (outer); "
         "their product is CP (Megatron's hierarchical_context_parallel_sizes); none otherwise", kind="sizes",

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from search_spaces.errors import SpecError
-from search_spaces.inputs import read_text_file
+from search_spaces.inputs import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_MTP_LAYERS, check_size,
+                                  read_text_file)
 
 CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(p.stem for p in CATALOG_DIR.glob("*.json")))
@@ -174,14 +175,10 @@ class ModelSpec:
         """A smaller/larger copy (for CPU runs): layers and width; head counts and head_dim are kept."""
         changes: dict[str, Any] = {}
         if num_layers is not None:
-            if int(num_layers) < 1:
-                raise SpecError(f"num_layers must be >= 1, got {num_layers}")
-            changes["num_layers"] = int(num_layers)
+            changes["num_layers"] = check_size(num_layers, "num_layers", MAX_LAYERS)
             changes["first_k_dense"] = min(self.first_k_dense, int(num_layers) - 1) if self.is_moe else 0
         if hidden_size is not None:
-            if int(hidden_size) < 1:
-                raise SpecError(f"hidden_size must be >= 1, got {hidden_size}")
-            changes["hidden_size"] = int(hidden_size)
+            changes["hidden_size"] = check_size(hidden_size, "hidden_size", MAX_MODEL_WIDTH)
         if not changes:
             return self
         return dataclasses.replace(self, **changes)
@@ -207,8 +204,8 @@ class _Fields:
     def fail(self, why: str) -> SpecError:
         return SpecError(f"model config {self.source!r}: {why}")
 
-    def integer(self, *names: str, default: int = 0, minimum: int = 0) -> int:
-        """The first of `names` that is set (not null): an integer (not bool/float/str) >= minimum."""
+    def integer(self, *names: str, default: int = 0, minimum: int = 0, maximum: int = MAX_MODEL_WIDTH) -> int:
+        """The first of `names` that is set (not null): an integer (not bool/float/str) in [minimum, maximum]."""
         for n in names:
             value = self.cfg.get(n)
             if value is None:
@@ -216,14 +213,16 @@ class _Fields:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise self.fail(f"field {n} must be an integer, got {_show(value)}")
             if value < minimum:
-                raise self.fail(f"field {n} must be >= {minimum}, got {value}")
+                raise self.fail(f"field {n} must be >= {minimum}, got {_show(value)}")
+            if value > maximum:  # the ranges of search_spaces/inputs.py: enumerations stay bounded
+                raise self.fail(f"field {n} must be <= {maximum:,}, got {_show(value)}")
             return value
         return default
 
-    def required(self, name: str) -> int:
+    def required(self, name: str, maximum: int = MAX_MODEL_WIDTH) -> int:
         if self.cfg.get(name) is None:
             raise self.fail(f"lacks a required field {name!r}")
-        return self.integer(name, minimum=1)
+        return self.integer(name, minimum=1, maximum=maximum)
 
     def flag(self, name: str, default: bool) -> bool:
         value = self.cfg.get(name)
@@ -262,14 +261,14 @@ def _attention_pattern(f: _Fields, layers: int) -> str:
             if len(letters) % n == 0 and letters[:n] * (len(letters) // n) == letters:
                 return letters[:n]
         return letters
-    interval = f.integer("full_attention_interval", minimum=1)
+    interval = f.integer("full_attention_interval", minimum=1, maximum=layers)
     return "L" * (interval - 1) + "F" if interval else "F"
 
 
 def _moe(f: _Fields, ffn: int, layers: int) -> dict[str, int]:
     """Experts, expert width, top-k, shared experts, leading dense layers (all 0 for a dense model)."""
     names = ("n_routed_experts", "num_experts", "num_local_experts")
-    experts = f.integer(*names)
+    experts = f.integer(*names, maximum=MAX_EXPERTS)
     if not experts:
         return dict(num_experts=0, moe_ffn_hidden_size=0, topk=0, num_shared_experts=0,
                     shared_expert_ffn_hidden_size=0, first_k_dense=0)
@@ -328,7 +327,7 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
     Fields are checked like the spec's: integers that are integers, sizes >= 1 (0 only where it means none:
     experts, MTP layers, LoRA ranks), and the relations the cost model relies on. `source` names the file."""
     f = _Fields(cfg, source or name)
-    hidden, layers = f.required("hidden_size"), f.required("num_hidden_layers")
+    hidden, layers = f.required("hidden_size"), f.required("num_hidden_layers", maximum=MAX_LAYERS)
     heads, vocab = f.required("num_attention_heads"), f.required("vocab_size")
     ffn = f.integer("intermediate_size", default=4 * hidden, minimum=1)
     pattern = _attention_pattern(f, layers)
@@ -337,7 +336,7 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
         vocab_size=vocab, **_moe(f, ffn, layers), **attention,
-        mtp_layers=f.integer("num_nextn_predict_layers"), attention_pattern=pattern,
+        mtp_layers=f.integer("num_nextn_predict_layers", maximum=MAX_MTP_LAYERS), attention_pattern=pattern,
         attention_output_gate=f.flag("attention_output_gate", model_type == "qwen3_next"),
         qk_layernorm=f.flag("qk_layernorm", model_type.startswith("qwen3") and not attention["kv_lora_rank"]),
         gated_mlp=f.text("hidden_act", "silu") in ("silu", "swiglu") or model_type == "gpt_oss",
@@ -345,7 +344,7 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
         attention_sinks=f.flag("attention_sinks", model_type == "gpt_oss"),
         shared_expert_gate=f.flag("shared_expert_gate", model_type == "qwen3_next"),
         tie_embeddings=f.flag("tie_word_embeddings", False),
-        max_position_embeddings=f.integer("max_position_embeddings"),
+        max_position_embeddings=f.integer("max_position_embeddings", maximum=2 ** 31 - 1),
         hf_config=dict(cfg),
     )
 

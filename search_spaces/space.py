@@ -24,6 +24,7 @@ from search_spaces.extra_memory import cp_attention_buffers
 from search_spaces.memory import GIB
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
+from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation, level_reads,
@@ -54,8 +55,18 @@ def _pow2_upto(n: int) -> list[int]:
     return [2 ** i for i in range(int(math.log2(max(n, 1))) + 1)]
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, upto: int | None = None) -> list[int]:
+    """The divisors of `n` not above `upto`, ascending, in at most min(isqrt(n), upto) trial divisions (a
+    divisor above the square root pairs with one below it): bounded by the size ranges (MAX_GPUS: 1,024 steps),
+    never by n itself."""
+    limit = n if upto is None else min(n, upto)
+    small, large = [], []
+    for d in range(1, min(math.isqrt(n), limit) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d and n // d <= limit:
+                large.append(n // d)
+    return small + large[::-1]
 
 
 @dataclass
@@ -73,13 +84,13 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
     cpu = gpu.is_cpu
     units = model.num_layers + model.mtp_layers + 2
     v: dict[str, list[Any]] = {}
-    v["pp"] = [d for d in _divisors(num_gpus) if d <= min(units, 64)]
+    v["pp"] = divisors(num_gpus, upto=min(units, 64))
     v["vpp"] = list(VPP_CHOICES)
     v["tp"] = [t for t in _pow2_upto(min(gpu.nvlink_domain, num_gpus, 64))]
     # at least 1K tokens per CP rank on GPUs (CP pays from ~8K); 128 on cpu so small test runs can use CP
     v["cp"] = _pow2_upto(min(num_gpus, max(seq_len // (128 if cpu else 1024), 1)))
     if model.is_moe:
-        v["ep"] = [d for d in _divisors(model.num_experts) if d <= num_gpus]
+        v["ep"] = divisors(model.num_experts, upto=num_gpus)
         v["etp"] = [1, 2, 4, 8] if not cpu else [1, 2]
     else:
         v["ep"], v["etp"] = [1], [1]
@@ -105,7 +116,7 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
     v["hierarchical_cp"] = [()] if cpu else [()] + hierarchical_options(v["cp"])
     v["optimizer_offload"] = [0.0] if cpu else [0.0, 1.0]
     v["distributed_optimizer"] = [True]
-    v["gbs"] = [int(gbs) if gbs else default_gbs(seq_len, gpu)]
+    v["gbs"] = [check_size(gbs, "gbs", MAX_GBS) if gbs is not None else default_gbs(seq_len, gpu)]
     for name, value in (fixed or {}).items():
         if name not in BY_NAME:
             raise SpecError(f"unknown layout field {name!r} in fixed values; allowed: {', '.join(BY_NAME)}")
@@ -115,7 +126,7 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
 
 def hierarchical_options(cps: list[int]) -> list[tuple[int, int]]:
     """Two-level splits (a2a, p2p), both >= 2, of each CP size, smallest CP first."""
-    return [(a, cp // a) for cp in sorted(set(cps)) for a in range(2, cp // 2 + 1) if cp % a == 0]
+    return [(a, cp // a) for cp in sorted(set(cps)) for a in divisors(cp, upto=cp // 2) if a >= 2]
 
 
 def recompute_options(model: ModelSpec, cpu: bool = False) -> list[str]:
@@ -280,11 +291,8 @@ class _FeatureTable:
 def _resolve(model, gpu, num_gpus, seq_len):
     model = load_model(model) if isinstance(model, str) else model
     gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
-    if int(num_gpus) < 1:
-        raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")
-    if int(seq_len) < 1:
-        raise SpecError(f"seq_len must be >= 1, got {seq_len}")
-    return model, gpu, int(num_gpus), int(seq_len)
+    # sizes beyond any cluster are refused by range (search_spaces/inputs.py), so enumerations stay bounded
+    return model, gpu, check_size(num_gpus, "num_gpus", MAX_GPUS), check_size(seq_len, "seq_len", MAX_SEQ_LEN)
 
 
 def candidate_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int,

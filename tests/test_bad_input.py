@@ -300,3 +300,93 @@ def test_shell_metacharacters_never_reach_a_shell(world, tmp_path):
         assert main(["sweep", _spec_file(world, name=name)]) == 2
         assert main(["sweep", _spec_file(world, model=name)]) == 2
     assert not marker.exists()
+
+
+# ---- issue 21 class 3: read-only commands never create or change a store -------------------------------------
+def _absent(world, name: str) -> str:
+    return f"sqlite:///{world['root'] / name}"
+
+
+READ_ONLY_CASES = {
+    "status: storage file missing": lambda w: ["status", "--storage", _absent(w, "absent-optuna.db")],
+    "check: storage file missing": lambda w: ["check", "--storage", _absent(w, "absent-optuna.db")],
+    "check: tracking store missing": lambda w: ["check", EXISTING, "--storage", w["storage"], "--tracking-uri",
+                                                _absent(w, "absent-mlflow.db")],
+    "export: storage file missing": lambda w: ["export", EXISTING, "--storage", _absent(w, "absent-optuna.db")],
+    "export: registry store missing": lambda w: ["export", "models:/m@production", "--tracking-uri",
+                                                 _absent(w, "absent-mlflow.db")],
+    "report: storage file missing": lambda w: ["report", "--storage", _absent(w, "absent-optuna.db"),
+                                               "--no-mlflow"],
+    "calibrate --study: storage file missing": lambda w: ["calibrate", "--study", "s", "--storage",
+                                                          _absent(w, "absent-optuna.db"), "--out",
+                                                          str(w["root"] / "cal.json")],
+    "calibrate --experiment: tracking store missing": lambda w: ["calibrate", "--experiment", "e",
+                                                                 "--tracking-uri", _absent(w, "absent-mlflow.db"),
+                                                                 "--out", str(w["root"] / "cal.json")],
+    "promote --rollback --name: registry missing": lambda w: ["promote", "--rollback", "--name", "m",
+                                                              "--tracking-uri", _absent(w, "absent-mlflow.db")],
+    "promote --rollback: storage missing": lambda w: ["promote", "--rollback", "--storage",
+                                                      _absent(w, "absent-optuna.db")],
+    "ui: MLflow file store missing": lambda w: ["ui", "--tracking-uri", str(w["root"] / "absent-mlruns")],
+    "status: an empty file is no storage": lambda w: ["status", "--storage", _absent(w, "empty.db")],
+    "check: an empty file is no MLflow store": lambda w: ["check", EXISTING, "--storage", w["storage"],
+                                                          "--tracking-uri", _absent(w, "empty.db")],
+    "status: a text file is no storage": lambda w: ["status", "--storage", _absent(w, "notes.db")],
+    "status: a database server that is not there": lambda w: ["status", "--storage",
+                                                              "postgresql://nobody@127.0.0.1:9/nodb"],
+}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes (SQLite's -wal/-shm side files of an open reader excepted)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.endswith(("-wal", "-shm", "-journal"))}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(READ_ONLY_CASES), ids=list(READ_ONLY_CASES))
+def test_read_only_commands_refuse_a_missing_store_and_create_nothing(case, world, capsys):
+    (world["root"] / "empty.db").write_bytes(b"")
+    (world["root"] / "notes.db").write_text("not a database\n")
+    argv = READ_ONLY_CASES[case](world)
+    before = _tree(world["root"])
+    capsys.readouterr()
+    code = main(argv)
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2, line
+    assert _tree(world["root"]) == before, f"{case}: files appeared or changed"
+    assert "no " in line or "cannot" in line, line
+
+
+# ---- issue 21 class 1: names on the command line --------------------------------------------------------------
+NAME_CASES = {
+    "status: a study name with a line break": ["status", "a\nb"],
+    "check: a study name with a path separator": ["check", "../x"],
+    "report: a study name with a path separator": ["report", "x/../../etc"],
+    "export: a study name with a control character": ["export", "a\x1bb"],
+    "export: a registered name with a line break": ["export", "m\nx@production"],
+    "export: a registered version that is no number": ["export", "m/1; rm"],
+    "promote: --name with a space": ["promote", "--rollback", "--name", "m x"],
+    "promote: a study name longer than 100": ["promote", "s" * 101],
+    "confirm: a study name with a quote": ["confirm", "x'y"],
+    "ui: a study name with a line break": ["ui", "a\rb"],
+    "calibrate: --study with a path separator": ["calibrate", "--study", "a/b", "--out", "cal.json"],
+    "calibrate: --experiment with a line break": ["calibrate", "--experiment", "a\nb", "--out", "cal.json"],
+    "sweep: --study-name with a trailing line break": ["sweep", "SPEC", "--study-name", "abc\n"],
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(NAME_CASES), ids=list(NAME_CASES))
+def test_a_name_that_is_not_plain_is_one_line_naming_it(case, world, capsys, monkeypatch):
+    monkeypatch.chdir(world["root"])
+    argv = [(_spec_file(world) if a == "SPEC" else a) for a in NAME_CASES[case]]
+    if argv[0] != "sweep":
+        argv += ["--storage", world["storage"]] if argv[0] not in ("ui",) else []
+    before = _tree(world["root"])
+    capsys.readouterr()
+    code = main(argv)
+    line = _one_error_line(capsys.readouterr().err)
+    assert code == 2, line
+    assert any(w in line for w in ("letters, digits", "longer than 100", "NAME/VERSION (a number)")), line
+    assert _tree(world["root"]) == before

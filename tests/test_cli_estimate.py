@@ -89,3 +89,22 @@ def test_console_script(tmp_path):
     bad = subprocess.run([exe, "estimate", "--model", "nope", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "8"],
                          capture_output=True, text=True, timeout=100, env=env)
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("extra,gbs", [(["--gbs", "9216"], 9216), ([], 3 * 4)])  # no --gbs: MBS x DP = 3 x 4
+def test_micro_batches_above_one_estimate(extra, gbs, capsys):
+    """MBS > 1 is applied together with the batch (a layout is checked when built): published recipes with
+    MBS 2-4 estimate, with or without --gbs."""
+    argv = ["estimate", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "4096",
+            "--tp", "2", "--mbs", "3", *extra, "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    layout = json.loads(capsys.readouterr().out)["layout"]
+    assert (layout["mbs"], layout["gbs"]) == (3, gbs)
+
+
+def test_batch_that_is_not_a_multiple_of_mbs_is_one_line(capsys):
+    argv = ["estimate", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "4096",
+            "--mbs", "3", "--gbs", "10"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "multiple of mbs (3)" in err and err.count("\n") == 1

@@ -189,3 +189,14 @@ def test_report_opens_in_headless_chromium(written, tmp_path):
     assert dom.count('class="main-svg"') >= len(report.FIGURES)
     assert len(re.findall(r'<img class="png" alt="\w+" src="\w+\.png"', dom)) == len(report.FIGURES)
     assert "Pareto front" in dom
+
+
+def test_the_page_escapes_what_it_did_not_write(tmp_path):
+    # the page is a template with autoescape: names a user chose (here the model field of the study) are text
+    # on the page, never markup; only plotly's own figure HTML goes in as it is
+    _, study = make_study(tmp_path)
+    study.set_user_attr("model", "<script>alert('x')</script>")
+    page = report.write(study, tmp_path / "out", pngs=False).html_path.read_text()
+    assert "<script>alert('x')</script>" not in page
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
+    assert '<section id="pareto">' in page and '<section id="trials">' in page and "<div id=\"fig-pareto\"" in page

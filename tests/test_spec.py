@@ -179,3 +179,85 @@ def test_spec_files_that_are_not_text_or_not_files(tmp_path):
     nul.write_bytes(b"name: a\x00b\n")
     with pytest.raises(SpecError):
         load_spec(nul)
+
+
+# ---- issue 20 defect 3: YAML 1.2 numerals -----------------------------------------------------------------
+def _load_text(tmp_path, text: str):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def test_readme_cost_line_with_yaml12_numerals_is_accepted(tmp_path):
+    # the README's own line: YAML 1.1 read 1.0e12 as the string '1.0e12' and the spec refused it
+    spec = _load_text(tmp_path, "cost: {usd_per_gpu_hour: 2.5, train_tokens: 1.0e12}\n")
+    assert spec.cost.train_tokens == 1e12 and spec.cost.usd_per_gpu_hour == 2.5
+    spec = _load_text(tmp_path, "cost: {usd_per_gpu_hour: 25e-1, train_tokens: 1e12}\ntrial_timeout_s: 9E+2\n")
+    assert (spec.cost.usd_per_gpu_hour, spec.cost.train_tokens, spec.trial_timeout_s) == (2.5, 1e12, 900.0)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("cost: {train_tokens: '1.0e12'}\n", "cost.train_tokens"),  # quoted: a string, not a number
+    ("cost: {train_tokens: 1.0e12.5}\n", "cost.train_tokens"),
+    ("cost: {train_tokens: -1e12}\n", "cost.train_tokens"),
+    ("cost: {train_tokens: 1e999}\n", "cost.train_tokens"),  # inf
+    ("trial_timeout_s: .inf\n", "trial_timeout_s"),
+    ("nodes: 1e3\n", "nodes"),  # a float where an integer is wanted, like nodes: 1.7
+    ("nodes: 1.7\n", "nodes"),
+    ("nodes: true\n", "nodes"),
+    ("seed: 1e3\n", "seed"),
+])
+def test_yaml12_numerals_keep_the_spec_strict(tmp_path, text, needle):
+    with pytest.raises(SpecError) as info:
+        _load_text(tmp_path, text)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_yaml12_numerals_do_not_change_pyyaml_for_others():
+    import yaml
+
+    assert yaml.safe_load("x: 1e12") == {"x": "1e12"}  # only the spec loader reads YAML 1.2 numbers
+
+
+# ---- issue 21 class 1: names -------------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["name", "study_name", "experiment"])
+@pytest.mark.parametrize("value", ["abc\n", "a\nb", "a/b", "..", "-x", "x" * 101, "a@b", "a b", "caf\u00e9",
+                                   "a\x00b", "a\u2028b", "models:/x@production", ""])
+def test_every_spec_name_passes_the_one_name_rule(field, value):
+    with pytest.raises(SpecError) as info:
+        parse_spec({field: value})
+    message = str(info.value)
+    assert "\n" not in message and "\r" not in message and "\u2028" not in message and len(message) < 400
+
+
+def test_plain_names_are_accepted_and_the_cli_override_is_checked(tmp_path):
+    assert parse_spec({"name": "a.b_c-9", "experiment": "E" * 100}).experiment == "E" * 100
+    with pytest.raises(SpecError, match="name"):
+        parse_spec({"name": "ok"}, {"study_name": "bad\nname"})
+
+
+# ---- issue 21 class 2: sizes are refused by range ----------------------------------------------------------
+@pytest.mark.parametrize("data,needle", [
+    ({"nodes": 2 ** 40}, "nodes"),
+    ({"gpus_per_node": 2 ** 11}, "gpus_per_node"),
+    ({"nodes": 2 ** 18, "gpus_per_node": 8}, "nodes x gpus_per_node"),
+    ({"seq_len": 2 ** 25}, "seq_len"),
+    ({"seq_len": [1024, 2 ** 40]}, "seq_len"),
+    ({"gbs": 2 ** 70}, "gbs"),
+    ({"trial_gpus": 2 ** 21}, "trial_gpus"),
+    ({"fixed": {"cp": 2 ** 40}}, "cp"),
+    ({"fixed": {"gbs": 2 ** 30}}, "gbs"),
+    ({"model_overrides": {"num_layers": 10 ** 6}}, "num_layers"),
+    ({"model_overrides": {"hidden_size": 2 ** 40}}, "hidden_size"),
+])
+def test_sizes_beyond_any_cluster_are_refused(data, needle):
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    assert needle in str(info.value) and "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_size_range_edges_are_accepted():
+    from search_spaces.inputs import MAX_GBS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN
+
+    spec = parse_spec({"nodes": 1024, "gpus_per_node": MAX_GPUS_PER_NODE, "seq_len": MAX_SEQ_LEN, "gbs": MAX_GBS})
+    assert spec.num_gpus == 2 ** 20

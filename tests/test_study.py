@@ -11,7 +11,7 @@ from orchestrator.sweep import run_sweep
 from orchestrator.sweep.prior import Prior
 from orchestrator.spec import load_spec, parse_spec
 from search_spaces.errors import SpecError
-from tests.sweep_helpers import prior_for, real_space_available
+from tests.sweep_helpers import prior_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -98,7 +98,6 @@ def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not real_space_available(), reason="needs search_spaces.space/costmodel/heuristics")
 @pytest.mark.parametrize("search", ["calibrated", "tpe", "grid"])
 def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search):
     """200 what-if trials at full scale: the seeds first, never worse than them (its speed: bench/sweep_speed.py)."""

@@ -145,9 +145,11 @@ class _LyingBackend:
         self.count += 1
         layout = request.layout
         lie = self.count % 2 == 1
-        result = TrialResult(status="ok", tokens_per_sec_per_gpu=1e6 if lie else 1000.0 + self.count,
+        tokens = 1e6 if lie else 1000.0 + self.count
+        step = layout.gbs * request.seq_len / tokens / request.num_gpus  # honest: tokens/s agrees with the step
+        result = TrialResult(status="ok", tokens_per_sec_per_gpu=tokens,
                              tflops_per_gpu=H100.peak(layout.precision) * (10 if lie else 0.3),
-                             mfu=10.0 if lie else 0.3, step_time_s=1.0, loss=[5.0, 4.0],
+                             mfu=10.0 if lie else 0.3, step_time_s=step, loss=[5.0, 4.0],
                              peak_memory_gib=10.0, applied=_applied(layout), layout=layout.to_dict())
         fut = concurrent.futures.Future()
         fut.set_result(result)

@@ -13,14 +13,11 @@ from typing import Any
 import torch
 
 from search_spaces import rules
-from search_spaces.layout import Layout
+from search_spaces.layout import BY_NAME, Layout
 from search_spaces.pipeline import placement
 
-FP8_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
-               "mxfp8": "mxfp8"}
-FLEX_BACKENDS = {"deepep": "deepep", "hybridep": "hybridep"}
-# Layout spells it "allgather"; Megatron-Core/TE spell it "all_gather".
-CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
+# Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
+# backend, "all_gather") come from each dimension's declaration: BY_NAME[...].megatron_fields.
 LOCAL_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 ADAM_LR = 3e-3  # tiny proxy models learn visibly within a handful of steps
@@ -160,12 +157,9 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
     )
     if model.num_experts:
         kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp)
-        if layout.dispatcher in FLEX_BACKENDS:
-            kwargs.update(moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend=FLEX_BACKENDS[layout.dispatcher])
-        else:
-            kwargs["moe_token_dispatcher_type"] = layout.dispatcher
+        kwargs.update(BY_NAME["dispatcher"].megatron_fields(layout.dispatcher))
     if layout.cp > 1 and not on_cpu:
-        kwargs["cp_comm_type"] = CP_COMM_TYPES[layout.cp_comm_type]
+        kwargs.update(BY_NAME["cp_comm_type"].megatron_fields(layout.cp_comm_type))
         if layout.hierarchical_cp:
             kwargs["hierarchical_context_parallel_sizes"] = list(layout.hierarchical_cp)
     if on_cpu:
@@ -203,11 +197,8 @@ def params_dtype(layout: Layout) -> torch.dtype:
 
 def _precision_kwargs(layout: Layout) -> dict[str, Any]:
     dtype = params_dtype(layout)
-    kwargs: dict[str, Any] = dict(params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16)
-    if layout.precision in FP8_RECIPES:
-        recipe = FP8_RECIPES[layout.precision]
-        kwargs.update(fp8="hybrid" if recipe == "delayed" else "e4m3", fp8_recipe=recipe)
-    return kwargs
+    # bf16 (and for FP8 precisions the recipe and format) as the precision's declaration spells them
+    return dict(params_dtype=dtype, pipeline_dtype=dtype, **BY_NAME["precision"].megatron_fields(layout.precision))
 
 
 def _cuda_graph_kwargs(layout: Layout) -> dict[str, Any]:

@@ -445,7 +445,8 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
         result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world
         result.tflops_per_gpu = flops_per_step(model, args.seq_len, layout.gbs) / step_time / world / 1e12
         result.mfu = result.tflops_per_gpu / gpu.peak(layout.precision)
-    # the sweep's own judgement (layout in effect, finite loss, TF/s below the chip's peak) on the spot
+    # the sweep's own judgement (layout in effect, finite numbers, TF/s and tokens/s below the chip's peak,
+    # memory within the device, tokens/s agreeing with the step time) on the spot
     result.status = "ok"
-    judged = validation.validate(result, layout, gpu)
+    judged = validation.validate(result, layout, gpu, model=model, seq_len=args.seq_len, num_gpus=world)
     result.status, result.error = judged.status, judged.error

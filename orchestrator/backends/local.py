@@ -135,7 +135,7 @@ def _free_port_and_address() -> tuple[str, int]:
 
 
 class LocalRayBackend:
-    name = "local"
+    name = "ray"
 
     def __init__(self, spec):
         self.spec = spec

@@ -6,6 +6,11 @@ the measurements; `moe-autotune status STUDY --csv` writes it. A layout column a
 dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
 exactly the table's layouts (orchestrator.sweep.prior.ReplayPrior); `ReplayBackend` answers each proposal
 from its row at the cost of one trial.
+
+Every row measured ok is judged as it is read (search_spaces.validation): a number that is not a finite number,
+tokens/s or TF/s above the GPU's peak, a peak memory above its capacity... make the row invalid, with the
+reason, so it is never the best and never feeds a calibration. For tests only, MOE_AUTOTUNE_REPLAY_DELAY_S
+makes each answer take that long (a sweep with slow trials, without a trainer).
 """
 
 from __future__ import annotations
@@ -13,12 +18,17 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import math
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search_spaces.errors import SpecError
+from search_spaces.errors import MoeAutotuneError, SpecError
+from search_spaces.hardware import load_gpu
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
+from search_spaces.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
+from search_spaces.validation import problems
 
 from orchestrator.backends.base import TrialRequest, completed, stamp
 
@@ -27,11 +37,13 @@ LAYOUT_COLUMNS = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or 
 NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
 TABLE_COLUMNS = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, "status", *NUMBER_COLUMNS]
 REQUIRED_COLUMNS = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", "status", *NUMBER_COLUMNS]
-# what `status --csv` writes besides the table columns; read past, not used
-EXTRA_COLUMNS = ("trial", "predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
-                 "reason", "mlflow_run_id", "note")
+# what the leaderboard (`status --csv`) writes besides the table columns: a replay table read back skips them
+LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
+                     "train_days", "train_usd", "reason", "mlflow_run_id")
+EXTRA_COLUMNS = ("trial", *LEADERBOARD_EXTRA, "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
+DELAY_ENV = "MOE_AUTOTUNE_REPLAY_DELAY_S"  # tests only: seconds each answer takes
 
 
 @dataclass(frozen=True)
@@ -42,12 +54,15 @@ class ReplayRow:
     tflops_per_gpu: float | None
     peak_memory_gib: float | None
     line: int
+    reason: str | None = None  # why a row recorded as ok is invalid (its numbers cannot be true)
 
     def result(self) -> TrialResult:
+        error = None if self.status == "ok" else f"recorded as {self.status} (replay row {self.line})"
+        if self.reason:
+            error = f"replay row {self.line}: {self.reason}"
         return TrialResult(status=self.status, tokens_per_sec_per_gpu=self.tokens_per_sec_per_gpu,
                            tflops_per_gpu=self.tflops_per_gpu, peak_memory_gib=self.peak_memory_gib,
-                           error=None if self.status == "ok" else f"recorded as {self.status} (replay row {self.line})",
-                           wall_time_s=0.0, extra={"source": "replay", "replay_line": self.line})
+                           error=error, wall_time_s=0.0, extra={"source": "replay", "replay_line": self.line})
 
 
 @dataclass
@@ -119,12 +134,7 @@ def load_table(path: str | Path) -> ReplayTable:
         elif (table.model, table.gpu, table.num_gpus, table.seq_len) != context:
             raise SpecError(f"replay table {path} line {line}: {context} differs from the first row's "
                             f"{(table.model, table.gpu, table.num_gpus, table.seq_len)}; one situation per table")
-        row = ReplayRow(layout=_layout(raw, path, line), status=status,
-                        tokens_per_sec_per_gpu=_number(raw, "tokens_per_sec_per_gpu", path, line),
-                        tflops_per_gpu=_number(raw, "tflops_per_gpu", path, line),
-                        peak_memory_gib=_number(raw, "peak_memory_gib", path, line), line=line)
-        if status == "ok" and row.tokens_per_sec_per_gpu is None:
-            raise SpecError(f"replay table {path} line {line}: status ok needs tokens_per_sec_per_gpu")
+        row = _judged(table, _layout(raw, path, line), status, raw, line)
         key = row.layout.key()
         # a layout recorded twice (a retried trial): the ok measurement wins, else the first row
         if key not in rows or (rows[key].status != "ok" and status == "ok"):
@@ -156,15 +166,46 @@ def _layout(raw: dict[str, str], path: Path, line: int) -> Layout:
         raise SpecError(f"replay table {path} line {line}: {exc}") from None
 
 
-def _number(raw: dict[str, str], col: str, path: Path, line: int) -> float | None:
-    text = raw.get(col, "")
-    if text.lower() in ("", "none", "nan", "-"):
+def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str], line: int) -> ReplayRow:
+    """The row as recorded, or (status ok) as invalid with the reason when its numbers cannot be true. The numbers
+    of a row not measured ok are kept only when they are finite (a failed run's figures are never a candidate)."""
+    cells = {col: _cell(raw.get(col, "")) for col in NUMBER_COLUMNS}
+    if status != "ok":
+        numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
+        return ReplayRow(layout, status, line=line, **numbers)
+    claimed = TrialResult(status="ok", **{col: v for col, v in cells.items() if v is not None})
+    reasons = [] if claimed.tokens_per_sec_per_gpu is not None else ["status ok but no tokens_per_sec_per_gpu"]
+    reasons += problems(claimed, layout, _gpu(table.gpu), model=_model(table.model), seq_len=table.seq_len,
+                        num_gpus=table.num_gpus)
+    numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
+    if reasons:
+        return ReplayRow(layout, "invalid", line=line, reason="; ".join(reasons), **numbers)
+    return ReplayRow(layout, status, line=line, **numbers)
+
+
+def _cell(text: str) -> float | str | None:
+    """A number cell: None when empty, the float it spells (nan and inf included), else the text itself
+    (a measurement that is not a number: the row is judged invalid)."""
+    if text.lower() in ("", "none", "-"):
         return None
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise SpecError(f"replay table {path} line {line}: {col} must be a number, got {text!r}") from None
-    return value if math.isfinite(value) else None
+        return text
+
+
+def _gpu(name: str):
+    try:
+        return load_gpu(name)
+    except SpecError:  # the sweep refuses an unknown GPU itself; no bound to check here
+        return None
+
+
+def _model(name: str):
+    try:
+        return load_model(name)
+    except (MoeAutotuneError, OSError, ValueError):  # an unknown model: no FLOPs, no tokens/s bound
+        return None
 
 
 _TABLES: dict[str, ReplayTable] = {}  # prior and backend of one sweep share one parse
@@ -188,6 +229,8 @@ class ReplayBackend:
 
     def __init__(self, table: ReplayTable):
         self.table = table
+        self.delay_s = _delay()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8) if self.delay_s else None
 
     @classmethod
     def from_spec(cls, spec) -> "ReplayBackend":
@@ -200,7 +243,23 @@ class ReplayBackend:
                                                          f"table {self.table.path}")
         else:
             result = row.result()
+        if self._pool is not None:
+            return self._pool.submit(_after, self.delay_s, stamp(result, request))
         return completed(stamp(result, request))
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _delay() -> float:
+    try:
+        value = float(os.environ.get(DELAY_ENV, "0") or 0)
+    except ValueError:
+        return 0.0
+    return value if 0 < value < 3600 else 0.0
+
+
+def _after(seconds: float, result: TrialResult) -> TrialResult:
+    time.sleep(seconds)
+    return result

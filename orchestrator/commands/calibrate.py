@@ -37,11 +37,18 @@ def calibrate(
     from orchestrator.calibrate import gather
     from search_spaces.calibration import load_calibration, write_calibration
     from search_spaces.errors import SpecError
-    from search_spaces.inputs import check_output_file
+    from orchestrator.tracking import require_existing_store
+    from search_spaces.inputs import check_name, check_output_file
 
     check_output_file(out, "--out")
     if not (study or experiment or table):
         raise SpecError("give at least one --study, --experiment or --table to calibrate on")
+    for name in study:
+        check_name(name, "--study")
+    for name in experiment:
+        check_name(name, "--experiment")
+    if experiment:  # reading a store that is not there would create it
+        require_existing_store(tracking_uri)
     for path in table:
         if not path.is_file():
             raise SpecError(f"--table {str(path)!r} does not exist")

@@ -22,7 +22,9 @@ def check(
     """Verify that nothing was lost, doubled or mixed: exit 0 when the study and MLflow agree, 1 otherwise."""
     from orchestrator.check import check as run_check
     from orchestrator.redact import redact_uri
+    from search_spaces.inputs import check_optional_name
 
+    check_optional_name(study_name, "study name")
     study, problems = run_check(storage, study_name, tracking_uri)
     finished = sum(1 for t in study.trials if t.state.is_finished())
     for problem in problems:
@@ -47,7 +49,9 @@ def confirm(
     from rich.table import Table
 
     from orchestrator.sweep.confirm import confirm as run_confirm
+    from search_spaces.inputs import check_optional_name
 
+    check_optional_name(study_name, "study name")
     done, outcome = run_confirm(storage, study_name, top, {"trial_gpus": trial_gpus, "tracking_uri": tracking_uri,
                                                             "ray_address": ray_address, "show_progress": not quiet})
     table = Table(title="composed from the proxy vs measured at full size (tokens/s/GPU)")

@@ -32,10 +32,10 @@ def _model_gpu(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Op
     from search_spaces.hardware import load_gpu
     from search_spaces.models import load_model
 
-    if num_gpus < 1:
-        raise SpecError(f"--num-gpus must be positive, got {num_gpus}")
-    if seq_len < 1:
-        raise SpecError(f"--seq-len must be positive, got {seq_len}")
+    from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, check_size
+
+    check_size(num_gpus, "--num-gpus", MAX_GPUS)  # one range for every entry point (search_spaces/inputs.py)
+    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
     spec = load_model(model)
     if num_layers or hidden_size:
         spec = spec.with_overrides(num_layers=num_layers, hidden_size=hidden_size)
@@ -58,14 +58,9 @@ def estimate(
     TP/CP/EP/PP/DP communication, launch overhead, pipeline bubble, optimizer and offload)."""
     from search_spaces.calibration import load_calibration
     from search_spaces.costmodel import estimate as run_estimate
-    from search_spaces.layout import Layout
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
-    layout = Layout.from_params({k: v for k, v in (layout_flags or {}).items() if k != "gbs"})
-    if (layout_flags or {}).get("gbs") is not None:
-        layout = Layout.from_params({"gbs": layout_flags["gbs"]}, base=layout)
-    else:
-        layout = layout.replace(gbs=layout.mbs * max(layout.dp(num_gpus), 1))
+    layout = _layout_of_flags(layout_flags or {}, num_gpus)
     est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=load_calibration(calibration))
     if as_json:
         typer.echo(json.dumps(est.to_dict()))
@@ -76,6 +71,18 @@ def estimate(
         typer.echo(f"error: illegal layout: {reasons}", err=True)
         raise typer.Exit(2)
     return 0
+
+
+def _layout_of_flags(flags: dict, num_gpus: int):
+    """The layout the flags name, its batch applied together with MBS (a Layout checks GBS % MBS when built,
+    so neither may be applied alone); no --gbs: MBS x DP."""
+    from search_spaces.layout import BY_NAME, Layout
+
+    if flags.get("gbs") is None:
+        sizes = Layout.from_params({k: v for k, v in flags.items() if k not in ("mbs", "gbs")})
+        mbs = BY_NAME["mbs"].decode(flags.get("mbs", BY_NAME["mbs"].default))
+        flags = {**flags, "gbs": mbs * max(sizes.dp(num_gpus), 1)}
+    return Layout.from_params(flags)
 
 
 # time components that are parts of `compute` (indented under it); every other component adds to the step

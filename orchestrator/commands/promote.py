@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from search_spaces.errors import SpecError
+from search_spaces.inputs import check_name, check_optional_name
 
 EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-overrides.yaml",
                   "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
@@ -32,6 +33,27 @@ def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: O
     return study, ctx
 
 
+def _existing_registry(tracking_uri: Optional[str]) -> str:
+    """Point MLflow at the registry a read (rollback, export of a version) uses; it must already exist."""
+    from orchestrator import registry
+    from orchestrator.tracking import require_existing_store
+
+    uri = registry.use_tracking_uri(tracking_uri)
+    require_existing_store(uri)
+    return uri
+
+
+def _check_registry_ref(ref: str) -> None:
+    """`models:/NAME@ALIAS`, `NAME@ALIAS` or `NAME/VERSION`: a plain name, then a plain alias or a version."""
+    body = ref[len("models:/"):] if ref.startswith("models:/") else ref
+    name, sep, rest = body.partition("@") if "@" in body else body.partition("/")
+    check_name(name, "registered model name")
+    if sep == "@":
+        check_name(rest, "model alias")
+    elif not rest.isdigit() or not rest.isascii():
+        raise SpecError(f"{ref[:60]!r}: a registered version is NAME@ALIAS or NAME/VERSION (a number)")
+
+
 def promote(
     study_name: Optional[str] = typer.Argument(None, metavar="STUDY", help="Study name (default: the newest)."),
     trial: Optional[int] = _TRIAL,
@@ -46,13 +68,16 @@ def promote(
     """Register the winning layout in the MLflow Model Registry and point the alias 'production' at it."""
     from orchestrator import registry, winner
 
+    check_optional_name(study_name, "study name")
+    check_optional_name(name, "--name")
     if rollback:
         if trial is not None or allow_estimated or allow_proxy:
             raise SpecError("--rollback takes no --trial, --allow-estimated or --allow-proxy")
         if name:
-            registry.use_tracking_uri(tracking_uri)
+            _existing_registry(tracking_uri)
         else:
             _, ctx = _study_and_tracking(study_name, storage, tracking_uri)
+            _existing_registry(ctx["tracking_uri"])
             name = registry.registered_model_name(ctx["model"], ctx["seq_len"])
         done = registry.rollback(name)
         typer.echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "
@@ -89,9 +114,10 @@ def export(
         raise SpecError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     filename = EXPORT_FORMATS[fmt]
     if registry.is_registry_ref(ref):
+        _check_registry_ref(ref)
         if trial is not None or gpus_per_node is not None:
             raise SpecError("--trial and --gpus-per-node apply to a study, not a registered version")
-        registry.use_tracking_uri(tracking_uri)
+        _existing_registry(tracking_uri)
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +126,7 @@ def export(
                 raise SpecError(f"{registry.model_uri(ref)} has no {filename}")
             typer.echo((folder / filename).read_text(), nl=False)
         return
+    check_name(ref, "study name")
     study = winner.load(storage, ref)
     ctx = winner.context(study)
     if gpus_per_node:
@@ -120,26 +147,29 @@ def report(
 
     The PNGs need a Chrome or Chromium (on PATH or at $BROWSER_PATH); without one they are skipped with a note.
     """
-    from orchestrator import registry, winner
+    from orchestrator import winner
     from orchestrator import report as report_mod
     from search_spaces.inputs import check_output_dir
 
+    check_optional_name(study_name, "study name")
     if out is not None:
         check_output_dir(out, "--out")
     study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
-    done = report_mod.write(study, out or check_output_dir(Path(f"report-{study.study_name}"), "report folder"),
-                            family=family)
+    parent = None if no_mlflow else ctx.get("mlflow_parent_run_id")
+    if parent:  # the run it is logged to must be there before anything is written
+        _existing_registry(tracking_uri or ctx.get("tracking_uri"))
+    if out is None:  # the default folder is named after the study: an output file stem
+        out = check_output_dir(Path(f"report-{check_name(study.study_name, 'study name')}"), "report folder")
+    done = report_mod.write(study, out, family=family)
     typer.echo(f"report: {done.html_path}")
     if done.png_note:
         typer.echo(f"note: PNGs skipped: {done.png_note}", err=True)
-    parent = ctx.get("mlflow_parent_run_id")
     if no_mlflow:
         return
     if not parent:
         typer.echo("note: the study records no MLflow parent run; report not logged to MLflow", err=True)
         return
-    registry.use_tracking_uri(tracking_uri or ctx.get("tracking_uri"))
     report_mod.log_to_mlflow(done, parent)
     typer.echo(f"logged to MLflow run {parent} under report/")
 

@@ -111,14 +111,12 @@ def status(
 ) -> int:
     """Leaderboard of a running or finished sweep, from the Optuna storage."""
     from orchestrator import study as studies
-    from search_spaces.errors import SpecError
     from search_spaces.layout import PARALLEL_SIZES
-    from search_spaces.inputs import check_output_file
+    from search_spaces.inputs import check_optional_name, check_output_file
 
+    check_optional_name(study_name, "study name")
     if csv is not None:
         check_output_file(csv, "--csv")
-    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
-        raise SpecError(f"storage file {storage[len('sqlite:///'):]!r} does not exist")
     members = studies.family_members(storage, study_name) if study_name else []
     if members:  # a length family: its table, then each length's leaderboard
         from orchestrator.sweep.family import family_rows

@@ -30,6 +30,7 @@ from orchestrator import study as studies
 from orchestrator.backends import make_backend
 from orchestrator.progress import SweepProgress
 from orchestrator.sweep.fidelity import trial_size
+from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prior
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
 from orchestrator.sweep.session import Session, open_session
@@ -121,6 +122,8 @@ class Sweep:
                                enabled=self.show_progress) as view:
                 view.bar.update(view.task, completed=self.measured)
                 self._loop(dispatcher, view, start)
+        except LeaseLost:  # another driver took the study over: it recovers the running trials, not us
+            raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise studies.storage_failure(exc, self.spec.storage) from None
@@ -159,6 +162,7 @@ class Sweep:
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
+        self.session.lease.fence()  # asking creates a trial: a write
         trial = self.study.ask(self.session.space.distributions())
         if "proposed_by" not in trial.user_attrs:  # sampled (not a rule of thumb or a re-run from the queue)
             if getattr(self.study.sampler, "exhausted", False):
@@ -187,13 +191,21 @@ class Sweep:
 
 
 def _kept_result(trial: optuna.Trial) -> TrialResult | None:
+    """A result an earlier driver measured but could not store (the spool), re-read: judged like any other when
+    recorded; one that is not even a result is recorded as invalid, with the reason."""
     kept = trial.user_attrs.get("measured_result")
-    return TrialResult.from_dict(kept) if kept else None
+    if not kept:
+        return None
+    try:
+        return TrialResult.from_dict(kept)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return TrialResult(status="invalid", error=f"the kept result is not a trial result: {exc}"[:500])
 
 
 def summarise(session: Session, start: float, measured: int, messages: list[str]) -> SweepOutcome:
     """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
     study = session.study
+    session.lease.fence()  # the parent run's summary is a write
     best = studies.best_fitting_trial(study)
     pareto = studies.pareto_trials(study)
     pending = 0

@@ -4,6 +4,9 @@ Storage contract (read by status, promote, report, export and `check`; see orche
 the trial's params are its layout's encoded values; user attrs layout, layout_key, prediction, backend,
 proposed_by, mlflow_run_id, then status, result, reason, command; objectives [tokens/s/GPU, peak GiB];
 constraints memory_over_limit_gib and not_measured_ok (feasible when both are <= 0).
+
+Every result is judged where it enters (search_spaces.validation: numbers that cannot be true become status
+invalid, never the best), and every write is fenced by the study's lease (a driver taken over writes nothing).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from optuna.trial import TrialState
 
 from search_spaces.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
+from search_spaces.validation import numbers_only, validate
 
 from orchestrator import study as studies
-from orchestrator.sweep.fidelity import TrialSize, full_scale, gpu_seconds
+from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
+from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prediction
 from orchestrator.sweep.session import INTERRUPTED, Session
 
@@ -59,6 +64,7 @@ class Recorder:
         self.limit = session.prior.memory_limit_gib
 
     def start(self, p: Proposal) -> None:
+        self.session.lease.fence()
         trial = p.trial
         for key, value in {"layout": p.layout.to_dict(), "layout_key": p.layout.key(), "prediction": p.prediction.data,
                            "backend": self.session.spec.backend, "fidelity": p.size.fidelity,
@@ -72,6 +78,7 @@ class Recorder:
     def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
                    reason: str) -> None:
         """A proposal the cost model (or the Layout itself) refuses: told for free, never run."""
+        self.session.lease.fence()
         memory = (prediction.peak_memory_gib if prediction else None) or 0.0
         if layout is not None:
             trial.set_user_attr("layout", layout.to_dict())
@@ -91,6 +98,7 @@ class Recorder:
 
     def discard(self, trial: optuna.Trial, reason: str) -> None:
         """A proposal that is not a trial at all (a repeat, nothing left to propose)."""
+        self.session.lease.fence()
         trial.set_user_attr("reason", reason)
         self.study.tell(trial, state=TrialState.FAIL)
 
@@ -98,8 +106,7 @@ class Recorder:
         """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
         trial = p.trial
         spec = self.session.spec
-        # a proxy's measurement composed to the full layout; numbers that cannot be true become invalid
-        result = full_scale(p.size, result, self.session.prior.gpu, spec.seq_len)
+        result = self.judged(p, result)
         used, at_full = gpu_seconds(p.size, result, spec)
         result.extra.update(gpu_seconds=used, full_size_gpu_seconds=at_full)
         memory = result.peak_memory_gib if result.peak_memory_gib is not None else p.prediction.peak_memory_gib
@@ -112,6 +119,7 @@ class Recorder:
             attrs["reason"] = result.error[:2000]
         if result.extra.get("command"):
             attrs["command"] = result.extra["command"]
+        self.session.lease.fence()
         try:
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
@@ -119,9 +127,11 @@ class Recorder:
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
             self.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
         except studies.STORAGE_ERRORS:
+            self._fence_if_readable()
             self.session.spool.add(trial.number, dict(trial.params), {**dict(trial.user_attrs), **attrs})
             raise
         if self.tracker:
+            self.session.lease.fence()
             payload = self.session.payload(trial.number, {**dict(trial.user_attrs), **attrs})
             self.tracker.record(trial.number, payload)
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
@@ -129,8 +139,39 @@ class Recorder:
                 "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
                 "memory": result.peak_memory_gib}
 
+    def judged(self, p: Proposal, result: TrialResult) -> TrialResult:
+        """The result the sweep records, judged where it enters: a proxy's measurement as it ran, then composed
+        to the full layout (its peak is then a prediction: above the limit it does not fit, not invalid); any
+        other result (full size, or a what-if backend's answer for the full layout) as the full layout's."""
+        prior, spec, size = self.session.prior, self.session.spec, p.size
+        what_if = isinstance(result.extra, dict) and result.extra.get("source") in WHAT_IF_SOURCES
+        composed = size.plan is not None and not what_if
+        if composed:
+            result = validate(result, size.layout, prior.gpu, model=size.plan.model, seq_len=spec.seq_len,
+                              num_gpus=size.world)
+        result = full_scale(size, result, prior.gpu, spec.seq_len)
+        full = size.plan.full_layout if size.plan is not None else size.layout
+        # a failed run's claims too: what is recorded is a number or nothing
+        return numbers_only(validate(result, full, prior.gpu, model=prior.model, seq_len=spec.seq_len,
+                                     num_gpus=spec.num_gpus, memory_measured=not composed))
+
+    def _fence_if_readable(self) -> None:
+        """The fence before the spool: a storage that cannot even be read says nothing about the lease."""
+        try:
+            self.session.lease.fence()
+        except studies.STORAGE_ERRORS:
+            pass
+
     def interrupted(self, proposals: list[Proposal]) -> None:
-        """Trials running when the sweep stopped: failed with the reason (re-run on --resume)."""
+        """Trials running when the sweep stopped: failed with the reason (re-run on --resume); nothing when
+        another driver has taken the study over (its recovery re-runs them)."""
+        try:
+            self.session.lease.fence()
+        except LeaseLost:
+            return
+        except Exception as exc:  # noqa: BLE001 -- a storage that cannot be read: try the writes below anyway
+            log.warning("could not check the driver lease before marking trials interrupted: %s",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         for p in proposals:
             try:
                 p.trial.set_user_attr("reason", INTERRUPTED)

@@ -17,6 +17,7 @@ finished, running or queued. The rules of thumb are enqueued trials (Optuna's wa
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import optuna
@@ -30,7 +31,6 @@ from orchestrator.sweep.calibrated import CalibratedSearch
 from orchestrator.sweep.prior import Prior
 from orchestrator.sweep.space import SweepSpace
 
-SEARCHES = ("calibrated", "tpe", "random", "grid")
 # a layout is taken while its trial is queued, running or finished (failed trials may run again on resume)
 _TAKEN = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
 
@@ -149,25 +149,66 @@ def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:
                                             tuple(str(v) for v in lay.params().values())))
 
 
+@dataclass(frozen=True)
+class SearchKind:
+    name: str
+    """The name a spec's `search:` and `sweep --search` take."""
+    doc: str
+    """What it proposes, in a few words (CLI help, README)."""
+    make: Callable[[SweepSpace, Prior, "int | None", list[Layout]], optuna.samplers.BaseSampler]
+    """(space, prior, seed, runnable candidates) -> the Optuna sampler."""
+
+
+def _calibrated(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
+    return CalibratedSampler(space, prior, seed, candidates)
+
+
+def _tpe(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> optuna.samplers.BaseSampler:
+    # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+
+
+def _feasible(prior: Prior, candidates: list[Layout]) -> list[Layout]:
+    """The baselines walk the layouts the sweep's screen would let through (legal, predicted to fit)."""
+    return [lay for lay in candidates if prior.predict(lay).feasible]
+
+
+def _random(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
+    feasible = _feasible(prior, candidates)
+    return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
+
+
+def _grid(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
+    return OrderedSampler(space, nemo_grid_order(_feasible(prior, candidates)))
+
+
+# The one table of searches by name: the spec's `search` choices, the CLI help and the README's list derive from
+# it. A new search is one SearchKind here plus its sampler.
+SEARCH_KINDS: dict[str, SearchKind] = {kind.name: kind for kind in (
+    SearchKind("calibrated", "the cost model's ranking, corrected from every measurement (default)", _calibrated),
+    SearchKind("tpe", "Optuna's multivariate TPE over the dimensions", _tpe),
+    SearchKind("random", "the legal layouts predicted to fit, in a seeded random order", _random),
+    SearchKind("grid", "the legal layouts predicted to fit, in NeMo Auto-Configurator's loop order", _grid),
+)}
+SEARCHES: tuple[str, ...] = tuple(SEARCH_KINDS)
+
+
 def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None,
                  runnable: Callable[[Layout], bool] | None = None) -> optuna.samplers.BaseSampler:
     """`runnable`: whether a layout can run at all here (e.g. its proxy fits in trial_gpus); the layout
     samplers propose only those."""
-    candidates = [lay for lay in prior.candidates if runnable is None or runnable(lay)]
-    if search == "calibrated":
-        return CalibratedSampler(space, prior, seed, candidates)
-    if search == "tpe":
-        # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
-    # the baselines walk the layouts the sweep's screen would let through (legal, predicted to fit)
-    feasible = [lay for lay in candidates if prior.predict(lay).feasible]
-    if search == "random":
-        return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
-    if search == "grid":
-        return OrderedSampler(space, nemo_grid_order(feasible))
-    raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
+    kind = SEARCH_KINDS.get(search)
+    if kind is None:
+        raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
+    return kind.make(space, prior, seed, [lay for lay in prior.candidates if runnable is None or runnable(lay)])
 
 
+# ---- what the sweep loop asks of any sampler (Optuna's own have neither: their answers are the defaults) ----
 def memory_margin(sampler: optuna.samplers.BaseSampler) -> float:
     """How far above the predicted memory limit the sampler's proposals may go (1.0: not at all)."""
-    return getattr(sampler, "memory_margin", 1.0)
+    return sampler.memory_margin if isinstance(sampler, LayoutSampler) else 1.0
+
+
+def exhausted(sampler: optuna.samplers.BaseSampler) -> bool:
+    """Nothing untried is left to propose: the sweep stops asking."""
+    return isinstance(sampler, LayoutSampler) and sampler.exhausted

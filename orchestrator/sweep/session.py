@@ -183,7 +183,10 @@ def _check_situation(study: optuna.Study, spec: SweepSpec) -> None:
 def _recover(session: Session) -> None:
     """What the last driver left: results it could not store, trials it left running or interrupted."""
     study, tracker = session.study, session.tracker
-    kept = {rec["trial_number"]: rec for rec in session.spool.records()}
+    session.lease.fence()
+    kept = {rec["trial_number"]: rec for rec in session.spool.records()  # a record of another shape is no record
+            if isinstance(rec, dict) and isinstance(rec.get("trial_number"), int)
+            and isinstance(rec.get("attrs"), dict)}
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         reason = "the driver stopped while the trial was running; its layout runs again"
         rec = kept.get(t.number)

@@ -1,0 +1,113 @@
+"""One contract for every search and every backend, parametrised over their tables (as Optuna parametrises its
+sampler tests over all samplers): a search or backend added to `SEARCH_KINDS` / `BACKENDS` is tested here at once.
+
+A search: proposes only layouts of the sweep's space, never one twice, stops when exhausted or at the budget,
+and the same seed gives the same sweep. A backend: every finished trial has a known status and records the
+backend's own name, the leaderboard's best is a measured layout that fits, and the study agrees with MLflow.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import study as studies
+from orchestrator.backends import BACKENDS, canonical_backend
+from orchestrator.cli import main
+from orchestrator.spec import parse_spec
+from orchestrator.sweep import run_sweep
+from orchestrator.sweep.samplers import SEARCH_KINDS
+from search_spaces.errors import SpecError
+from search_spaces.hardware import load_gpu
+from search_spaces.layout import Layout
+from search_spaces.models import load_model
+from search_spaces.rules import check
+
+STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted"}
+
+
+def _spec(tmp_path, name: str, **extra):
+    data = {"name": name, "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
+            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 11, "fixed": {"precision": "fp32"},
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "workdir": str(tmp_path / "runs")}
+    data.update(extra)
+    return parse_spec(data)
+
+
+def _sweep(spec):
+    out = run_sweep(spec, show_progress=False)
+    return out, studies.load_study(spec.storage, spec.name)
+
+
+def _keys(study) -> list[str]:
+    return [t.user_attrs["layout_key"] for t in studies.finished_trials(study) if "layout_key" in t.user_attrs]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("search", list(SEARCH_KINDS))
+def test_every_search_keeps_the_contract(tmp_path, search):
+    spec = _spec(tmp_path, f"conf-{search}", search=search)
+    out, study = _sweep(spec)
+    measured = studies.measured_trials(study)
+    assert 1 <= out.n_measured == len(measured) <= spec.budget.n_trials
+    keys = [t.user_attrs["layout_key"] for t in measured]
+    assert len(keys) == len(set(keys)), f"{search} ran a layout twice"
+    for t in studies.finished_trials(study):
+        assert t.user_attrs["status"] in STATUSES
+    # what ran is a legal layout of the sweep's situation (the screen told the illegal ones infeasible)
+    model, gpu = load_model(spec.model), load_gpu(spec.gpu)
+    for t in measured:
+        layout = Layout.from_dict(t.user_attrs["layout"])
+        assert not check(model, gpu, spec.num_gpus, spec.seq_len, layout), layout.key()
+    assert main(["check", spec.name, "--storage", spec.storage]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("search", list(SEARCH_KINDS))
+def test_every_search_is_reproducible_from_its_seed(tmp_path, search):
+    first = _sweep(_spec(tmp_path / "a", "again", search=search))[1]
+    second = _sweep(_spec(tmp_path / "b", "again", search=search))[1]
+    assert _keys(first) == _keys(second)
+
+
+def _backend_spec(tmp_path, backend: str):
+    extra = {}
+    if backend == "replay":  # a recorded table: the analytic backend's sweep, as `status --csv` writes it
+        (tmp_path / "record").mkdir()
+        source = _spec(tmp_path / "record", "record", budget={"n_trials": 10}, search="grid")
+        run_sweep(source, show_progress=False)
+        table = tmp_path / "table.csv"
+        assert main(["status", source.name, "--storage", source.storage, "--csv", str(table)]) == 0
+        extra = {"replay_table": str(table), "search": "grid"}
+    elif not BACKENDS[backend].what_if:  # a real trainer process per trial; this one returns at once
+        extra = {"launcher": "python", "trainer_module": "tests.fake_trainer", "gpus_per_node": 2, "seq_len": 128,
+                 "budget": {"n_trials": 3, "max_concurrent": 1}, "steps": 3, "warmup": 1}
+    return _spec(tmp_path, f"conf-{backend}", backend=backend, **extra)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", [pytest.param(name, marks=[] if kind.what_if else [pytest.mark.slow])
+                                     for name, kind in BACKENDS.items()])
+def test_every_backend_keeps_the_contract(tmp_path, backend, monkeypatch):
+    monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
+    spec = _backend_spec(tmp_path, backend)
+    out, study = _sweep(spec)
+    measured = studies.measured_trials(study)
+    assert out.n_measured == len(measured) >= 1
+    for t in measured:
+        assert t.user_attrs["status"] in STATUSES
+        assert t.user_attrs["backend"] == backend, "a trial records the backend's own name"
+    best = studies.best_fitting_trial(study)
+    assert best is not None and best.user_attrs["status"] == "ok" and studies.fits(best)
+    assert main(["check", spec.name, "--storage", spec.storage]) == 0
+
+
+def test_backend_names_and_aliases_come_from_the_table():
+    for name, kind in BACKENDS.items():
+        assert canonical_backend(name) == name
+        for alias in kind.aliases:
+            assert canonical_backend(alias) == name
+    assert canonical_backend("local") == "ray"  # the Ray backend's former name still reads
+    with pytest.raises(SpecError, match="allowed: " + ", ".join(BACKENDS)):
+        canonical_backend("slurm-direct")
