@@ -73,6 +73,7 @@ def _failed(title: str, outcome: dict) -> list[str]:
 # (module, title, how run_all calls its run()); each module's section(result) writes its figures
 BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("estimator_accuracy", "Estimator accuracy", lambda m, a: m.run()),
+    ("knob_effects", "Knob effects: published same-layout A/B pairs", lambda m, a: m.run(with_space=True)),
     # measured runs come from bench/memory_measurements.json (bench/memory_accuracy.py --remeasure refreshes it)
     ("memory_accuracy", "Memory accuracy", lambda m, a: m.run()),
     # cached trainer runs in bench/proxy_accuracy.json (bench/proxy_accuracy.py --remeasure refreshes them)

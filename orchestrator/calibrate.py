@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from search_spaces.calibration import (Measurement, calibration_document, errors, fit, load_calibration, mape,
-                                       parameters_for, predict_peak_gib, usable)
+                                       measured_stack, parameters_for, predict_peak_gib, usable)
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
@@ -60,7 +60,8 @@ def judge_result(result: Any, source: str, backend: str = "") -> tuple[Measureme
                         seq_len=int(result["seq_len"]), layout=Layout.from_dict(result["layout"]),
                         tokens_per_sec_per_gpu=result["tokens_per_sec_per_gpu"],
                         peak_memory_gib=result.get("peak_memory_gib"), source=source,
-                        num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+                        num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"),
+                        software=tuple(sorted((str(k), str(v)) for k, v in (result.get("versions") or {}).items())))
         claimed = TrialResult.from_dict({k: v for k, v in result.items() if k != "extra"})
         composed = extra.get("fidelity") == "proxy"  # the full layout's figures on the proxy's record
         reasons = problems(claimed, m.layout, load_gpu(m.gpu), model=m.spec(), seq_len=m.seq_len,
@@ -235,5 +236,6 @@ def calibrate(measurements: list[Measurement], start: dict | None = None, holdou
                                          "held_out": len(held), "published_rows": len(anchor),
                                          "families": families, "held_out_mape_before": run.before,
                                          "held_out_mape_after": run.after, "fit": summary,
-                                         "sources": sorted({m.source.rsplit(" ", 2)[0] for m in measurements})})
+                                         "sources": sorted({m.source.rsplit(" ", 2)[0] for m in measurements})},
+                                        software=measured_stack(measurements))
     return run

@@ -45,8 +45,8 @@ FAMILY_PARAMETERS: dict[str, list[tuple[tuple[str, ...], float, float]]] = {
 # constants shared by the GPU families (fitted by bench/fit_calibration.py on the published rows only)
 SHARED_PARAMETERS: list[tuple[tuple[str, ...], float, float]] = [
     (("ep_exposed",), 0.05, 1.0), (("elementwise_passes",), 1.0, 30.0), (("routed_passes",), 0.1, 30.0),
-    (("fp8_cast_bytes",), 0.5, 12.0), (("launch_overhead_s",), 1e-5, 3e-3),
-    (("dense_launch_overhead_s",), 1e-6, 3e-3), (("linear_attention_efficiency",), 0.1, 0.6)]
+    (("host_kernel_launch_s", "x86"), 1e-6, 1e-4), (("host_kernel_launch_s", "grace"), 1e-6, 1e-4), (("moe_sync_s",), 1e-6, 1e-3), (("mxfp8_gemm_factor",), 0.8, 1.05),
+    (("linear_attention_efficiency",), 0.05, 0.6)]
 # Nelder-Mead: stop when the simplex's losses differ by less than this, or after this many evaluations
 FIT_TOLERANCE = 1e-4
 FIT_MAX_EVALUATIONS = 1500
@@ -68,6 +68,7 @@ class Measurement:
     num_layers: int | None = None  # proxy models (a sweep's model_overrides)
     hidden_size: int | None = None
     release: str = ""  # the software it ran (a key of the calibration's attention_release_factor, if older)
+    software: tuple[tuple[str, str], ...] = ()  # (package, version) of the run, as the trainer reports them
 
     def spec(self) -> ModelSpec:
         from search_spaces.reference import model_spec
@@ -99,7 +100,8 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Measurement":
-        return cls(**{**data, "layout": Layout.from_dict(data["layout"])})
+        software = tuple(tuple(pair) for pair in data.get("software", ()))
+        return cls(**{**data, "layout": Layout.from_dict(data["layout"]), "software": software})
 
 
 # ---- measurements that cannot be true -------------------------------------------------------------------------
@@ -143,6 +145,28 @@ def predict_tokens(m: Measurement, cal: dict) -> float | None:
         return None
     step = step_time(spec, gpu, m.num_gpus, m.seq_len, m.layout, for_release(cal, m.release))["step"]
     return m.layout.gbs * m.seq_len / step / m.num_gpus
+
+
+def cp_variants(layout: Layout) -> list[Layout]:
+    """The layout under every CP communication type (a2a+p2p with each two-level split); itself without CP."""
+    from search_spaces.layout import CP_COMM_TYPES
+    from search_spaces.space import hierarchical_options
+    if layout.cp <= 1:
+        return [layout]
+    out = [layout.replace(cp_comm_type=kind, hierarchical_cp=()) for kind in CP_COMM_TYPES if kind != "a2a+p2p"]
+    return out + [layout.replace(cp_comm_type="a2a+p2p", hierarchical_cp=sizes)
+                  for sizes in hierarchical_options([layout.cp])]
+
+
+def predict_tokens_best_cp(m: Measurement, cal: dict) -> tuple[float | None, Layout]:
+    """The highest predicted tokens/s/GPU over the CP communication types the rules allow for the measurement's
+    layout (for published rows that do not say which type ran), and that layout."""
+    best: tuple[float | None, Layout] = (None, m.layout)
+    for layout in cp_variants(m.layout):
+        pred = predict_tokens(dataclasses.replace(m, layout=layout), cal)
+        if pred and (best[0] is None or pred > best[0]):
+            best = (pred, layout)
+    return best
 
 
 def predict_peak_gib(m: Measurement, cal: dict) -> float | None:
@@ -222,19 +246,20 @@ def nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float 
 
 
 def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], float, float]],
-        start: dict | None = None, max_evals: int = FIT_MAX_EVALUATIONS, anchor: list[Measurement] | None = None
-        ) -> tuple[dict, dict[str, Any]]:
+        start: dict | None = None, max_evals: int = FIT_MAX_EVALUATIONS, anchor: list[Measurement] | None = None,
+        extra_loss: Callable[[dict], float] | None = None) -> tuple[dict, dict[str, Any]]:
     """The calibration (a full constants dict) that minimises `log_loss` over `measurements` (plus, weighing as
     much as they do together, over `anchor`: published rows that keep a small set of measurements from pulling
-    the constants anywhere) by moving `params` within their bounds from `start` (default: the packaged
-    calibration); and a summary of the fit."""
+    the constants anywhere; plus `extra_loss(cal)` when given, e.g. the error of published A/B ratios) by moving
+    `params` within their bounds from `start` (default: the packaged calibration); and a summary of the fit."""
     base = copy.deepcopy(start or calibration())
     if not measurements or not params:
         return base, {"evaluations": 0, "loss_before": None, "loss_after": None, "fitted": []}
     anchor = list(anchor or [])
 
     def objective(cal: dict) -> float:
-        return log_loss(measurements, cal) + (log_loss(anchor, cal) if anchor else 0.0)
+        return log_loss(measurements, cal) + (log_loss(anchor, cal) if anchor else 0.0) \
+            + (extra_loss(cal) if extra_loss else 0.0)
 
     lo = [math.log(p[1]) for p in params]
     hi = [math.log(p[2]) for p in params]
@@ -258,6 +283,64 @@ def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], flo
     cal = unpack(x)
     return cal, {"evaluations": evals, "loss_before": before, "loss_after": after,
                  "fitted": [".".join(p[0]).replace(".*", "") for p in params]}
+
+
+# ---- the software a calibration was measured with -------------------------------------------------------------
+# what a calibration file records and a mismatch reports: name -> the distributions that carry it (the first
+# installed one counts; CUDA and NCCL as the wheels PyTorch depends on, so nothing imports torch to read them)
+SOFTWARE_PACKAGES = {"torch": ("torch",), "megatron-core": ("megatron-core",),
+                     "transformer-engine": ("transformer-engine", "transformer_engine", "transformer-engine-cu12"),
+                     "cuda": ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime"),
+                     "nccl": ("nvidia-nccl-cu12", "nvidia-nccl-cu13")}
+
+
+def software_stack(recorded: dict[str, str] | None = None) -> dict[str, str]:
+    """The versions of SOFTWARE_PACKAGES installed here (those installed), or `recorded` (a measurement's,
+    normalised to the same names) when given."""
+    if recorded is not None:
+        aliases = {alias: name for name, dists in SOFTWARE_PACKAGES.items() for alias in (name, *dists)}
+        return {aliases.get(k, k): str(v) for k, v in recorded.items() if aliases.get(k, k) in SOFTWARE_PACKAGES
+                or k == "container"}
+    from importlib.metadata import PackageNotFoundError, version
+    found = {}
+    for name, dists in SOFTWARE_PACKAGES.items():
+        for dist in dists:
+            try:
+                found[name] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
+    return found
+
+
+def measured_stack(measurements: Iterable[Measurement]) -> dict[str, str]:
+    """The software most of the measurements ran (per package, the most common version)."""
+    counts: dict[str, dict[str, int]] = {}
+    for m in measurements:
+        for name, version in software_stack(dict(m.software)).items():
+            counts.setdefault(name, {}).setdefault(version, 0)
+            counts[name][version] += 1
+    return {name: max(versions, key=versions.get) for name, versions in sorted(counts.items())}
+
+
+def stack_mismatch(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """'package recorded -> current' for each package both stacks name with different versions."""
+    return [f"{k} {recorded[k]} -> {current[k]}" for k in sorted(recorded) if k in current and recorded[k] != current[k]]
+
+
+def warn_if_other_stack(path: str | Path, recorded: Any, current: dict[str, str] | None = None) -> str | None:
+    """One line on stderr when a calibration file was measured with other software than this environment's
+    (kernels and containers move the figures, more so from 128K up); returns the line (None: same or unknown)."""
+    import sys
+    if not isinstance(recorded, dict) or not recorded:
+        return None
+    diff = stack_mismatch(software_stack(recorded), software_stack() if current is None else current)
+    if not diff:
+        return None
+    line = (f"warning: calibration file {path} was measured with other software ({'; '.join(diff)}): "
+            "its constants may not hold here")
+    print(line, file=sys.stderr)
+    return line
 
 
 # ---- files ----------------------------------------------------------------------------------------------------
@@ -285,8 +368,12 @@ def load_calibration(path: str | Path | None) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SpecError(f"calibration file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    constants = data.get("constants") if isinstance(data, dict) and data.get("format") == FORMAT else data
+    document = isinstance(data, dict) and data.get("format") == FORMAT
+    constants = data.get("constants") if document else data
+    software = (data.get("software") if document else
+                constants.pop("software", None) if isinstance(constants, dict) else None)
     _check_constants(constants, f"calibration file {path}")
+    warn_if_other_stack(path, software)
     return merge(cal, constants)
 
 
@@ -297,11 +384,13 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def calibration_document(cal: dict, fitted: list[str], summary: dict[str, Any]) -> dict[str, Any]:
-    """What a calibration file holds: the constants (all of them, so the file stands alone) and how they came."""
+def calibration_document(cal: dict, fitted: list[str], summary: dict[str, Any],
+                         software: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a calibration file holds: the constants (all of them, so the file stands alone), how they came, and
+    the software the measurements ran (torch, Megatron-Core, Transformer Engine, CUDA, NCCL as recorded)."""
     return {"format": FORMAT, "version": 1,
             "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "fitted": fitted, "summary": summary, "constants": cal}
+            "fitted": fitted, "summary": summary, "software": dict(software or {}), "constants": cal}
 
 
 def write_calibration(path: str | Path, document: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@
   a2a: the all-to-all outputs of q, k, v and in the backward of dq, dk, dv (AttnFuncWithCPAndQKVOA2A);
   a2a+p2p: both, the ring's over the a2a level's longer shards (the same bytes).
   The saved activations themselves are the same for every type (memory.py counts them).
+- `delta_net_chunk_states`: gated delta-net's chunk states (and their gradients in the backward) while one layer's
+  state pass runs (search_spaces/delta_net.py); 0 on cpu, where the trainer's reference kernels are measured
+  with the saved activations.
 - `host_process`: on `cpu` the peak is the process's resident set: Python, torch and Megatron-Core's code and
   allocator state (`cpu_process_baseline_gib`, measured on the trainer: bench/cpu_calibration.py) beside the
   tensors memory.py counts.
@@ -16,12 +19,13 @@
 
 from __future__ import annotations
 
+from search_spaces import delta_net
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.memory import GIB, act_bytes
 from search_spaces.models import ModelSpec
 
-EXTRA_PEAK_KEYS = ("cp_attention_buffers", "host_process")
+EXTRA_PEAK_KEYS = ("cp_attention_buffers", "delta_net_chunk_states", "host_process")
 # K/V (and dK/dV) shards the backward of the p2p ring holds: two buffers of [K/V, dK/dV] (send and receive)
 P2P_RING_BUFFERS = 4
 
@@ -58,6 +62,8 @@ def with_extra_memory(breakdown: dict[str, float], model: ModelSpec, gpu: GPUSpe
                       cal: dict) -> dict[str, float]:
     """memory.py's breakdown (bytes) with these terms added to it and to its peak."""
     extra = {"cp_attention_buffers": cp_attention_buffers(model, layout, seq_len, gpu.is_cpu),
+             "delta_net_chunk_states": 0.0 if gpu.is_cpu else
+             delta_net.chunk_state_bytes(model, layout, seq_len, act_bytes(layout)),
              "host_process": host_process_bytes(gpu, cal)}
     out = dict(breakdown)
     out.update(extra)

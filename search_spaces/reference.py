@@ -8,6 +8,10 @@ Files (search_spaces/reference/, copies of ../shared/reference; README there say
 - skill_card_measurements.csv: Megatron-Bridge's MoE skill card.
 - moe_4k_more.csv: more MoE rows at 4K (Megatron-MoE-ModelZoo, skill cards); FSDP rows and rows already in
   the skill card are left out.
+- moe_long_context.csv: MoE rows from 4K to 256K with CP (Megatron-MoE-ModelZoo's Qwen3-235B on H100 and GB300,
+  Megatron-Bridge's long-context card: DeepSeek-V3 on H100, Qwen3-Next on GB200, Qwen3-235B on GB200), layouts as
+  published, what was not published marked in `assumed`; scored apart (`long_context_moe_rows`), each row with
+  its best CP communication type (none is published), so the published_rows() figures stay comparable.
 - long_sequence_dense_cp.csv: Llama2-7B (H100) and Llama3-8B (B200) from 4K/8K to 1M tokens with CP (NeMo). Their
   TF/s are NeMo's count, whose Llama formula (NVIDIA/NeMo nemo/utils/flops_formulas.py, llama2/llama3) counts the
   whole attention square (12 S/h per layer and token) where Bridge counts the causal half: they are converted
@@ -36,7 +40,7 @@ MODELS = {"DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/o MTP)": "deepseek-v3-no-m
           "qwen3-next-80b-a3b": "qwen3-next-80b-a3b"}
 PRECISIONS = {"BF16": "bf16", "FP8": "fp8-tensorwise", "FP8-CS": "fp8-tensorwise", "FP8-MX": "mxfp8",
               "MXFP8": "mxfp8", "FP8-CS (FP8-MX)": "fp8-tensorwise", "fp8-block": "fp8-blockwise",
-              "bf16": "bf16", "mxfp8": "mxfp8", "fp8": "fp8-delayed"}
+              "bf16": "bf16", "mxfp8": "mxfp8", "fp8": "fp8-delayed", "fp8-blockwise": "fp8-blockwise"}
 # Settings the summary table does not print (recompute, CUDA graphs, dispatcher), read from Megatron-Bridge:
 # rows of release 26.06+ from its perf recipes at the commit the summary was taken from (067f987,
 # src/megatron/bridge/perf_recipes/<model>/<gpu>/*.py); rows of release 26.04.x from the legacy configs of that
@@ -211,6 +215,22 @@ def long_sequence_rows(path: Path = DATA / "long_sequence_dense_cp.csv") -> list
     return out
 
 
+LONG_CONTEXT_MOE_SOURCE = "moe long context"
+
+
+def long_context_moe_rows(path: Path = DATA / "moe_long_context.csv") -> list[Measurement]:
+    """The long-context MoE rows (moe_long_context.csv), cp_comm_type left at p2p: score them with each row's
+    best type (none is published)."""
+    out = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            layout = _card_layout(r, PRECISIONS[r["precision"].strip()])
+            out.append(Measurement(r["model"], r["gpu"], int(r["num_gpus"]), int(r["seq_len"]), layout,
+                                   tflops_per_gpu=float(r["tflops_per_gpu"]), source=LONG_CONTEXT_MOE_SOURCE,
+                                   release=r["series"]))
+    return out
+
+
 def published_rows() -> list[Measurement]:
     """Every published row the cost model can express, in a fixed order (the declared halves depend on it)."""
     cards = skill_card_rows()
@@ -223,7 +243,8 @@ def declared_halves(rows: list[Measurement]) -> tuple[list[Measurement], list[Me
     fit, held = [], []
     by_series: dict[tuple, int] = {}
     for row in rows:
-        series = (row.source, row.model, row.gpu) if row.source == "nemo long sequence" else (row.source.split()[0],)
+        series = (row.source, row.model, row.gpu) if row.source in ("nemo long sequence", LONG_CONTEXT_MOE_SOURCE) \
+            else (row.source.split()[0],)
         n = by_series.get(series, 0)
         by_series[series] = n + 1
         (fit if n % 2 == 0 else held).append(row)

@@ -336,6 +336,29 @@ def _cp_window_sinks(s: Situation) -> str | None:
     return None
 
 
+# Transformer Engine @d0067d0 (tests/pytorch/attention/test_attention_with_cp.py): "D=256 CP fused attention is only
+# enabled on Blackwell server GPUs ... covered for p2p and all_gather only", and FlashAttention 4 is disabled under
+# CP ("does not support context parallelism yet", dot_product_attention/utils.py), so on Blackwell 256-wide heads
+# (Qwen3-Next's full attention) run under CP through those two types alone. MLA's unequal Q/K and V widths need no
+# rule: the same tests run them with every type on FusedAttention (only the FlashAttention path is "KV P2P" only,
+# and TE falls back to FusedAttention there).
+CP_WIDE_HEAD_TYPES = ("p2p", "allgather")
+
+
+@rule("cp_wide_heads", reads=("cp", "cp_comm_type"),
+      why="Transformer Engine runs 256-wide attention heads under CP on Blackwell with p2p or allgather only "
+          "(fused attention; FlashAttention 4 has no CP)")
+def _cp_wide_heads(s: Situation) -> str | None:
+    m, L = s.model, s.layout
+    if L.cp == 1 or s.gpu.family != "blackwell" or m.is_mla or m.head_dim < 256 or \
+            set(m.attention_kinds()) <= {"linear"}:
+        return None
+    if L.cp_comm_type in CP_WIDE_HEAD_TYPES:
+        return None
+    return (f"Transformer Engine runs {m.head_dim}-wide heads under CP on {s.gpu.name} with cp_comm_type "
+            f"{' or '.join(CP_WIDE_HEAD_TYPES)} only, not {L.cp_comm_type}")
+
+
 @rule("hierarchical_cp", reads=("hierarchical_cp", "cp_comm_type", "cp", "tp"),
       why="a2a+p2p needs the CP sizes per level (a2a, p2p): product CP, the a2a level splits heads; no hierarchy "
           "otherwise (declared last: the space expands it per grid, see space._FeatureTable)")

@@ -46,6 +46,7 @@ from search_spaces.layout import Layout
 from search_spaces.memory import RankParams, act_bytes, chunk_activations, grad_bytes, rank_params, weight_bytes
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, model_units, placement
+from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
 
 # ---- fitted or hand-set constants (re-fit with bench/fit_calibration.py; see CALIBRATION.md) ----------------
 # eager PyTorch/autograd time per layer per microbatch on cpu (fwd+bwd): the hand-set starting point that
@@ -84,6 +85,13 @@ DEFAULT_CALIBRATION = {
     # the same for a dense layer: launches run ahead of the GPU, little shows
     "dense_launch_overhead_s": 5.0e-5,
     "cpu_overhead_per_layer_s": CPU_OVERHEAD_PER_LAYER_S,  # replaces launch_overhead_s on cpu (no graphs there)
+    # GPUs (search_spaces/launch_overhead.py): the host's time per kernel launch (PyTorch and TE's Python, the
+    # dispatcher, the launch itself) and the dropless MoE layer's device-to-host sync with the host's wake-up;
+    # launch_overhead_s and dense_launch_overhead_s above are kept for calibration files written before them
+    "host_kernel_launch_s": {"x86": 8e-6, "grace": 8e-6},  # per host CPU: Grace's Python runs at its own rate
+    "moe_sync_s": 5e-5,
+    # MXFP8 GEMMs' rate relative to per-tensor FP8's (search_spaces/quantisation.py)
+    "mxfp8_gemm_factor": 0.95,
     # gloo on one host: one collective's fixed cost (sync, TCP round trips, Python) whatever its few bytes
     "cpu_collective_latency_s": 5e-4,
     # the CPU trainer's resident set beside its tensors (Python, torch, Megatron-Core; trainers/README.md: ~0.8 GiB)
@@ -106,8 +114,6 @@ UNCALIBRATED_GEMM_EFFICIENCY = 0.5
 # beyond 4 pipeline ranks only the first (embedding, most in flight), second, middle, last two (output head) are
 # timed: the slowest of them sets the pace
 ALL_RANKS_UP_TO_PP = 4
-# every GEMM input is cast to fp8 twice: the activation in the forward, the output gradient in the backward
-FP8_CASTS_PER_GEMM_INPUT = 2
 # sequence parallel: all-gather before and reduce-scatter after attention and MLP in the forward (4 per layer),
 # mirrored in the backward (4)
 SP_COLLECTIVES_PER_LAYER = 8
@@ -123,6 +129,12 @@ ATTENTION_REFERENCE_DIMS = (128, 128)
 # (Dao-AILab/flash-attention PRs #2270 and #2280, 2026) -- 0.83, i.e. this much below the softmax share's 1.07
 WIDE_HEAD_BACKWARD_FACTOR = 0.78
 WIDE_HEAD_DIM = 128
+# 256-wide heads on Blackwell do not follow the softmax-share law (FA3 on Hopper): FlashAttention-4's first SM100
+# hdim-256 kernel runs the causal 8K forward at 1,059 TF/s (Dao-AILab/flash-attention PR #2432, B200), 0.65 of what
+# its 128-wide kernel reaches there (1882 x 8192 / (8192 + 1300) = 1,624), against the law's 1.2: this factor
+# (0.65 / 1.2) corrects both directions (the backward assumed alike)
+WIDEST_HEAD_DIM = 256
+BLACKWELL_WIDEST_HEAD_FACTOR = 0.54
 # a causal kernel over L query tokens reaches L / (L + this) of its long-sequence rate (the diagonal blocks' waste,
 # tile and wave quantisation): FlashAttention-4's causal head-128 forward on B200 at 1K, 2K and 4K tokens (829, 1172,
 # 1431 TF/s, PR #2605) follows L / (L + 1300) of its non-causal rate (1882) within 2%
@@ -143,10 +155,6 @@ CPU_PP_COLLECTIVES_PER_STAGE = 2
 CPU_DP_COLLECTIVES_PER_STEP = 2
 # gloo's all-to-all between processes on one host, whatever the dispatcher (assumed; no fused kernels on cpu)
 CPU_DISPATCHER_EFFICIENCY = 0.5
-# share of a layer's host launches each CUDA-graph scope captures (assumed from the share of the layer's kernels
-# it holds; not fitted); full_iteration captures all of them
-GRAPH_COVERAGE = {"attn": 0.35, "mlp": 0.3, "moe": 0.4, "moe_router": 0.1, "moe_preprocess": 0.1,
-                  "full_iteration": 1.0}
 # per virtual stage and microbatch: the activation sent forward and its gradient sent back
 PP_TRANSFERS_PER_MICROBATCH = 2
 # share of the pipeline send/recv not hidden behind the other chunks' compute (assumed)
@@ -189,7 +197,7 @@ def gemm_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
     table = cal["gemm_efficiency"]
     per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu_family(gpu)]
     eff = per.get(precision_class(precision), UNCALIBRATED_GEMM_EFFICIENCY)
-    return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal)
+    return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal) * quantisation.gemm_factor(gpu, precision, cal)
 
 
 def attention_dims(model: ModelSpec) -> tuple[int, int]:
@@ -229,6 +237,8 @@ def attention_rates(gpu: GPUSpec, precision: str, cal: dict, dims: tuple[int, in
     if not gpu.is_cpu:
         scale *= shard_length_factor(length)
         fwd, bwd = head_width_factor(*dims), head_width_factor(*dims, backward=True)
+        if family == "blackwell" and dims[0] >= WIDEST_HEAD_DIM:  # 256-wide heads (Qwen3-Next) on Blackwell
+            fwd, bwd = fwd * BLACKWELL_WIDEST_HEAD_FACTOR, bwd * BLACKWELL_WIDEST_HEAD_FACTOR
     return (scale * fwd * cal["attention_fwd_efficiency"][family],
             scale * bwd * cal["attention_bwd_efficiency"][family])
 
@@ -345,17 +355,21 @@ def linear_attention_core_per_token(model: ModelSpec, kind: str) -> float:
     return model.linear_conv_kernel_dim * (2 * qk + v) + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
 
 
-def linear_attention_time(job: Job, units: list[Unit]) -> float:
-    """Gated delta-net kernels of the rank's linear-attention layers per microbatch (fwd+bwd): their FLOPs at
-    `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates)."""
+def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
+    """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch: the
+    chunked delta rule's parallel kernels at `linear_attention_efficiency` of the BF16 peak and its sequential
+    state passes (search_spaces/delta_net.py)."""
     layers = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) == "linear")
     if not layers:
-        return 0.0
+        return 0.0, 0.0
     L = job.layout
-    flops = FWD_BWD_FLOPS_PER_MAC * linear_attention_core_per_token(job.model, "linear") * job.tokens_mb / (L.tp * L.cp)
     base = "fp32" if L.precision == "fp32" else "bf16"
     rate = job.gpu.peak(base) * 1e12 * job.cal["linear_attention_efficiency"] * sustained_factor(job.gpu, job.cal)
-    return layers * flops / rate
+    if job.gpu.is_cpu:  # the CPU trainer's reference kernels: Bridge's count at the fitted rate (bench/cpu_calibration)
+        flops = FWD_BWD_FLOPS_PER_MAC * linear_attention_core_per_token(job.model, "linear") * job.tokens_mb / (L.tp * L.cp)
+        return layers * flops / rate, 0.0
+    total, again = delta_net.layer_time(job.model, L, job.gpu, job.seq_len, rate)
+    return layers * total, layers * again
 
 
 def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, core: float, expert: float,
@@ -471,8 +485,9 @@ def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
     """fp8 recipes cast every GEMM input to fp8 first (plus a transposed copy for the weight gradient)."""
     if precision_class(job.layout.precision) != "fp8" or job.gpu.is_cpu:
         return 0.0
-    width = _gemm_input_width(job.model, units)
-    return per_gpu * width * FP8_CASTS_PER_GEMM_INPUT * job.cal["fp8_cast_bytes"] / job.hbm
+    # each recipe's bytes per cast element (quantisation.py; the fitted fp8_cast_bytes of older calibrations is
+    # no longer read: fitted, it made casts nearly free and FP8 1.3-1.55x faster on small experts)
+    return quantisation.cast_time(job.layout, per_gpu, _gemm_input_width(job.model, units), job.hbm)
 
 
 class AttentionTime(NamedTuple):
@@ -524,6 +539,7 @@ class RankCompute(NamedTuple):
     recompute: float  # the GEMMs and attention forwards recompute repeats
     attention: float
     elementwise: float
+    expert_gemm: float = 0.0  # the routed experts' grouped GEMMs (part of gemm): the MoE layer's post-sync work
 
 
 def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
@@ -535,27 +551,33 @@ def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense \
         + per_gpu * flops.expert / (rates.dense * rates.grouped)
     attention, attention_again = _rank_attention(job, units)
-    attention += linear_attention_time(job, units)
+    linear, linear_again = linear_attention_time(job, units)
+    attention += linear - linear_again
+    attention_again += linear_again
     recompute = per_gpu * flops.recompute / rates.dense + attention_again
     elementwise = (activation_passes_time(job, rank) + routed_passes_time(job, units, per_gpu)
                    + fp8_cast_time(job, units, per_gpu))
-    total = gemm_all + attention_again + attention + elementwise
+    # a recomputed module's forward repeats its element-wise work too (norms, activations, permutes, fp8 casts),
+    # taken in proportion to the GEMM forward it repeats; its forward is a third of the fwd+bwd element-wise work
+    gemm_flops = flops.dense + flops.expert
+    again = elementwise * flops.recompute / gemm_flops if gemm_flops and not job.gpu.is_cpu else 0.0
+    recompute += again
+    total = gemm_all + attention_again + attention + elementwise + again
     return RankCompute(rank, units, total, gemm_all - per_gpu * flops.recompute / rates.dense, recompute, attention,
-                       elementwise)
+                       elementwise, per_gpu * flops.expert / (rates.dense * rates.grouped))
+
+
+def rank_computes(job: Job) -> list[RankCompute]:
+    """The compute per microbatch of the pipeline ranks that can set the pace (all up to ALL_RANKS_UP_TO_PP)."""
+    pp = job.layout.pp
+    ranks = range(pp) if pp <= ALL_RANKS_UP_TO_PP else sorted({0, 1, pp // 2, pp - 2, pp - 1})
+    rates = gemm_rates(job)
+    return [rank_compute(job, rates, rank) for rank in ranks]
 
 
 def slowest_rank_compute(job: Job) -> RankCompute:
     """The pipeline rank whose compute per microbatch sets the pace."""
-    pp = job.layout.pp
-    ranks = range(pp) if pp <= ALL_RANKS_UP_TO_PP else sorted({0, 1, pp // 2, pp - 2, pp - 1})
-    rates = gemm_rates(job)
-    worst = None
-    for rank in ranks:
-        rc = rank_compute(job, rates, rank)
-        if worst is None or rc.total > worst.total:
-            worst = rc
-    assert worst is not None
-    return worst
+    return max(rank_computes(job), key=lambda rc: rc.total)
 
 
 # ---- communication per microbatch -----------------------------------------------------------------------------
@@ -732,9 +754,10 @@ def _ep_volume(job: Job) -> float:
     if L.dispatcher == "allgather":
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
         return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2
-    fp8_dispatch = precision_class(L.precision) == "fp8" and L.dispatcher in ("deepep", "hybridep")
+    flex = L.dispatcher in ("deepep", "hybridep")
+    dispatch = quantisation.dispatch_bytes_per_element(L.precision, e) if flex else e  # MXFP8 dispatches in BF16
     per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep
-    return FWD_AND_BWD * per_dir * ((FP8_BYTES if fp8_dispatch else e) + e)
+    return FWD_AND_BWD * per_dir * (dispatch + e)
 
 
 def ep_comm_time(job: Job, moe_layers: int) -> float:
@@ -744,10 +767,29 @@ def ep_comm_time(job: Job, moe_layers: int) -> float:
         return 0.0
     span = L.ep * L.etp * L.tp  # EP ranks are strided by TP-sized blocks in the folded grid
     inter = max(0.0, 1.0 - gpu.nvlink_domain / span)
-    eff = CPU_DISPATCHER_EFFICIENCY if gpu.is_cpu else job.cal["dispatcher_efficiency"][L.dispatcher]
-    # the dispatchers' own efficiency stands in for comm_efficiency here
-    t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9, gpu.scaleout_gbps * 1e9) / eff
+    if gpu.is_cpu:
+        t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9, gpu.scaleout_gbps * 1e9) \
+            / CPU_DISPATCHER_EFFICIENCY
+        return job.cal["ep_exposed"] * t_a2a * moe_layers
+    # each dispatcher's reach of NVLink and of the scale-out link, by domain size (dispatcher_comm)
+    nvl, out = dispatcher_comm.link_efficiency(gpu, L.dispatcher, span, job.cal["dispatcher_efficiency"]["alltoall"])
+    t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9 * nvl, gpu.scaleout_gbps * 1e9 * out)
+    if dispatcher_comm.recompute_repeats_dispatch(L):
+        t_a2a *= 1 + 1 / FWD_AND_BWD  # the forward's dispatch and combine run again
     return job.cal["ep_exposed"] * t_a2a * moe_layers
+
+
+def dispatcher_overhead_time(job: Job, moe_layers: int, ep_time: float) -> float:
+    """Beside the all-to-all's bytes (dispatcher_comm): each call's fixed cost, the NCCL path's global permute
+    over HBM, and the SMs the dispatcher holds while its overlapped all-to-all runs beside compute. 0 on cpu."""
+    L = job.layout
+    if job.gpu.is_cpu or not (job.model.is_moe and L.ep > 1 and moe_layers):
+        return 0.0
+    tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
+    permute = dispatcher_comm.global_permute_bytes(job.model, L, tsp, job.act_bytes) * moe_layers / job.hbm
+    overlapped = ep_time * (1 - job.cal["ep_exposed"]) / job.cal["ep_exposed"]
+    return dispatcher_comm.latency_time(L, moe_layers) + permute \
+        + overlapped * dispatcher_comm.sm_share(job.gpu, L.dispatcher)
 
 
 def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe_layers: int) -> int:
@@ -764,17 +806,34 @@ def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe_layers: int)
     return n + (CPU_PP_COLLECTIVES_PER_STAGE * L.vpp if L.pp > 1 else 0)
 
 
-def launch_overhead_time(job: Job, units: list[Unit]) -> float:
-    """Host launch/sync time per layer, removed by the CUDA-graph scopes that cover it. On cpu: eager autograd
-    per layer and the fixed cost of each gloo collective."""
+def launch_overhead_time(job: Job, units: list[Unit], busy: launch_overhead.LayerBusy | None = None) -> float:
+    """Host time the GPU waits for per microbatch: on GPUs the kernels each layer launches beyond what its GPU work
+    hides, the dropless MoE sync, and the graph replays' static-buffer copies (search_spaces/launch_overhead.py;
+    `busy`: the GPU time of one layer). On cpu: eager autograd per layer and the fixed cost of each gloo
+    collective."""
     layers = sum(1 for u in units if u.is_layer)
     if job.gpu.is_cpu:
         softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")
         n = cpu_collectives(job, layers, softmax, _moe_layers(job.model, units))
         return job.cal["cpu_overhead_per_layer_s"] * layers + job.cal["cpu_collective_latency_s"] * n
-    coverage = min(1.0, sum(GRAPH_COVERAGE.get(s, 0.0) for s in job.layout.cuda_graphs))
-    moe = _moe_layers(job.model, units)
-    return (job.cal["launch_overhead_s"] * moe + job.cal["dense_launch_overhead_s"] * (layers - moe)) * (1 - coverage)
+    busy = busy or launch_overhead.LayerBusy(0.0, 0.0)
+    host = sum(launch_overhead.layer_host_time(job.model, job.layout, u.layer, busy, job.cal, job.gpu.host)
+               for u in units if u.is_layer)
+    tsp = job.tokens_rank / job.layout.tp if job.layout.sp else job.tokens_rank
+    copies = launch_overhead.graph_copy_bytes(job.model, job.layout, tsp, job.act_bytes) * layers / job.hbm
+    return host + copies
+
+
+def layer_busy(rank: RankCompute, comm: float, ep: float, moe_layers: int) -> launch_overhead.LayerBusy:
+    """One layer's GPU time per microbatch on the rank, forward (a third of the compute, half the communication)
+    and backward (the rest and the recompute), and an MoE layer's forward after its sync (the experts' share of
+    the forward GEMMs, half of the all-to-all)."""
+    layers = max(1, sum(1 for u in rank.units if u.is_layer))
+    work = rank.total - rank.recompute
+    fwd = (work / 3 + comm / 2) / layers
+    bwd = (2 * work / 3 + rank.recompute + comm / 2) / layers
+    post = (rank.expert_gemm / 3 + ep / 2) / moe_layers if moe_layers else 0.0
+    return launch_overhead.LayerBusy(fwd, bwd, post)
 
 
 def pp_comm_time(job: Job) -> float:
@@ -848,6 +907,18 @@ def host_contention_time(job: Job, rank: RankCompute) -> float:
     return (slowdown - 1.0) * (rank.total + job.cal["cpu_overhead_per_layer_s"] * layers)
 
 
+def _microbatch_terms(job: Job, rank: RankCompute) -> tuple[float, ...]:
+    """(tp, cp, ep, dispatcher overhead, launch, pp, host contention) seconds of one microbatch on `rank`."""
+    layers = sum(1 for u in rank.units if u.is_layer)
+    tp = tp_comm_time(job, layers)
+    cp = cp_comm_time(job, rank)
+    moe_layers = _moe_layers(job.model, rank.units)
+    ep = ep_comm_time(job, moe_layers)
+    dispatch = dispatcher_overhead_time(job, moe_layers, ep)
+    launch = launch_overhead_time(job, rank.units, layer_busy(rank, tp + cp + ep + dispatch, ep, moe_layers))
+    return tp, cp, ep, dispatch, launch, pp_comm_time(job), host_contention_time(job, rank)
+
+
 def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
               cal: dict | None = None) -> dict[str, float]:
     """Seconds per optimizer step, by component (the module docstring's formula); key 'step' is the total.
@@ -856,15 +927,11 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
     """
     job = Job(model, gpu, num_gpus, seq_len, layout, cal or calibration())
     m = layout.grad_accum(num_gpus) or 1
-    rank = slowest_rank_compute(job)
-    layers = sum(1 for u in rank.units if u.is_layer)
-    tp = tp_comm_time(job, layers)
-    cp = cp_comm_time(job, rank)
-    ep = ep_comm_time(job, _moe_layers(model, rank.units))
-    launch = launch_overhead_time(job, rank.units)
-    pp = pp_comm_time(job)
-    contention = host_contention_time(job, rank)
-    per_mb = rank.total + tp + cp + ep + launch + pp + contention  # rank.total: compute + recompute
+    # on GPUs the host's launches can outweigh a rank's compute: the pace is the rank slowest with them
+    ranks = [slowest_rank_compute(job)] if gpu.is_cpu else rank_computes(job)
+    rank, (tp, cp, ep, dispatch, launch, pp, contention) = max(
+        ((rc, _microbatch_terms(job, rc)) for rc in ranks), key=lambda x: x[0].total + sum(x[1]))
+    per_mb = rank.total + tp + cp + ep + dispatch + launch + pp + contention  # rank.total: compute + recompute
     bubble = pipeline_bubble_time(layout, per_mb, m)
     params = rank_params(model, layout, rank.units)
     dp = dp_comm_time(job, params)
@@ -879,6 +946,7 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
         "tp_comm": tp * m,
         "cp_comm": cp * m,
         "ep_comm": ep * m,
+        "dispatcher_overhead": dispatch * m,
         "pp_comm": pp * m,
         "launch_overhead": launch * m,
         "pipeline_bubble": bubble,

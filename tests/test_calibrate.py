@@ -183,3 +183,30 @@ def test_replay_sweep_records_its_calibration_and_its_trials_teach_the_next(tmp_
                  "--out", str(tmp_path / "from-mlflow.json")]) == 0
     assert json.loads((tmp_path / "from-mlflow.json").read_text())["summary"]["measurements"] == \
         doc["summary"]["measurements"]
+
+
+def test_a_calibration_file_records_its_software_and_another_stack_warns_in_one_line(tmp_path, capsys):
+    from search_spaces.calibration import (calibration_document, measured_stack, software_stack,
+                                           warn_if_other_stack)
+    ran = [Measurement("llama3-8b", "h100", 16, 8192, Layout(), tokens_per_sec_per_gpu=1.0,
+                       software=(("torch", "2.9.0"), ("megatron-core", "0.16.0"), ("transformer-engine", "2.9")))] * 2
+    stack = measured_stack(ran)
+    assert stack == {"torch": "2.9.0", "megatron-core": "0.16.0", "transformer-engine": "2.9"}
+    doc = calibration_document(calibration(), [], {}, software=stack)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    here = software_stack()
+    load_calibration(path)
+    err = capsys.readouterr().err
+    if here.get("torch") and here["torch"] != "2.9.0":  # this environment differs: one warning line, not an error
+        assert err.count("\n") == 1 and err.startswith("warning: ") and "torch 2.9.0 -> " in err
+    # the same stack, or one that names none of the same packages, says nothing
+    assert warn_if_other_stack(path, stack, current=stack) is None
+    assert warn_if_other_stack(path, {"container": "NeMo 26.08"}, current=here) is None
+    assert warn_if_other_stack(path, {"torch": "1.0"}, current={"torch": "2.0"}).startswith("warning: ")
+    capsys.readouterr()
+    # the packaged file records what its published rows ran, and loads without a warning
+    packaged = json.loads((__import__("search_spaces.throughput").throughput.CALIBRATION_PATH).read_text())
+    assert packaged.get("software")
+    load_calibration(__import__("search_spaces.throughput").throughput.CALIBRATION_PATH)
+    assert capsys.readouterr().err == ""

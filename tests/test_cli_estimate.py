@@ -108,3 +108,24 @@ def test_batch_that_is_not_a_multiple_of_mbs_is_one_line(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "multiple of mbs (3)" in err and err.count("\n") == 1
+
+
+def test_estimate_names_what_each_knob_would_change(capsys):
+    """--json keeps every key and adds "neighbours": per knob, each neighbour value's tokens/s and peak memory and
+    their deltas (or the rule that refuses it); the table prints them too."""
+    assert main(ISSUE_EXAMPLE + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    near = out["neighbours"]
+    knobs = {n["knob"] for n in near}
+    assert {"tp", "cp", "ep", "pp", "precision", "recompute", "dispatcher", "cp_comm_type", "cuda_graphs"} <= knobs
+    for n in near:
+        if n["legal"]:
+            assert n["tokens_per_sec_per_gpu"] > 0
+            assert n["delta_tokens_pct"] == pytest.approx(100 * (n["tokens_per_sec_per_gpu"]
+                                                                  / out["tokens_per_sec_per_gpu"] - 1))
+            assert n["delta_peak_gib"] == pytest.approx(n["peak_memory_gib"] - out["peak_memory_gib"])
+        else:
+            assert n["violations"] and n["violations"][0]["rule"]
+    assert {n["value"] for n in near if n["knob"] == "cp"} == {"16", "64"}  # the sizes beside CP32
+    assert main(ISSUE_EXAMPLE) == 0
+    assert "switching one knob" in capsys.readouterr().out

@@ -95,17 +95,25 @@ def test_cp_attention_buffers_per_type():
 
 
 def test_deepseek_v3_long_context_band():
-    """Issue 17: the published layout, each length with the CP communication `space` ranks best, stays within
-    +-15% of its 4K throughput from 4K to 128K (published runs: ~300-320 TF/s from 4K to 256K)."""
+    """Issue 17: the published layout, each length with the CP communication `space` ranks best, stays in the
+    published band (~300-320 TF/s from 4K to 256K, Megatron-Bridge's long-context card). Since issue 23 the 4K end
+    carries the MoE layers' per-microbatch sync and launches (it matches its published ~300 within 1%, was 14%
+    high), so the band is held against the published figures of each length (reference/moe_long_context.csv)
+    within 16%, not against the 4K prediction."""
+    from search_spaces.reference import long_context_moe_rows
+    published = {m.seq_len: m.tflops() for m in long_context_moe_rows() if m.release == "dsv3-h100"}
     best = {}
     for seq in LENGTHS:
         fixed, gbs = dsv3_fixed(seq)
         found = explore("deepseek-v3", "h100", 256, seq, fixed=fixed, gbs=gbs, top=1)
         assert found.top, seq
         best[seq] = found.top[0]
-    base = best[4096]["prediction"]["tflops_per_gpu"]
+    low, high = 0.84 * min(published.values()), 1.16 * max(published.values())  # 8K is not published
     for seq, row in best.items():
-        assert 0.85 <= row["prediction"]["tflops_per_gpu"] / base <= 1.15, (seq, row["key"])
+        tflops = row["prediction"]["tflops_per_gpu"]
+        if seq in published:
+            assert abs(tflops / published[seq] - 1) <= 0.16, (seq, row["key"])
+        assert low <= tflops <= high, (seq, row["key"])
     # the winners: no CP at 4K; beyond one node a2a inside it with the ring across (a2a+p2p)
     assert best[131072]["layout"]["cp_comm_type"] == "a2a+p2p"
     assert best[131072]["layout"]["hierarchical_cp"] == [8, 4]

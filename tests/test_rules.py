@@ -43,9 +43,18 @@ CASES = [
     ("expert_bias_etp", ("tiny-gpt-oss", "h100", 2, 512), dict(etp=2), dict(ep=2)),
     ("cp_window_sinks", ("tiny-gpt-oss", "h100", 2, 512), dict(cp=2, cp_comm_type="allgather"),
      dict(cp=2, cp_comm_type="a2a")),
+    # Qwen3-Next's 256-wide full-attention heads on Blackwell: TE's fused CP attention runs p2p and all_gather only
+    ("cp_wide_heads", ("qwen3-next-80b-a3b", "gb200", 32, 32768), dict(cp=4, ep=8, cp_comm_type="a2a"),
+     dict(cp=4, ep=8, cp_comm_type="p2p")),
     ("hierarchical_cp", ("deepseek-v3", "h100", 64, 65536), dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,4"),
      dict(cp=16, cp_comm_type="a2a+p2p", hierarchical_cp="8,2")),
 ]
+
+
+def test_wide_heads_are_free_off_blackwell_and_for_mla():
+    # Hopper runs them through FlashAttention's CP path; MLA's 192/128 heads are not 256 wide
+    assert "cp_wide_heads" not in rules_broken("qwen3-next-80b-a3b", "h100", 32, 32768, cp=4, ep=8, cp_comm_type="a2a")
+    assert "cp_wide_heads" not in rules_broken("deepseek-v3", "gb200", 256, 32768, cp=4, ep=64, cp_comm_type="a2a")
 
 
 def test_every_rule_has_a_case():

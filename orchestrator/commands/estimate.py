@@ -55,17 +55,23 @@ def estimate(
 ) -> int:
     """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their defaults;
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
-    TP/CP/EP/PP/DP communication, launch overhead, pipeline bubble, optimizer and offload)."""
+    TP/CP/EP/PP/DP communication, dispatcher and launch overhead, pipeline bubble, optimizer and offload) and, per
+    knob, what switching it to its neighbours would change (JSON key "neighbours")."""
     from search_spaces.calibration import load_calibration
     from search_spaces.costmodel import estimate as run_estimate
+    from search_spaces.neighbours import neighbours
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     layout = _layout_of_flags(layout_flags or {}, num_gpus)
-    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=load_calibration(calibration))
+    cal = load_calibration(calibration)
+    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal)
+    near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal) if est.legal else []
     if as_json:
-        typer.echo(json.dumps(est.to_dict()))
+        typer.echo(json.dumps({**est.to_dict(), "neighbours": near}))
     else:
         _print_estimate(est)
+        if near:
+            _print_neighbours(near)
     if not est.legal:
         reasons = "; ".join(f"{v.rule}: {v.reason}" for v in est.violations)
         typer.echo(f"error: illegal layout: {reasons}", err=True)
@@ -127,6 +133,19 @@ def _print_estimate(est) -> None:
     for k, v in est.breakdown["time_s"].items():
         tim.add_row(f"  {k}" if k in _COMPUTE_PARTS else k, f"{v:.4f}")
     out.print(tim)
+
+
+def _print_neighbours(near: list[dict]) -> None:
+    table = Table(title="switching one knob (everything else, the batch included, as above)")
+    for col in ("knob", "to", "tokens/s/GPU", "change", "peak GiB", "change GiB", "note"):
+        table.add_column(col, justify="right" if col not in ("knob", "to", "note") else "left", overflow="fold")
+    for n in near:
+        if not n["legal"]:
+            table.add_row(n["knob"], n["value"], "-", "-", "-", "-", f"illegal: {n['violations'][0]['rule']}")
+            continue
+        table.add_row(n["knob"], n["value"], f"{n['tokens_per_sec_per_gpu']:,.1f}", f"{n['delta_tokens_pct']:+.1f}%",
+                      _num(n["peak_memory_gib"]), f"{n['delta_peak_gib']:+.2f}", "" if n["fits"] else "does not fit")
+    console().print(table)
 
 
 def space(
