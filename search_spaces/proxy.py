@@ -256,7 +256,9 @@ def composed_result(plan: ProxyPlan, raw: TrialResult, gpu: GPUSpec, seq_len: in
     out.memory_gib = {k: v for part in composed.memory_gib.values() for k, v in part.items()}
     out.extra["composed"] = composed.to_dict()
     out.extra["proxy_measured"] = {k: getattr(raw, k) for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
-                                                                "step_time_s", "peak_memory_gib")}
+                                                                "step_time_s", "peak_memory_gib", "applied")}
+    # what was in effect is the proxy's (judged against the proxy's layout): the full layout never ran
+    out.applied = {}
     return out
 
 
