@@ -41,14 +41,15 @@ class Parameter:
     constant: str
     """A field of `Calibration`."""
     family: str | None
-    """The entry of a per-family table that moves (for gemm_efficiency every precision class of it together:
-    BF16 and FP8 share one efficiency, CALIBRATION.md); None for a constant that is one number."""
+    """The entry of the constant's table that moves: a family's (or a GPU's, or a release's for
+    attention_release_factor); None for a constant that is one number."""
     lower: float
     """The smallest value the fit may give it."""
     upper: float
     """The largest value the fit may give it."""
     every_precision: bool = False
-    """The family's entry is a table of precision classes (gemm_efficiency), all moved together."""
+    """The entry is a table of precision classes (gemm_efficiency), all moved together: BF16 and FP8 share one
+    efficiency (CALIBRATION.md)."""
 
     @property
     def name(self) -> str:
