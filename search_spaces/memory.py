@@ -19,13 +19,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from search_spaces.breakdown import GIB, MemoryBreakdown, RankCounts
 from search_spaces.flops import padded_vocab_size
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 
-GIB = float(1 << 30)
 # Fixed buffers (bytes): DeepEP/HybridEP pre-allocate NVL + RDMA buffers; TE-scoped CUDA graphs keep static
 # inputs/outputs and a private pool ("a few GB" per the Megatron-Bridge CUDA-graph skill).
 DISPATCHER_BUFFER = {"deepep": 2.0 * GIB, "hybridep": 2.0 * GIB}
@@ -420,21 +420,17 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
     return terms
 
 
-def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, float]:
-    """Memory components in bytes on the most loaded pipeline rank (the one with the highest peak).
-
-    Keys summed into `peak`: weights, gradients, optimizer_states, activations, dispatcher_buffers,
-    cuda_graphs, runtime_overhead, allocator_margin. Informational: activations_per_microbatch (one microbatch
-    on that rank, all its chunks), embedding_logits (the head's share of it), offloaded_to_host, pipeline_rank,
-    inflight_microbatches.
-    """
+def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout
+                     ) -> MemoryBreakdown:
+    """Memory components in bytes on the most loaded pipeline rank (the one with the highest peak); the CP
+    attention buffers and the host process are extra_memory's (0 here)."""
     place = placement(model, layout.pp, layout.vpp)
     if place is None:
         raise ValueError("layout has no pipeline placement (check rules first)")
-    best: dict[str, float] | None = None
+    best: MemoryBreakdown | None = None
     for rank in _candidate_ranks(place):
         mem = _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)
-        if best is None or mem["peak"] > best["peak"]:
+        if best is None or mem.peak > best.peak:
             best = mem
     assert best is not None
     return best
@@ -448,7 +444,7 @@ def _candidate_ranks(place: Placement) -> list[int]:
     return sorted({0, 1, place.pp // 2, place.pp - 2, place.pp - 1})
 
 
-def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> dict[str, float]:
+def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBreakdown:
     cpu = gpu.is_cpu
     chunks = place.rank_stages(rank)
     units = [u for c in chunks for u in c]
@@ -496,43 +492,17 @@ def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> dict[str
     runtime = 0.0 if cpu else RUNTIME_OVERHEAD
     base = weights + gradients + (opt - offloaded) + activations + dispatcher + graphs
     margin = 0.0 if cpu else ALLOCATOR_MARGIN * base
-    return {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer_states": opt - offloaded,
-        "activations": activations,
-        "dispatcher_buffers": dispatcher,
-        "cuda_graphs": graphs,
-        "runtime_overhead": runtime,
-        "allocator_margin": margin,
-        "peak": base + runtime + margin,
-        "activations_per_microbatch": per_microbatch,
-        "embedding_logits": head,
-        "offloaded_to_host": offloaded,
-        "pipeline_rank": float(rank),
-        "inflight_microbatches": inflight / len(chunks),  # chunk-microbatches / chunks
-        "params_on_rank": params.dense + params.expert,
-        "dense_params_on_rank": params.dense,
-        "expert_params_on_rank": params.expert,
-    }
-
-
-PEAK_KEYS = ("weights", "gradients", "optimizer_states", "activations", "dispatcher_buffers", "cuda_graphs",
-             "runtime_overhead", "allocator_margin")
-
-
-# Breakdown keys that are counts, not bytes: the one place that says which components are memory
-# (to_gib leaves them as they are; the report never plots them on a GiB axis).
-COUNT_KEYS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank",
-              "expert_params_on_rank")
-
-
-def to_gib(breakdown: dict[str, float]) -> dict[str, float]:
-    return {k: (v if k in COUNT_KEYS else v / GIB) for k, v in breakdown.items()}
+    counts = RankCounts(pipeline_rank=rank, inflight_microbatches=inflight / len(chunks),
+                        params_on_rank=params.dense + params.expert, dense_params_on_rank=params.dense,
+                        expert_params_on_rank=params.expert)
+    return MemoryBreakdown(weights=weights, gradients=gradients, optimizer_states=opt - offloaded,
+                           activations=activations, dispatcher_buffers=dispatcher, cuda_graphs=graphs,
+                           runtime_overhead=runtime, allocator_margin=margin, activations_per_microbatch=per_microbatch,
+                           embedding_logits=head, offloaded_to_host=offloaded, counts=counts)
 
 
 def rank_memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-                          rank: int) -> dict[str, float]:
+                          rank: int) -> MemoryBreakdown:
     """The memory components (bytes) of one pipeline rank (memory_breakdown gives the most loaded one; this
     one compares with a measurement of that rank)."""
     place = placement(model, layout.pp, layout.vpp)

@@ -19,10 +19,9 @@ Every row is a `Measurement` in Bridge's FLOP accounting (`search_spaces.flops`)
 from __future__ import annotations
 
 import csv
-import dataclasses
 from pathlib import Path
 
-from search_spaces.calibration import Measurement
+from search_spaces.calibration import Measurement, model_spec
 from search_spaces.errors import SpecError
 from search_spaces.flops import flops_per_token
 from search_spaces.hardware import load_gpu
@@ -69,13 +68,6 @@ RECIPE_SETTINGS = {
 }
 # NeMo's Llama FLOP formula (nemo/utils/flops_formulas.py) uses these vocabularies (LLM_VOCAB_SIZE_MAP)
 NEMO_VOCAB = {"llama2-7b": 32000, "llama3-8b": 128256}
-
-
-def model_spec(name: str) -> ModelSpec:
-    """A catalog model; `deepseek-v3-no-mtp` is DeepSeek-V3 without its MTP layer (published as such)."""
-    if name == "deepseek-v3-no-mtp":
-        return dataclasses.replace(load_model("deepseek-v3"), name=name, mtp_layers=0)
-    return load_model(name)
 
 
 def _int(text: str | None, default: int = 1) -> int:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterator
 
+from search_spaces.breakdown import GIB
+from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import Estimate, estimate
-from search_spaces.extra_memory import cp_attention_buffers
-from search_spaces.memory import GIB
 from search_spaces.errors import SpecError
+from search_spaces.extra_memory import cp_attention_buffers
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
@@ -33,6 +34,8 @@ from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MBS_CHOICES = (1, 2, 4)
+# the figures of each layout `explore` lists (Estimate's fields)
+TOP_PREDICTION = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "step_time_s", "peak_memory_gib", "fits")
 # the parallel grid (enumerated nested, pruned by rule) and the features tried on each legal grid
 GRID_FIELDS = PARALLEL_SIZES + ("mbs",)
 FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + ("distributed_optimizer",)
@@ -371,7 +374,7 @@ class Exploration:
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
             gbs: int | None = None, top: int = 10, budget_s: float = 30.0,
-            max_grids: int | None = 1200, cal: dict | None = None) -> Exploration:
+            max_grids: int | None = 1200, cal: Calibration | None = None) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
     Ranking is greedy per grid: the fastest precision and the rule of thumb's dispatcher are tried with every
@@ -418,10 +421,8 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     results.sort(key=lambda e: -(e.tokens_per_sec_per_gpu or 0))
     top_rows = []
     for est in results[:top]:
-        d = est.to_dict()
-        top_rows.append({"layout": d["layout"], "key": Layout.from_dict(d["layout"]).key(),
-                         "prediction": {k: d[k] for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
-                                                          "step_time_s", "peak_memory_gib", "fits")}})
+        top_rows.append({"layout": dict(est.layout), "key": Layout.from_dict(est.layout).key(),
+                         "prediction": {k: getattr(est, k) for k in TOP_PREDICTION}})
     return Exploration(legal_count=count.legal, fitting_count=fitting, rejected_by_rule=count.rejected_by_rule,
                        total=count.total, top=top_rows, grids=len(grids), estimated=estimated,
                        seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0])
@@ -431,7 +432,7 @@ class _PeakProbe:
     """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.extra_memory), so
     the rest of the peak is estimated once per layout-but-its-CP-communication."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: dict | None):
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: Calibration | None):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
         self._rest: dict[Layout, float] = {}
 

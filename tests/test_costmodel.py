@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from search_spaces.breakdown import COMPUTE_PARTS, GIB, TIME_KEYS
 from search_spaces.costmodel import estimate
 from search_spaces.flops import flops_per_step
 from search_spaces.layout import Layout
@@ -25,7 +26,7 @@ SEEDS = [("deepseek-v3", "h100", 256, 131072, DSV3_128K), ("deepseek-v3", "h100"
 def test_seed_recipes_are_legal_and_fit(model, gpu, n, seq, layout):
     est = estimate(model, gpu, n, seq, layout)
     assert est.legal, est.violations
-    assert est.fits, est.breakdown["memory_gib"]
+    assert est.fits, est.memory
     assert 0 < est.mfu < 1 and est.tokens_per_sec_per_gpu > 0
 
 
@@ -54,11 +55,11 @@ def test_figures_are_consistent_and_json_able():
 def test_long_context_is_attention_bound_and_cp_comm_type_matters():
     base = estimate("deepseek-v3", "h100", 256, 131072, DSV3_128K.replace(cp_comm_type="a2a+p2p",
                                                                           hierarchical_cp=(8, 4)))
-    t = base.breakdown["time_s"]
-    assert t["attention"] > t["gemm"]  # at 128K the quadratic term dominates
+    t = base.time
+    assert t.attention > t.gemm  # at 128K the quadratic term dominates
     # a ring of 32 CP ranks over 4 nodes moves the full MLA K/V across InfiniBand every step
     ring = estimate("deepseek-v3", "h100", 256, 131072, DSV3_128K)
-    assert ring.breakdown["time_s"]["cp_comm"] > 10 * t["cp_comm"]
+    assert ring.time.cp_comm > 10 * t.cp_comm
     assert 200 < base.tflops_per_gpu < 600
 
 
@@ -79,7 +80,7 @@ def test_qwen3_30b_memory_against_the_published_measurement():
     layout = Layout.from_dict(dict(ep=16, gbs=1024, precision="bf16", dispatcher="hybridep",
                                    cuda_graphs="moe_router,moe_preprocess"))
     est = estimate("qwen3-30b-a3b", "h100", 16, 4096, layout)
-    allocated = est.peak_memory_gib - est.breakdown["memory_gib"]["runtime_overhead"]
+    allocated = est.peak_memory_gib - est.memory.runtime_overhead / GIB
     assert allocated == pytest.approx(62.166, rel=0.10)
 
 
@@ -107,17 +108,18 @@ def test_step_time_parts_add_up(model, gpu, n, seq, layout):
     spec, hw = load_model(model), load_gpu(gpu)
     assert not check(spec, hw, n, seq, layout)
     t = step_time(spec, hw, n, seq, layout)
-    assert sum(t[k] for k in TOP_LEVEL) == pytest.approx(t["step"], rel=1e-12)
-    assert t["compute"] == pytest.approx(t["gemm"] + t["attention"] + t["elementwise"], rel=1e-12)
-    assert all(t[k] >= 0 for k in TOP_LEVEL)
+    assert set(TOP_LEVEL) | set(COMPUTE_PARTS) == set(TIME_KEYS)  # every component is a part or adds to the step
+    assert sum(getattr(t, k) for k in TOP_LEVEL) == pytest.approx(t.step, rel=1e-12)
+    assert t.compute == pytest.approx(t.gemm + t.attention + t.elementwise, rel=1e-12)
+    assert all(getattr(t, k) >= 0 for k in TOP_LEVEL)
     if layout.recompute_granularity == "none":
-        assert t["recompute"] == 0
+        assert t.recompute == 0
     if layout.recompute_granularity == "full":
-        assert t["recompute"] > 0
+        assert t.recompute > 0
     if layout.cp == 1:  # with CP a long enough attention may hide all of it
-        assert t["cp_comm"] == 0
-    assert (t["pipeline_bubble"] > 0) == (layout.pp > 1)
-    assert (t["optimizer_offload"] > 0) == (layout.optimizer_offload > 0)
+        assert t.cp_comm == 0
+    assert (t.pipeline_bubble > 0) == (layout.pp > 1)
+    assert (t.optimizer_offload > 0) == (layout.optimizer_offload > 0)
 
 
 @pytest.mark.parametrize("model,n", [("llama3-8b", 8), ("qwen3-30b-a3b", 16)])
@@ -130,11 +132,11 @@ def test_recompute_is_its_own_part_and_only_adds_to_the_step(model, n):
     plain = Layout(ep=ep, gbs=1024, precision="bf16")
     full = Layout.from_dict(dict(ep=ep, gbs=1024, precision="bf16", recompute="full"))
     a, b = step_time(spec, hw, n, 4096, plain), step_time(spec, hw, n, 4096, full)
-    assert a["recompute"] == 0 and b["recompute"] > 0
-    assert b["gemm"] == pytest.approx(a["gemm"], rel=1e-12)  # the model's own GEMMs do not change
-    assert b["step"] == pytest.approx(a["step"] + b["recompute"], rel=1e-9)
+    assert a.recompute == 0 and b.recompute > 0
+    assert b.gemm == pytest.approx(a.gemm, rel=1e-12)  # the model's own GEMMs do not change
+    assert b.step == pytest.approx(a.step + b.recompute, rel=1e-9)
     if not spec.is_moe:  # one GEMM rate: the repeated forward is a third of the GEMMs plus the attention core
-        assert b["recompute"] > a["gemm"] / 3
+        assert b.recompute > a.gemm / 3
 
 
 @pytest.mark.parametrize("model,gpu,n,seq", [("deepseek-v3", "h100", 256, 65536),
@@ -142,16 +144,14 @@ def test_recompute_is_its_own_part_and_only_adds_to_the_step(model, n):
                                              ("llama3-70b", "h100", 64, 8192)])
 def test_every_cp_comm_type_costs_nothing_without_cp(model, gpu, n, seq):
     from search_spaces.hardware import load_gpu
-    from search_spaces.throughput import (CP_COMM_TIME, Job, RingStep, calibration, cp_geometry,
-                                          linear_attention_cp_time)
+    from search_spaces.throughput import CP_COMM_TIME, RingStep, cp_geometry, job_for, linear_attention_cp_time
 
     spec, hw = load_model(model), load_gpu(gpu)
     idle = RingStep(0.0, 0.0)
     for cp_comm_type, part in CP_COMM_TIME.items():
         base = Layout(tp=2, pp=1, cp_comm_type=cp_comm_type)
-        off = Job(spec, hw, n, seq, base, calibration())
-        on = Job(spec, hw, n, seq, base.replace(cp=16, hierarchical_cp=(2, 8) if cp_comm_type == "a2a+p2p" else ()),
-                 calibration())
+        off = job_for(spec, hw, n, seq, base)
+        on = job_for(spec, hw, n, seq, base.replace(cp=16, hierarchical_cp=(2, 8) if cp_comm_type == "a2a+p2p" else ()))
         assert part(cp_geometry(off), idle) == 0.0
         assert part(cp_geometry(on), idle) > 0  # nothing to hide behind: the transfers show
         assert linear_attention_cp_time(off, 4) == 0.0
@@ -160,10 +160,10 @@ def test_every_cp_comm_type_costs_nothing_without_cp(model, gpu, n, seq):
 
 def test_cp_ring_hides_behind_attention_and_linear_layers_pay_all_to_all():
     from search_spaces.hardware import load_gpu
-    from search_spaces.throughput import Job, RingStep, calibration, cp_geometry, cp_p2p_time, linear_attention_cp_time
+    from search_spaces.throughput import RingStep, cp_geometry, cp_p2p_time, job_for, linear_attention_cp_time
 
     spec, hw = load_model("qwen3-next-80b-a3b"), load_gpu("gb200")
-    job = Job(spec, hw, 64, 65536, Layout(tp=2, cp=8), calibration())
+    job = job_for(spec, hw, 64, 65536, Layout(tp=2, cp=8))
     g = cp_geometry(job)
     exposed = cp_p2p_time(g, RingStep(0.0, 0.0))
     assert cp_p2p_time(g, RingStep(10.0, 25.0)) < exposed  # long attention steps hide the transfers...
@@ -179,3 +179,17 @@ def test_pipeline_bubble_is_pp_minus_one_over_vpp_microbatch_times():
     assert pipeline_bubble_time(Layout(pp=4), 1.0, 8) == pytest.approx(3.0)
     assert pipeline_bubble_time(Layout(pp=4, vpp=3), 1.0, 8) == pytest.approx(1.0)
     assert pipeline_bubble_time(Layout(pp=4), 1.0, 32) / 32 < pipeline_bubble_time(Layout(pp=4), 1.0, 8) / 8
+
+
+def test_every_family_has_its_cost_terms_and_a_job_takes_only_its_own():
+    from search_spaces.calibration_file import calibration
+    from search_spaces.hardware import FAMILIES, load_gpu
+    from search_spaces.host_terms import HOST_TERMS
+    from search_spaces.step_job import Job
+    from search_spaces.throughput import TERMS, job_for
+
+    assert set(TERMS) == set(FAMILIES)
+    spec, h100 = load_model("llama3-8b"), load_gpu("h100")
+    assert job_for(spec, h100, 8, 4096, Layout()).terms is TERMS["hopper"]
+    with pytest.raises(ValueError, match="h100"):
+        Job(spec, h100, 8, 4096, Layout(), calibration(), HOST_TERMS)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from search_spaces.calibration import load_calibration
+from search_spaces.calibration import Calibration, load_calibration
 from search_spaces.costmodel import estimate
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
@@ -62,7 +62,7 @@ class Prior:
         return load_gpu(self.spec.gpu)
 
     @cached_property
-    def cal(self) -> dict:
+    def cal(self) -> Calibration:
         """The cost model's constants: the spec's calibration file over the packaged ones (data handed in)."""
         return load_calibration(self.spec.calibration)
 
