@@ -234,6 +234,25 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
                 assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
 
 
+@pytest.mark.parametrize("routing", ["dropless", "capacity:1.25", "forced_balance"])
+def test_routing_exports_are_what_megatron_core_validates_and_reads_back(mcore, megatron_parser, routing):
+    """The router fields of both exports: TransformerConfig accepts them (its __post_init__ checks the capacity
+    factor against the load balancing and padding) and they spell the same routing back."""
+    from search_spaces.layout import BY_NAME
+
+    layout = Layout(ep=2, gbs=2, routing=routing)
+    dim = BY_NAME["routing"]
+    bridge = {k: v for k, v in export.bridge_overrides(layout, 4096)["model"].items() if k in dim.megatron_field_names()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = mcore["TransformerConfig"](num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4,
+                                         moe_router_topk=2, moe_router_load_balancing_type="aux_loss", **bridge)
+    assert dim.from_megatron({k: getattr(cfg, k) for k in dim.megatron_field_names()}) == routing
+    ns = megatron_parser.parse_args(export.megatron_args(layout, load_model("tiny-moe"), 4096))
+    assert dim.from_megatron({k: getattr(ns, k) for k in dim.megatron_field_names()}) == routing
+    assert export.layout_from_megatron_args(export.layout_args(layout)).routing == routing
+
+
 @pytest.mark.parametrize("model_name", ["tiny-qwen3-next", "qwen3-next-80b-a3b", "tiny-gpt-oss", "gpt-oss-120b"])
 def test_bridge_overrides_carry_the_layer_kinds_megatron_core_accepts(mcore, model_name):
     model = load_model(model_name)
