@@ -26,8 +26,12 @@ score function (Hugging Face config `scoring_func`, softmax when absent):
   has DeepSeek-V3 dropless on 1024 H100 (release 25.09; TP2, PP8, VPP4, EP64, MBS1, GBS 8192) at 338 TF/s, its
   skill card the same layout with forced balance at 370 (a later release: the routing's share is at most this).
   The softmax skew would put that pair at 0.57; the sigmoid routers are far better balanced.
-On cpu the trainer's tiny untrained routers over its synthetic tokens are balanced within a few percent
-(tests/test_memory_match.py): no skew, the sampling term alone.
+On cpu the trainer's tiny untrained routers over its synthetic tokens are balanced up to sampling: no skew, the
+sampling term alone (EP2 of tiny-moe at 64 tokens, the trainer's applied.expert_load measured the busiest rank at
+1.07x dropless and 1.04x under forced balance; the sampling term gives 1.05).
+Limits: both fits are benchmark runs (untrained routers, mock data); a trained router's balance may differ. The
+softmax skew is fitted at EP8 with 16 experts per rank: wider EP groups with fewer experts per rank extrapolate
+(EP32 with 4 experts per rank is charged 2.3x the balanced load).
 Pure Python (statistics.NormalDist).
 """
 
