@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from search_spaces.errors import SpecError
 from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
                                   check_name, read_text_file)
-from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
+from search_spaces.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
 from search_spaces.pydantic_line import one_line, short
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
@@ -78,8 +78,10 @@ class SweepSpec(_Strict):
     """GPUs per node (CPU ranks on cpu)."""
     gbs: int | None = Field(None, ge=1, le=MAX_GBS, strict=True)
     """Global batch in sequences; default ~16M tokens per step (8 sequences on cpu)."""
-    free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
-    """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values."""
+    free: list[str] = Field(default_factory=lambda: list(DEFAULT_FREE))
+    """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values. Default: every
+    searchable dimension but the opt-in ones (routing: name it to search token dropping, capacity:1.0, beside
+    dropless routing)."""
     fixed: dict[str, Any] = Field(default_factory=dict)
     """Layout fields held at a value (any field of search_spaces.layout.Layout)."""
     budget: Budget = Field(default_factory=Budget)

@@ -86,7 +86,7 @@ def routed_passes_time(job: Job, units: list[Unit], per_gpu: float) -> float:
     if not n_moe:
         return 0.0
     glu = 2 if model.gated_mlp else 1
-    routed = model.topk * (2 * model.hidden_size + (glu + 1) * model.moe_ffn_hidden_size / L.etp)
+    routed = model.topk * (2 * model.hidden_size + (glu + 1) * model.moe_ffn_hidden_size / L.etp) * job.expert_load
     return job.cal.routed_passes * n_moe * per_gpu * routed * job.act_bytes / job.hbm
 
 

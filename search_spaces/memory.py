@@ -25,6 +25,7 @@ from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
+from search_spaces.routing import capacity_router_bytes, expert_load
 
 # Fixed buffers (bytes): DeepEP/HybridEP pre-allocate NVL + RDMA buffers; TE-scoped CUDA graphs keep static
 # inputs/outputs and a private pool ("a few GB" per the Megatron-Bridge CUDA-graph skill).
@@ -61,16 +62,17 @@ def layer_activations(model: ModelSpec, layout: Layout, seq_len: int, index: int
     """Bytes autograd saves for one microbatch in decoder layer `index` on one rank, keyed by the recompute
     module that frees them ('residual' and 'attention' are kept by every selective choice)."""
     # Only the layer's kind and a few layout fields matter: cache on those (space enumeration calls this a lot).
-    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision, layout.dispatcher)
+    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision, layout.dispatcher, layout.ep,
+           layout.routing)
     return _layer_activations(model, key, seq_len, model.attention_kind(index), model.layer_is_moe(index), cpu)
 
 
 @lru_cache(maxsize=65536)
 def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is_moe: bool,
                        cpu: bool) -> dict[str, float]:
-    tp_, cp_, etp_, mbs_, sp_, precision_, dispatcher_ = key
+    tp_, cp_, etp_, mbs_, sp_, precision_, dispatcher_, ep_, routing_ = key
     L = Layout(tp=tp_, cp=cp_, etp=etp_, mbs=mbs_, gbs=mbs_, precision=precision_, sequence_parallel=sp_,
-               dispatcher=dispatcher_)
+               dispatcher=dispatcher_, ep=ep_, routing=routing_)
     if cpu:
         return _cpu_layer_activations(model, L, seq_len, is_moe, kind)
     tp = L.tp
@@ -236,10 +238,13 @@ def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, 
     k = model.topk
     h = model.hidden_size
     f = model.moe_ffn_hidden_size / L.etp
-    routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
+    # token copies processed on this rank: the balanced share times the routing's load (search_spaces.routing:
+    # dropless buffers the busiest rank's copies, capacity pads every expert to its capacity)
+    routed = tsp * k * L.etp * expert_load(model, L, tsp, cpu=False)
     # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
     # unpermute, so the expert output is not kept)
-    out = {"router": tsp * model.num_experts * 4 * 2,  # logits and probabilities, fp32
+    out = {"router": tsp * model.num_experts * 4 * 2  # logits and probabilities, fp32 (token dropping: its mask)
+                     + capacity_router_bytes(model, L, tsp),
            "moe": routed * (h * g + 2 * f * e),
            "moe_act": routed * f * g}  # activation output, saved by fc2
     if model.shared_expert_ffn_hidden_size:
@@ -254,7 +259,7 @@ def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: i
     """Routed experts on the CPU trainer: Megatron's TEGroupedMLP over plain-torch grouped linears."""
     k, h, experts = model.topk, model.hidden_size, model.num_experts
     f = model.moe_ffn_hidden_size / L.etp
-    routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
+    routed = tsp * k * L.etp * expert_load(model, L, tsp, cpu=True)  # as on GPUs (_moe_activations)
     if L.dispatcher == "allgather":  # row index of each local copy; routing map (bool) and probabilities
         dispatch = routed * 8 + tsp * L.tp * experts * 5  # (fp32) of every token gathered over TP x EP
     else:  # alltoall: int64 permutation indices, sorted over the [tokens, experts] routing map and per copy
@@ -262,7 +267,7 @@ def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: i
     glu = 2 if model.gated_mlp else 1
     out = {
         # fp32 router: scores [tokens, experts], top-k probabilities, top-k indices (int64) twice
-        "router": tsp * (experts * 4 + k * 20),
+        "router": tsp * (experts * 4 + k * 20) + capacity_router_bytes(model, L, tsp),
         # expert input (fc1), fc1 output (saved by the activation), routing probabilities (fp32)
         "moe": routed * (h * e + glu * f * e + 4) + dispatch,
         # SwiGLU: silu output, the linear half's copy (+ glu offset), the product, and the

@@ -114,6 +114,14 @@ class Job:
         return self.gpu.hbm_tbps * 1e12
 
     @property
+    def expert_load(self) -> float:
+        """The busiest EP rank's routed token copies over the balanced share, for the layout's routing."""
+        from search_spaces.routing import expert_load
+
+        L = self.layout
+        return expert_load(self.model, L, self.tokens_rank / L.tp if L.sp else self.tokens_rank, self.gpu.is_cpu)
+
+    @property
     def dp(self) -> int:
         return max(self.layout.dp(self.num_gpus), 1)
 

@@ -203,21 +203,24 @@ def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, 
     return rc
 
 
-def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout) -> UnitFlops:
-    """Per-token forward+backward FLOPs of one pipeline unit."""
+def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expert_load: float = 1.0) -> UnitFlops:
+    """Per-token forward+backward FLOPs of one pipeline unit; `expert_load` scales the experts' (a rank's routed
+    copies over the balanced share: search_spaces.routing)."""
     if unit == EMBEDDING:
         return UnitFlops(0.0, 0.0, 0.0, 0.0)
     if unit == LOSS:
         logits = FWD_BWD_FLOPS_PER_MAC * model.hidden_size * padded_vocab_size(model.vocab_size)
         return UnitFlops(logits * (1 + model.mtp_layers), 0.0, 0.0, 0.0)
     proj, core, expert, mlp = _layer_flops(model, seq_len, unit)
+    expert *= expert_load
     return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, core, expert, mlp))
 
 
-def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout) -> UnitFlops:
+def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
+                ) -> UnitFlops:
     dense = expert = core = rc = 0.0
     for u in units:
-        f = _unit_flops(model, seq_len, u, layout)
+        f = _unit_flops(model, seq_len, u, layout, expert_load)
         dense, expert, core, rc = dense + f.dense, expert + f.expert, core + f.core, rc + f.recompute
     return UnitFlops(dense, expert, core, rc)
 
@@ -288,7 +291,7 @@ def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
 def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     L = job.layout
     units = job.place.rank_units(rank)
-    flops = _rank_flops(job.model, job.seq_len, units, L)
+    flops = _rank_flops(job.model, job.seq_len, units, L, job.expert_load)
     per_gpu = job.tokens_mb / (L.tp * L.cp)  # tokens of the microbatch per GPU sharing its dense work
     # recomputed forwards run at the dense GEMM rate (recomputed experts too), in one pass with the model's GEMMs
     gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense \
@@ -483,7 +486,9 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
 
 
 def _ep_volume(job: Job) -> float:
-    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd."""
+    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd; the busiest rank
+    receives `expert_load` x the balanced share (the all-gather dispatcher gathers every token whatever the
+    routing)."""
     model, L, e = job.model, job.layout, job.act_bytes
     h = model.hidden_size
     tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
@@ -491,7 +496,7 @@ def _ep_volume(job: Job) -> float:
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
         return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2
     fp8_dispatch = precision_class(L.precision) == "fp8" and L.dispatcher in ("deepep", "hybridep")
-    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep
+    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep * job.expert_load
     return FWD_AND_BWD * per_dir * ((FP8_BYTES if fp8_dispatch else e) + e)
 
 
