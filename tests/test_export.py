@@ -53,7 +53,11 @@ FLAG_TO_FIELD = {
     "untie-embeddings-and-output-weights": "share_embeddings_and_output_weights",  # GPTModel(...)
     "quick-geglu": "activation_func",  # + gated_linear_unit
     "apply-layernorm-1p": "layernorm_zero_centered_gamma",
+    "no-check-for-nan-in-loss-and-grad": "check_for_nan_in_loss",  # RerunStateMachineConfig
 }
+# Megatron-Bridge's own fields, beside Megatron-Core's: GPTModelProvider.seq_length and its GPTDatasetConfig's
+# seq_length (tests/test_consumers.py loads them in Bridge).
+BRIDGE_FIELDS = {"model": {"seq_length"}, "dataset": {"seq_length"}}
 
 
 def _quiet_import():
@@ -65,6 +69,7 @@ def _quiet_import():
         from megatron.core.optimizer.optimizer_config import OptimizerConfig  # noqa: F401
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: F401
         from megatron.training.arguments import add_megatron_arguments  # noqa: F401
+        from megatron.training.config import RerunStateMachineConfig  # noqa: F401
         from megatron.training.config.training_config import TrainingConfig  # noqa: F401
     return locals()
 
@@ -94,6 +99,16 @@ def test_round_trip_through_text_and_argv(layout):
     assert export.layout_from_megatron_args(export.megatron_args(layout, model, 8192)) == layout
 
 
+def test_an_explicit_pipeline_layout_carries_the_virtual_stages():
+    """61 layers and an MTP layer on PP8 x VPP4: Megatron-LM gets the cost model's explicit placement and takes
+    the virtual stages from it (it refuses the VPP flag beside a layout); the parse back recovers VPP."""
+    layout = Layout.from_dict(dict(cp=32, ep=32, pp=8, vpp=4, gbs=128))
+    argv = export.megatron_args(layout, load_model("deepseek-v3"), 131072)
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1].count("|") == 8 * 4 - 1
+    assert export.layout_from_megatron_args(argv) == layout
+
+
 def test_sequence_parallel_explicit_value_survives():
     # on iff TP > 1 is the default (None); an explicit "off at TP 2" must come back explicitly
     explicit = Layout(tp=2, gbs=2, sequence_parallel=False)
@@ -113,7 +128,7 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
         assert ns.expert_model_parallel_size == layout.ep
         assert ns.expert_tensor_parallel_size == layout.etp
         assert ns.pipeline_model_parallel_size == layout.pp
-        assert (ns.num_virtual_stages_per_pipeline_rank or 1) == layout.vpp
+        assert _virtual_stages(ns) == layout.vpp
         assert (ns.micro_batch_size, ns.global_batch_size) == (layout.mbs, layout.gbs)
         assert ns.sequence_parallel == layout.sp
         assert ns.use_distributed_optimizer == layout.distributed_optimizer
@@ -134,6 +149,13 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
                 ns.moe_router_force_load_balancing) == routing
         assert ns.moe_token_drop_policy == "probs"
         _assert_layer_kinds(ns, model)
+
+
+def _virtual_stages(ns) -> int:
+    """VPP as Megatron-LM reads it: the flag, or the virtual stages of an explicit pipeline layout."""
+    if ns.pipeline_model_parallel_layout:
+        return len(ns.pipeline_model_parallel_layout.split("|")) // ns.pipeline_model_parallel_size
+    return ns.num_virtual_stages_per_pipeline_rank or 1
 
 
 def _assert_layer_kinds(ns, model):
@@ -181,7 +203,7 @@ def test_uneven_layer_patterns_are_exported_as_lists(megatron_parser):
 def test_every_flag_names_a_megatron_core_field(mcore):
     fields = set()
     for cls in ("MLATransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "TrainingConfig",
-                "GPTDatasetConfig"):
+                "GPTDatasetConfig", "RerunStateMachineConfig"):
         fields |= _names(mcore[cls])
     fields |= set(inspect.signature(mcore["GPTModel"].__init__).parameters)
     seen = set()
@@ -209,7 +231,10 @@ def test_every_flag_names_a_megatron_core_field(mcore):
 def test_bridge_override_keys_are_megatron_core_fields(mcore):
     sections = {"model": _names(mcore["MLATransformerConfig"]), "optimizer": _names(mcore["OptimizerConfig"]),
                 "ddp": _names(mcore["DistributedDataParallelConfig"]), "train": _names(mcore["TrainingConfig"]),
-                "dataset": _names(mcore["GPTDatasetConfig"])}
+                "dataset": _names(mcore["GPTDatasetConfig"]),
+                "rerun_state_machine": _names(mcore["RerunStateMachineConfig"])}
+    for section, names in BRIDGE_FIELDS.items():
+        sections[section] |= names
     for layout in LAYOUTS:
         overrides = export.bridge_overrides(layout, 65536)
         assert set(overrides) <= set(sections) | {"mixed_precision"}
@@ -223,7 +248,7 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
                 model["expert_model_parallel_size"], model["pipeline_model_parallel_size"]) == (
                     layout.tp, layout.cp, layout.ep, layout.pp)
         assert overrides["train"] == {"micro_batch_size": layout.mbs, "global_batch_size": layout.gbs}
-        assert overrides["dataset"]["sequence_length"] == 65536
+        assert overrides["dataset"]["seq_length"] == overrides["model"]["seq_length"] == 65536
     # Literal-typed values are among Megatron-Core's allowed values
     hints = {f.name: f.type for f in dataclasses.fields(mcore["TransformerConfig"])}
     for layout in LAYOUTS:
@@ -259,7 +284,7 @@ def test_bridge_overrides_carry_the_layer_kinds_megatron_core_accepts(mcore, mod
     overrides = export.bridge_overrides(Layout(), 65536, model)["model"]
     hints = {f.name: str(f.type) for f in dataclasses.fields(mcore["TransformerConfig"])}
     family = export.family_fields(model)
-    assert family and set(family) <= set(overrides) <= set(hints)
+    assert family and set(family) <= set(overrides) <= set(hints) | BRIDGE_FIELDS["model"]
     for key in ("experimental_attention_variant", "softmax_type"):
         if key in overrides:
             assert f"'{overrides[key]}'" in hints[key]

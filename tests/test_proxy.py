@@ -156,6 +156,7 @@ def test_promote_refuses_a_proxy_winner_until_confirm_measures_it_at_full_size(t
     assert main(["check", "proxies", "--storage", storage]) == 0
 
 
+@pytest.mark.slow  # the example's full-scale sweep through the CLI with its stores
 @pytest.mark.timeout(900)
 def test_the_deepseek_example_shows_its_proxies_and_the_gpu_hours_saved(tmp_path, capsys):
     example = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3-128k-h100x1024.yaml"

@@ -14,7 +14,7 @@ import torch
 
 from search_spaces import rules
 from search_spaces.layout import BY_NAME, Layout
-from search_spaces.pipeline import placement
+from search_spaces.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
 # backend, "all_gather", the router's capacity factor and forced balance) come from each dimension's
@@ -44,14 +44,10 @@ def capability_gaps(model, layout: Layout) -> list[str]:
 
 
 def pipeline_split_kwargs(model, layout: Layout) -> dict[str, Any]:
-    """The layer placement the cost model assumes (search_spaces.pipeline), in Megatron's terms: an even
-    split, the embedding and loss counted as layers, or an explicit pipeline_model_parallel_layout."""
-    place = placement(model, layout.pp, layout.vpp)
-    if place is None or place.method == "even":
-        return {}
-    if place.method == "counted":
-        return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
-    return {"pipeline_model_parallel_layout": place.layout_string()}
+    """The layer placement the cost model assumes (search_spaces.pipeline, as every export writes it), only
+    the fields that differ from Megatron's even split."""
+    fields = megatron_split_fields(model, layout.pp, layout.vpp)
+    return {k: v for k, v in fields.items() if v != SPLIT_DEFAULTS[k]}
 
 
 def _model_architecture_kwargs(model) -> dict[str, Any]:
