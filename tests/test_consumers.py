@@ -70,8 +70,9 @@ CASES = [
          dict(tp=2, cp=8, ep=8, pp=2, vpp=2, mbs=2, gbs=64, cp_comm_type="a2a+p2p", hierarchical_cp="2,4",
               precision="fp8-delayed", dispatcher="hybridep", recompute="full", recompute_method="block",
               recompute_num_layers=2, cuda_graphs="full_iteration", distributed_optimizer=False), 131072, 256),
-    Case("offload-tensorwise", "qwen3-30b-a3b", dict(ep=4, gbs=64, precision="fp8-tensorwise",
-                                                      optimizer_offload=0.5, dispatcher="allgather"), 4096, 16),
+    Case("offload-tensorwise-capacity", "qwen3-30b-a3b", dict(ep=4, gbs=64, precision="fp8-tensorwise",
+                                                               optimizer_offload=0.5, dispatcher="allgather",
+                                                               routing="capacity:1.25"), 4096, 16),
 ]
 H100 = load_gpu("h100")
 # What the launch script adds to the exported flags (orchestrator/export.py sbatch_script), and the one fused
@@ -139,6 +140,7 @@ def accepted():
         "cuda_graph_modules": {m.name for m in CudaGraphModule},
         "fp8_recipe": fp8_recipes,
         "fp8": _literal_values(TransformerConfig, "fp8"),
+        "moe_token_drop_policy": _literal_values(TransformerConfig, "moe_token_drop_policy"),
     }
 
 
@@ -148,7 +150,9 @@ def _every_value_layouts() -> list[Layout]:
     out = [Layout(cp=2, recompute="full", recompute_method=m) for m in BY_NAME["recompute_method"].choices]
     for dim in DIMENSIONS:
         if dim.kind == "choice" or dim.name == "cuda_graphs":
-            out += [Layout.from_dict({"cp": 2, dim.name: v, **needs.get(v, {})}) for v in dim.choices]
+            values = [f"{v}:{max(1.0, dim.parametrised[v][0])}" if v in dim.parametrised else v
+                      for v in dim.choices]  # a parametrised value with its parameter (capacity:1.0)
+            out += [Layout.from_dict({"cp": 2, dim.name: v, **needs.get(v, {})}) for v in values]
         elif dim.kind == "recompute":
             out += [Layout(recompute=m) for m in dim.choices] + [Layout(recompute="full")]
     return out
@@ -218,7 +222,8 @@ def test_megatron_lm_validates_the_flags_and_builds_the_config(case, megatron_pa
     for key in ("cp_comm_type", "hierarchical_context_parallel_sizes", "recompute_granularity", "recompute_modules",
                 "recompute_method", "fp8_recipe", "fp8", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
                 "cuda_graph_impl", "account_for_embedding_in_pipeline_split", "expert_model_parallel_size",
-                "virtual_pipeline_model_parallel_size", "moe_grouped_gemm"):
+                "virtual_pipeline_model_parallel_size", "moe_grouped_gemm", "moe_expert_capacity_factor",
+                "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"):
         if fields.get(key) is not None:  # unset: Megatron's default
             assert _plain(getattr(cfg, key)) == fields[key], key
     assert (cfg.pipeline_model_parallel_layout is None) == (fields["pipeline_model_parallel_layout"] is None)
