@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from search_spaces.calibration import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
+from search_spaces.calibration_file import Calibration, calibration  # noqa: E402
 from search_spaces.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
-from search_spaces.throughput import calibration  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
 
 
-def _row(m: Measurement, half: str, cal: dict, best_cp: bool = False) -> dict | None:
+def _row(m: Measurement, half: str, cal: Calibration, best_cp: bool = False) -> dict | None:
     pred, layout = predict_tokens_best_cp(m, cal) if best_cp else (predict_tokens(m, cal), m.layout)
     if pred is None:
         return None
@@ -62,7 +62,7 @@ def trends(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run(cal: dict | None = None) -> dict:
+def run(cal: Calibration | None = None) -> dict:
     cal = cal or calibration()
     rows_in = published_rows()
     fit, held = declared_halves(rows_in)
@@ -85,7 +85,7 @@ def run(cal: dict | None = None) -> dict:
             "count": len(rows), "skipped": skipped, "mape_all": _mape(rows), "long_context_moe": long_context(cal)}
 
 
-def long_context(cal: dict) -> dict:
+def long_context(cal: Calibration) -> dict:
     """The long-context MoE rows, each at its best CP communication type, by declared half."""
     fit, held = declared_halves(long_context_moe_rows())
     rows = [r for half, ms in (("fitted", fit), ("held out", held)) for m in ms

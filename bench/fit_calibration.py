@@ -6,11 +6,12 @@ Rows: search_spaces.reference.published_rows() (Megatron-Bridge summary and skil
 long-sequence CP rows), split by `declared_halves`: every other row of each source (every other length of each
 long-sequence series). Only the fit half is seen here; bench/estimator_accuracy.py scores the other half.
 Objective: mean |log(predicted / published)| tokens/s (= TF/s), bounded Nelder-Mead in log space
-(search_spaces.calibration.fit), started from DEFAULT_CALIBRATION, plus the same over the fit half of the
-long-context MoE rows (moe_long_context.csv, each at its best CP type) and, weighted PAIR_WEIGHT, the mean
-|log(predicted / published)| B/A ratio of the fit half of the knob pairs (knob_effects.csv): the absolute rows
-alone do not say how much a knob moves. Fitted (`PARAMETERS`): the shared constants (EP exposure, element-wise
-and routed passes, the host's time per kernel launch and the MoE layer's sync, MXFP8's GEMM rate), the
+(search_spaces.calibration.fit), started from the packaged constants (`--from-defaults`: the Calibration defaults),
+plus the same over the fit half of the long-context MoE rows (moe_long_context.csv, each at its best CP type,
+weighted LONG_WEIGHT) and, weighted PAIR_WEIGHT, the mean |log(predicted / published)| B/A ratio of the fit half of
+the knob pairs (knob_effects.csv): the absolute rows alone do not say how much a knob moves. Fitted (`PARAMETERS`;
+`--shared-only`: SHARED_PARAMETERS alone): the shared constants (EP exposure, element-wise and routed passes, the
+host's time per kernel launch, the MoE layer's sync, MXFP8's GEMM rate), the
 GEMM and grouped-GEMM efficiency per GPU family, the gated delta-net kernels' efficiency, and one attention
 release factor per NeMo container of the long-sequence rows (they ran older attention kernels than today's:
 24.03 for Llama2-7B on H100, 25.04 for Llama3-8B on B200). The attention efficiencies themselves are today's
@@ -22,7 +23,6 @@ CP, PP and attention-shape terms (physics: they carry the extrapolation to long 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import sys
@@ -30,23 +30,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration import (SHARED_PARAMETERS, errors, fit, mape, predict_tokens_best_cp,  # noqa: E402
-                                       software_stack)
+from search_spaces.calibration import (SHARED_PARAMETERS, Parameter, errors, fit, mape,  # noqa: E402
+                                       predict_tokens_best_cp)
+from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
 from search_spaces.knob_pairs import load_knob_pairs, predicted_ratio  # noqa: E402
 from search_spaces.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
-from search_spaces.throughput import CALIBRATION_PATH, DEFAULT_CALIBRATION, calibration  # noqa: E402
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
 OLD_RELEASES = ("nemo-24.03.01", "nemo-25.04.rc2")
 PARAMETERS = SHARED_PARAMETERS + [
-    (("gemm_efficiency", "hopper", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "hopper"), 0.1, 1.0),
-    (("gemm_efficiency", "blackwell", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "blackwell"), 0.1, 1.0),
-] + [(("attention_release_factor", release), 0.2, 1.5) for release in OLD_RELEASES]
+    Parameter("gemm_efficiency", "hopper", 0.2, 0.95, every_precision=True),
+    Parameter("grouped_gemm_efficiency", "hopper", 0.1, 1.0),
+    Parameter("gemm_efficiency", "blackwell", 0.2, 0.95, every_precision=True),
+    Parameter("grouped_gemm_efficiency", "blackwell", 0.1, 1.0),
+] + [Parameter("attention_release_factor", release, 0.2, 1.5) for release in OLD_RELEASES]
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
           "attention_release_factor", "ep_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
           "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "sustained_rate",
-          "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib")
+          "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software")
 # the software the published rows ran: Megatron-Bridge's performance-summary containers (their versions are not
 # published beside the rows), NeMo's for the long-sequence rows
 PUBLISHED_STACK = {"container": "NeMo 25.09-26.08 (Megatron-Bridge performance summary), NeMo 24.03.01 / 25.04 "
@@ -73,11 +75,11 @@ def ultra_ratio(rows) -> tuple[float, int]:
     return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else (1.0, 0)
 
 
-def start(refit: bool = True) -> dict:
-    """The packaged calibration (a refit starts where the last fit ended; `refit=False`: DEFAULT_CALIBRATION with
-    the packaged cpu constants, which bench/cpu_calibration.py fits)."""
-    base = copy.deepcopy(calibration() if refit else DEFAULT_CALIBRATION)
-    packaged = calibration()
+def start(refit: bool = True) -> Calibration:
+    """The packaged calibration (a refit starts where the last fit ended; `refit=False`: the Calibration defaults),
+    with the cpu constants kept from the packaged file (bench/cpu_calibration.py fits them)."""
+    packaged = calibration().model_dump()
+    base = dict(packaged) if refit else Calibration().model_dump()
     for key, value in packaged.items():
         if key.startswith("cpu_"):
             base[key] = value
@@ -87,17 +89,14 @@ def start(refit: bool = True) -> dict:
     base["sustained_rate"] = {gpu: round(ratio, 3) for gpu in ULTRA}
     if not refit or not all(r in base["attention_release_factor"] for r in OLD_RELEASES):
         base["attention_release_factor"] = {release: 0.75 for release in OLD_RELEASES}
-    return base
-
-
-def rounded(v):
-    return {k: rounded(x) for k, x in v.items()} if isinstance(v, dict) else float(f"{v:.4g}")
+    base["software"] = PUBLISHED_STACK
+    return Calibration.model_validate(base)
 
 
 def extra_loss(pairs, long_rows):
     """The fit-half knob pairs' mean |log ratio error| x PAIR_WEIGHT plus the long-context rows' mean |log error|
-    at their best CP type (a refused layout costs as much as a 10x miss)."""
-    def loss(cal: dict) -> float:
+    at their best CP type x LONG_WEIGHT (a refused layout costs as much as a 10x miss)."""
+    def loss(cal: Calibration) -> float:
         total = 0.0
         if pairs:
             errs = [abs(math.log(r / p.ratio)) if r else math.log(10) for p in pairs
@@ -111,7 +110,11 @@ def extra_loss(pairs, long_rows):
     return loss
 
 
-def report(cal: dict, rows, name: str) -> dict:
+def rounded(v):
+    return {k: rounded(x) for k, x in v.items()} if isinstance(v, dict) else float(f"{v:.4g}")
+
+
+def report(cal: Calibration, rows, name: str) -> dict:
     short = [r for r in rows if r.seq_len <= 8192]
     long = [r for r in rows if r.seq_len >= 16384]
     out = {"<=8K": mape(errors(short, cal)), ">=16K": mape(errors(long, cal)), "n": (len(short), len(long))}
@@ -127,27 +130,22 @@ def main() -> None:
                         "long-context rows): to see what the extra objectives cost the rows")
     parser.add_argument("--shared-only", action="store_true", help="fit the shared constants alone (the host, sync, "
                         "MXFP8, EP and pass constants), the per-family rates kept from the start")
-    parser.add_argument("--start", type=Path, default=None, help="start from this calibration file instead")
-    parser.add_argument("--from-defaults", action="store_true", help="start from DEFAULT_CALIBRATION, not the "
+    parser.add_argument("--from-defaults", action="store_true", help="start from the Calibration defaults, not the "
                         "packaged constants")
     parser.add_argument("--out", type=Path, default=CALIBRATION_PATH, help="where to write (default: the packaged file)")
     args = parser.parse_args()
     fit_rows, held = declared_halves(published_rows())
     pairs = [p for p in load_knob_pairs() if p.half == "fit"]
     long_fit = [m for m in declared_halves(long_context_moe_rows())[0] if m.release not in ASSUMED_LAYOUT_SERIES]
-    begin = start(refit=not args.from_defaults)
-    if args.start:
-        begin.update({k: v for k, v in json.loads(args.start.read_text()).items() if k in begin})
     params = SHARED_PARAMETERS if args.shared_only else PARAMETERS
-    cal, summary = fit(fit_rows, params, begin, max_evals=args.max_evals,
+    cal, summary = fit(fit_rows, params, start(refit=not args.from_defaults), max_evals=args.max_evals,
                        extra_loss=None if args.rows_only else extra_loss(pairs, long_fit))
     print(f"loss {summary['loss_before']:.4f} -> {summary['loss_after']:.4f} after {summary['evaluations']} "
           "evaluations", flush=True)
     report(cal, fit_rows, "fitted half")
     report(cal, held, "held-out half")
-    keep = rounded(json.loads(json.dumps({k: cal[k] for k in STORED}, default=float)))
-    # the software the published rows ran (the newest rows': Megatron-Bridge's 26.x containers)
-    keep["software"] = software_stack(PUBLISHED_STACK)
+    constants = cal.model_dump()
+    keep = {k: constants[k] if k == "software" else rounded(constants[k]) for k in STORED}
     print(json.dumps(keep))
     if not args.dry_run:
         args.out.write_text(json.dumps(keep, indent=2) + "\n")

@@ -23,6 +23,7 @@ import yaml
 
 from search_spaces.errors import SpecError
 from search_spaces.layout import BY_NAME, DIMENSIONS, Layout
+from search_spaces.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-LM flags whose name is not the config field's (`--field-name` otherwise).
 _LM_FLAG_OF_FIELD = {"fp8": "--fp8-format"}
@@ -47,9 +48,24 @@ def _megatron_fields(layout: Layout, name: str) -> dict[str, Any]:
     return BY_NAME[name].megatron_fields(getattr(layout, name))
 
 
+def _offload_fields(layout: Layout) -> dict[str, Any]:
+    """OptimizerConfig fields of an optimizer offload. Megatron's hybrid device optimizer runs through the
+    precision-aware optimizer's code path: Megatron-LM refuses --optimizer-cpu-offload without it."""
+    if layout.optimizer_offload <= 0:
+        return {}
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": layout.optimizer_offload,
+            "use_precision_aware_optimizer": True}
+
+
 def _attr(model: Any, name: str, default: Any = None) -> Any:
     value = getattr(model, name, default)
     return default if value is None else value
+
+
+def _moe_kernel_fields(model: Any) -> dict[str, Any]:
+    """Grouped expert GEMMs, as Megatron-Bridge's MoE providers and our trainer run them: Megatron-Core
+    refuses the selective recompute of moe_act without them."""
+    return {"moe_grouped_gemm": True} if _attr(model, "num_experts", 0) else {}
 
 
 def _moe_layer_freq(model: Any) -> str | None:
@@ -74,6 +90,8 @@ def _graph_flags(layout: Layout) -> list[str]:
     impl, modules = _cuda_graph_impl(layout)
     if impl == "none":
         return []
+    if impl == "full_iteration":  # Megatron-LM refuses a graphed iteration that checks for NaNs
+        return ["--cuda-graph-impl", impl, "--no-check-for-nan-in-loss-and-grad"]
     return ["--cuda-graph-impl", impl] + (["--cuda-graph-modules", *modules] if modules else [])
 
 
@@ -104,8 +122,8 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
     "cuda_graphs": _graph_flags,
     "precision": lambda lay: _field_flags(_megatron_fields(lay, "precision")),
     "dispatcher": lambda lay: _field_flags(_megatron_fields(lay, "dispatcher")),
-    "optimizer_offload": lambda lay: (["--optimizer-cpu-offload", "--optimizer-offload-fraction",
-                                       repr(lay.optimizer_offload)] if lay.optimizer_offload > 0 else []),
+    "routing": lambda lay: _field_flags(_megatron_fields(lay, "routing")),
+    "optimizer_offload": lambda lay: _field_flags(_offload_fields(lay)),
     "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
     "sequence_parallel": lambda lay: ["--sequence-parallel"] if lay.sp else [],
     "hierarchical_cp": lambda lay: (["--hierarchical-context-parallel-sizes", *map(str, lay.hierarchical_cp)]
@@ -204,7 +222,7 @@ def model_args(model: Any, seq_len: int) -> list[str]:
             argv += ["--kv-channels", str(model.head_dim)]
     if _attr(model, "num_experts", 0):
         argv += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.topk),
-                 "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)]
+                 "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size), *_field_flags(_moe_kernel_fields(model))]
         shared = int(_attr(model, "shared_expert_ffn_hidden_size", 0))  # all shared experts together
         if shared:
             argv += ["--moe-shared-expert-intermediate-size", str(shared)]
@@ -235,7 +253,13 @@ def model_args(model: Any, seq_len: int) -> list[str]:
 
 def megatron_args(layout: Layout, model: Any, seq_len: int) -> list[str]:
     """The exact `pretrain_gpt.py` flags for this layout on this model (data/tokenizer/run flags not included)."""
-    return model_args(model, seq_len) + layout_args(layout)
+    split = {k: v for k, v in megatron_split_fields(model, layout.pp, layout.vpp).items() if v != SPLIT_DEFAULTS[k]}
+    argv = layout_args(layout)
+    if "pipeline_model_parallel_layout" in split and layout.vpp > 1:
+        # Megatron-LM takes the virtual stages from the explicit layout and refuses both flags together
+        at = argv.index("--num-virtual-stages-per-pipeline-rank")
+        del argv[at:at + 2]
+    return model_args(model, seq_len) + argv + _field_flags(split)
 
 
 def megatron_args_text(layout: Layout, model: Any, seq_len: int) -> str:
@@ -257,6 +281,7 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-model-parallel-size", type=int, default=1)
     p.add_argument("--expert-tensor-parallel-size", type=int, default=None)
     p.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    p.add_argument("--pipeline-model-parallel-layout", default=None)  # its '|'-separated virtual stages
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--global-batch-size", type=int, default=None)
@@ -271,6 +296,10 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-recipe", default="delayed")  # Megatron's default
     p.add_argument("--moe-token-dispatcher-type", default="allgather")  # Megatron's default
     p.add_argument("--moe-flex-dispatcher-backend", default="deepep")
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)  # Megatron's defaults below
+    p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    p.add_argument("--moe-token-drop-policy", default="probs")
+    p.add_argument("--moe-router-force-load-balancing", action="store_true")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--use-distributed-optimizer", action="store_true")
@@ -305,17 +334,25 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         graphs = []
     dispatcher = BY_NAME["dispatcher"].from_megatron({"moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
                                                       "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend})
+    routing = BY_NAME["routing"].from_megatron({
+        "moe_expert_capacity_factor": ns.moe_expert_capacity_factor,
+        "moe_pad_expert_input_to_capacity": ns.moe_pad_expert_input_to_capacity,
+        "moe_token_drop_policy": ns.moe_token_drop_policy if ns.moe_expert_capacity_factor is not None else None,
+        "moe_router_force_load_balancing": ns.moe_router_force_load_balancing})
     if len(ns.cp_comm_type) != 1:
         raise SpecError("per-layer --cp-comm-type lists are not a layout choice")
     tp = ns.tensor_model_parallel_size
     gran = ns.recompute_granularity or "none"
+    vpp = ns.num_virtual_stages_per_pipeline_rank
+    if vpp is None and ns.pipeline_model_parallel_layout:
+        vpp = len(ns.pipeline_model_parallel_layout.split("|")) // ns.pipeline_model_parallel_size
     fields: dict[str, Any] = dict(
         tp=tp, pp=ns.pipeline_model_parallel_size, cp=ns.context_parallel_size,
         ep=ns.expert_model_parallel_size, etp=ns.expert_tensor_parallel_size or tp,
-        vpp=ns.num_virtual_stages_per_pipeline_rank or 1,
+        vpp=vpp or 1,
         mbs=ns.micro_batch_size, gbs=ns.global_batch_size,
         recompute=list(ns.recompute_modules or ["core_attn"]) if gran == "selective" else gran,
-        cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
+        cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher, routing=routing,
         cp_comm_type=BY_NAME["cp_comm_type"].from_megatron({"cp_comm_type": ns.cp_comm_type[0]}),
         hierarchical_cp=tuple(ns.hierarchical_context_parallel_sizes or ()),
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
@@ -339,7 +376,9 @@ def _bridge_recompute(layout: Layout) -> dict[str, Any]:
 
 def _bridge_graphs(layout: Layout) -> dict[str, Any]:
     impl, modules = _cuda_graph_impl(layout)
-    return {"model.cuda_graph_impl": impl, **({"model.cuda_graph_modules": modules} if modules else {})}
+    # Bridge refuses a graphed iteration whose rerun state machine checks the loss for NaNs
+    nan_check = {"rerun_state_machine.check_for_nan_in_loss": False} if impl == "full_iteration" else {}
+    return {"model.cuda_graph_impl": impl, **({"model.cuda_graph_modules": modules} if modules else {}), **nan_check}
 
 
 def _bridge_fields(name: str):
@@ -367,9 +406,8 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "cuda_graphs": _bridge_graphs,
     "precision": _bridge_precision,
     "dispatcher": _bridge_fields("dispatcher"),
-    "optimizer_offload": lambda lay: ({"optimizer.optimizer_cpu_offload": True,
-                                       "optimizer.optimizer_offload_fraction": lay.optimizer_offload}
-                                      if lay.optimizer_offload > 0 else {}),
+    "routing": _bridge_fields("routing"),
+    "optimizer_offload": lambda lay: {f"optimizer.{k}": v for k, v in _offload_fields(lay).items()},
     "distributed_optimizer": lambda lay: {"optimizer.use_distributed_optimizer": lay.distributed_optimizer,
                                           "ddp.use_distributed_optimizer": lay.distributed_optimizer},
     "sequence_parallel": lambda lay: {"model.sequence_parallel": lay.sp},
@@ -380,14 +418,20 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
 def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[str, Any]:
     """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.* and
     mixed_precision (a Bridge recipe name: it is applied over model.* at run time); one rendering per
-    dimension of the registry; with `model`, also its layer kinds (`family_fields`)."""
+    dimension of the registry; with `model`, also its layer kinds (`family_fields`), grouped expert GEMMs and
+    the pipeline split the cost model assumed (search_spaces.pipeline)."""
     family = family_fields(model) if model is not None else {}
     if "linear_attention_freq" in family:  # Bridge takes the Python value, not Megatron-LM's string
         family["linear_attention_freq"] = _pattern_value(family["linear_attention_freq"])
     if "window_attn_skip_freq" in family:
         family["window_attn_skip_freq"] = _pattern_value(family["window_attn_skip_freq"])
-    out: dict[str, Any] = {"model": family, "train": {}, "optimizer": {}, "ddp": {},
-                                      "dataset": {"sequence_length": int(seq_len)}}
+    # The sequence length under Bridge's names: GPTModelProvider.seq_length (checked equal to the dataset's)
+    # and GPTDatasetConfig.seq_length, which Bridge copies over Megatron-Core's sequence_length at finalize.
+    # With the model, the pipeline split is written whole (a recipe's own layout would not fit another PP).
+    model_fields = {} if model is None else {**_moe_kernel_fields(model),
+                                             **megatron_split_fields(model, layout.pp, layout.vpp)}
+    out: dict[str, Any] = {"model": {"seq_length": int(seq_len), **family, **model_fields},
+                           "train": {}, "optimizer": {}, "ddp": {}, "dataset": {"seq_length": int(seq_len)}}
     for dim in DIMENSIONS:
         render = _BRIDGE.get(dim.name)
         for path, value in (render(layout) if render else
@@ -396,7 +440,7 @@ def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[st
                 out[path] = value
                 continue
             section, name = path.split(".", 1)
-            out[section][name] = value
+            out.setdefault(section, {})[name] = value
     return out
 
 

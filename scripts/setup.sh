@@ -39,4 +39,7 @@ PY=$(find_python)
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[train,dev]"
+# Megatron-Bridge's config layer, for tests/test_consumers.py: without its runtime requirements (GPU-only
+# packages); the light ones its config modules import are in the dev extra.
+.venv/bin/python -m pip install -q --no-deps megatron-bridge==0.6.2
 echo "setup done: $(.venv/bin/python --version) in .venv"

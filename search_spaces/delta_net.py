@@ -37,8 +37,6 @@ STATE_STEP_S = 1.5e-6
 # state-pass blocks resident per SM (small Triton kernels, 4 warps; assumed)
 BLOCKS_PER_SM = 2
 BACKWARD_FLOPS_RATIO = 2.5  # backward over forward FLOPs of the parallel kernels (as flash attention's)
-# streaming multiprocessors per GPU family (H100 132, B200/GB200 148; datasheets)
-SMS = {"hopper": 132, "blackwell": 148, "cpu": 1}
 
 
 def heads_per_rank(model: ModelSpec, layout: Layout) -> float:
@@ -67,11 +65,9 @@ def parallel_time(model: ModelSpec, layout: Layout, tokens_mb: float, rate: floa
 def state_pass_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, recompute: bool) -> float:
     """Seconds of the sequential state passes of one layer per microbatch: chunk steps of the whole sequence, in
     waves of the blocks the rank's heads give (mbs x heads x value width / BV) over the SMs."""
-    if gpu.is_cpu:
-        return 0.0
     steps = math.ceil(seq_len / CHUNK)
     blocks = layout.mbs * heads_per_rank(model, layout) * model.linear_value_head_dim / STATE_BLOCK_V
-    waves = max(1, math.ceil(blocks / (SMS[gpu.family] * BLOCKS_PER_SM)))
+    waves = max(1, math.ceil(blocks / (gpu.sms * BLOCKS_PER_SM)))
     passes = STATE_PASSES_FWD + STATE_PASSES_BWD + (1 if recompute else 0)
     return passes * steps * waves * STATE_STEP_S
 

@@ -29,8 +29,6 @@ from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
 
-# streaming multiprocessors per GPU (datasheets: H100/H200 SXM 132, B200/GB200 148, B300/GB300 160)
-SMS = {"h100": 132, "h200": 132, "b200": 148, "gb200": 148, "b300": 160, "gb300": 160}
 DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
 # NCCL's all-to-all kernels hold their channels' SMs too (a channel per SM; ~8 channels for an all-to-all
 # within a node; assumed)
@@ -82,8 +80,7 @@ def global_permute_bytes(model: ModelSpec, layout: Layout, tokens_sp: float, act
 
 def sm_share(gpu: GPUSpec, dispatcher: str) -> float:
     """Share of the GPU's SMs the dispatcher's kernels hold while they run."""
-    sms = DISPATCHER_SMS.get(dispatcher, NCCL_ALLTOALL_SMS)
-    return sms / SMS.get(gpu.name, SMS["h100"])
+    return DISPATCHER_SMS.get(dispatcher, NCCL_ALLTOALL_SMS) / gpu.sms
 
 
 def recompute_repeats_dispatch(layout: Layout) -> bool:

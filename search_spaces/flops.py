@@ -55,6 +55,17 @@ def _attention_proj_per_token(model: ModelSpec, kind: str) -> float:
     return h * (q + 2 * kv + gate) + q * h
 
 
+def linear_attention_core_per_token(model: ModelSpec, kind: str) -> float:
+    """Forward FMAs per token of a gated delta-net layer that are not its projections (Bridge counts them among
+    the projections): the short convolution over q, k, v and the recurrent state update (4 dv^2 per value head).
+    They run in the chunked delta-rule kernels, not as GEMMs (the cost terms' `linear_attention_layer_time`)."""
+    if kind != "linear":
+        return 0.0
+    qk = model.linear_key_head_dim * model.linear_num_key_heads
+    v = model.linear_value_head_dim * model.linear_num_value_heads
+    return model.linear_conv_kernel_dim * (2 * qk + v) + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
+
+
 def flops_breakdown(model: ModelSpec, seq_len: int, gbs: int = 1) -> dict[str, float]:
     """Training FLOPs of one step (gbs sequences of seq_len tokens) per component, Bridge accounting."""
     tokens = float(seq_len) * gbs

@@ -30,6 +30,7 @@ class GPUSpec:
     family: str  # the architecture whose calibrated rates apply: hopper | blackwell | cpu (see FAMILIES)
     host: str  # the host CPU that runs offloaded optimizer steps: x86 | grace | cpu (see HOSTS)
     description: str = ""
+    sms: int = 0  # streaming multiprocessors (datasheets; what the dispatcher's and delta-net's kernels occupy)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES or self.host not in HOSTS:
@@ -72,19 +73,20 @@ def _fp8(rate: float, mx: bool) -> dict:
 # 2.25 PF BF16, HBM3e 8 TB/s, NVLink 5 1.8 TB/s bidirectional); GB200 NVL72 datasheet (per GPU 5 PF FP8 dense,
 # 2.5 PF BF16, 186 GB HBM3e 8 TB/s, 72-GPU NVLink domain, NVLink-C2C 900 GB/s to Grace); GB300 NVL72 datasheet
 # (288 GB HBM3e, ConnectX-8 800 Gb/s, FP8/BF16 as GB200); DGX B300 datasheet (288 GB HBM3e, 8x ConnectX-8).
+# SMs: H100/H200 SXM 132, B200/GB200 148, B300/GB300 160.
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (
     GPUSpec("h100", 79.6, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 3.35, 8, 450, 50, 55, "hopper", "x86",
-            "H100 SXM5 80 GB (DGX H100)"),
+            "H100 SXM5 80 GB (DGX H100)", 132),
     GPUSpec("h200", 140.0, {"fp32": 494.7, "bf16": 989.4, **_fp8(1978.9, False)}, 4.8, 8, 450, 50, 55, "hopper", "x86",
-            "H200 SXM 141 GB (DGX H200)"),
+            "H200 SXM 141 GB (DGX H200)", 132),
     GPUSpec("b200", 179.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 50, 55, "blackwell", "x86",
-            "B200 180 GB (DGX B200)"),
+            "B200 180 GB (DGX B200)", 148),
     GPUSpec("b300", 268.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 100, 55, "blackwell", "x86",
-            "B300 288 GB (DGX B300)"),
+            "B300 288 GB (DGX B300)", 160),
     GPUSpec("gb200", 184.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 50, 450, "blackwell", "grace",
-            "GB200 NVL72, 186 GB per GPU"),
+            "GB200 NVL72, 186 GB per GPU", 148),
     GPUSpec("gb300", 277.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 100, 450, "blackwell", "grace",
-            "GB300 NVL72, 288 GB per GPU"),
+            "GB300 NVL72, 288 GB per GPU", 160),
     # Local CPU runs (gloo): all ranks share one host, so the "NVLink domain" is the machine; rates are a
     # rough 2-core figure, only used to order layouts, not to promise speed.
     GPUSpec("cpu", 16.0, {"fp32": 0.1, "bf16": 0.05}, 0.02, 64, 5, 5, 5, "cpu", "cpu", "host CPU (gloo), fp32/bf16 only"),

@@ -1,6 +1,7 @@
 """Published same-layout A/B pairs: one knob switched, everything else held (reference/knob_effects.csv).
 
-Each row names the model, GPU, world size and length, layout A in full ("field=value" words, lists with ';'),
+Each row names the model, GPU, world size and length, layout A in full ("field=value" words, lists with ';'; MoE
+pairs name their routing: forced_balance for benchmark runs, capacity:F for token-drop ones),
 layout B as the fields that change, the published metric of both (TF/s/GPU, tokens/s/GPU or step time), a
 declared half (fit / held) and its source (repository, commit, file and what was compared). `ratio` is B's
 throughput over A's, whatever the metric (a step time is inverted). The cost model's prediction of the same
@@ -14,7 +15,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_spaces.calibration import Measurement
+from search_spaces.calibration import Measurement, predict_tokens
+from search_spaces.calibration_file import Calibration
 from search_spaces.layout import Layout
 
 PATH = Path(__file__).parent / "reference" / "knob_effects.csv"
@@ -83,9 +85,8 @@ def load_knob_pairs(path: Path = PATH) -> list[KnobPair]:
     return pairs
 
 
-def predicted_ratio(pair: KnobPair, cal: dict) -> float | None:
+def predicted_ratio(pair: KnobPair, cal: Calibration) -> float | None:
     """The cost model's tokens/s of B over A (None when a rule refuses either layout)."""
-    from search_spaces.calibration import predict_tokens
     a = predict_tokens(pair.measurement(pair.a), cal)
     b = predict_tokens(pair.measurement(pair.b), cal)
     return b / a if a and b else None

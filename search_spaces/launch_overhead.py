@@ -20,13 +20,14 @@ its inputs and outputs into the graph's static buffers (the same blog, 2.3: "sta
 output data") -- why a graph can cost a little where the host was already hidden (Megatron-Bridge's cuda-graphs
 card: Qwen3-30B-A3B, H100, alltoall, 42.00 s with graphs against 41.36 s eager).
 Recompute re-launches the kernels of what it repeats (and a recomputed MoE layer syncs again) in the backward.
-Pure functions of (model, layout, GPU busy times); `host_launch_time` is called by throughput.launch_overhead_time.
+Pure functions of (model, layout, GPU busy times); `layer_host_time` is called by gpu_terms.GpuTerms.launch_overhead_time.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from search_spaces.calibration_file import Calibration
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
 
@@ -153,14 +154,13 @@ def _launches(parts: dict[str, float], captured: set[str], keep: set[str] | None
     return total
 
 
-def layer_host_time(model: ModelSpec, layout: Layout, index: int, busy: LayerBusy, cal: dict, host: str = "x86"
-                    ) -> float:
+def layer_host_time(model: ModelSpec, layout: Layout, index: int, busy: LayerBusy, cal: Calibration,
+                    host: str = "x86") -> float:
     """Seconds the GPU waits for the host in one layer and microbatch (fwd + bwd), see the module docstring;
     `host`: the GPU's host CPU (hardware.HOSTS), whose time per launch the calibration holds."""
     if "full_iteration" in layout.cuda_graphs:
         return 0.0
-    per_host = cal["host_kernel_launch_s"]
-    t = per_host.get(host, per_host["x86"]) if isinstance(per_host, dict) else per_host
+    t = cal.host_kernel_launch_s.get(host, cal.host_kernel_launch_s["x86"])
     parts = layer_kernels(model, layout, index)
     captured = _captured(layout)
     h_fwd = t * _launches(parts, captured)
@@ -170,9 +170,12 @@ def layer_host_time(model: ModelSpec, layout: Layout, index: int, busy: LayerBus
     exposed = excess(h_bwd, busy.bwd)
     if model.layer_is_moe(index):
         h_post = t * _launches(parts, captured, {"dispatch", "experts"})
-        # token-drop MoE captured whole (`moe` scope) has static shapes: no sync
+        # token-drop MoE captured whole (`moe` scope) has static shapes: no sync. Capacity routing alone would
+        # need none either (Megatron-Core 0.19's alltoall dispatcher skips its sync under drop_and_pad), but the
+        # fitted moe_sync_s (at its 1 ms bound) holds more than the sync: every MoE layer's fixed cost per
+        # microbatch; charged to every mode until a published capacity-vs-dropless pair can tell them apart
         syncs = 0 if "moe" in layout.cuda_graphs else 1 + (1 if "router" in recomputed else 0)
-        exposed += cal["moe_sync_s"] * syncs + max(excess(h_post, busy.post_sync_fwd), excess(h_fwd, busy.fwd))
+        exposed += cal.moe_sync_s * syncs + max(excess(h_post, busy.post_sync_fwd), excess(h_fwd, busy.fwd))
     else:
         exposed += excess(h_fwd, busy.fwd)
     return exposed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import Estimate, estimate
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
@@ -68,7 +69,7 @@ def _entry(name: str, value: Any, est: Estimate, base: Estimate) -> dict[str, An
 
 
 def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout, base: Estimate,
-               cal: dict | None = None) -> list[dict[str, Any]]:
+               cal: Calibration | None = None) -> list[dict[str, Any]]:
     """For each knob of `layout`, each neighbour value: legal, fits, tokens/s and peak memory, and their deltas
     against `base` (the layout's own estimate; it must be legal)."""
     values = _values(model, gpu, num_gpus, seq_len, layout)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from search_spaces.models import ModelSpec
 
@@ -141,3 +141,21 @@ def _placement(num_layers: int, mtp: int, pp: int, vpp: int) -> Placement | None
 def placement(model: ModelSpec, pp: int, vpp: int) -> Placement | None:
     """How the model sits on PP x VPP stages; None when there are fewer pieces than virtual stages."""
     return _placement(model.num_layers, model.mtp_layers, pp, vpp)
+
+
+# Megatron-Core's fields that place layers on pipeline stages, at their defaults (an even split).
+SPLIT_DEFAULTS = {"pipeline_model_parallel_layout": None, "account_for_embedding_in_pipeline_split": False,
+                  "account_for_loss_in_pipeline_split": False}
+
+
+def megatron_split_fields(model: ModelSpec, pp: int, vpp: int) -> dict[str, Any]:
+    """The layer placement the cost model assumes, in Megatron-Core's TransformerConfig terms (every field of
+    SPLIT_DEFAULTS, set): an even split, the embedding and loss counted as layers, or an explicit
+    pipeline_model_parallel_layout. The trainer and every export read it."""
+    place = placement(model, pp, vpp)
+    fields = dict(SPLIT_DEFAULTS)
+    if place is not None and place.method == "counted":
+        fields.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    elif place is not None and place.method == "explicit":
+        fields["pipeline_model_parallel_layout"] = place.layout_string()
+    return fields

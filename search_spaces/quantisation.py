@@ -17,11 +17,12 @@ input element at the FP8 rate: for Qwen3-30B-A3B's experts (hidden 2048, FFN 768
 time as FP8 saves in the GEMM; the quantisation kernels also add host launches (launch_overhead.QUANTISE_KERNELS)
 and MXFP8 tokens are dispatched in BF16 ("EP Dispatch (which are not yet supported)" in MXFP8, the same blog
 2.1.3), so only the blockwise and per-tensor recipes halve the dispatch volume.
-Pure functions of (model, layout, tokens); throughput.fp8_cast_time and gemm_rate call them.
+Pure functions of (model, layout, tokens); gpu_terms.fp8_cast_time, throughput._ep_volume and gemm_rate call them.
 """
 
 from __future__ import annotations
 
+from search_spaces.calibration_file import Calibration
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 
@@ -49,10 +50,10 @@ def cast_time(layout: Layout, tokens: float, input_width: float, hbm_bytes_per_s
     return tokens * input_width * CASTS_PER_GEMM_INPUT * cast_bytes(layout.precision) / hbm_bytes_per_s
 
 
-def gemm_factor(gpu: GPUSpec, precision: str, cal: dict) -> float:
+def gemm_factor(gpu: GPUSpec, precision: str, cal: Calibration) -> float:
     """The rate a recipe's GEMMs keep of per-tensor FP8's on this GPU (1 for bf16 and the per-tensor recipes)."""
     if precision == "mxfp8":
-        return cal["mxfp8_gemm_factor"]
+        return cal.mxfp8_gemm_factor
     if precision == "fp8-blockwise" and gpu.family == "hopper":
         return BLOCKWISE_HOPPER_GEMM_FACTOR
     return 1.0

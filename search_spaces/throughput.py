@@ -1,7 +1,8 @@
 """Throughput model: step time of the most loaded pipeline rank, with a breakdown.
 
-step = m x (compute + recompute + tp_comm + cp_comm + ep_comm + launch + pp_comm + host_contention)
+step = m x (compute + recompute + tp_comm + cp_comm + ep_comm + dispatcher + launch + pp_comm + host_contention)
        + bubble + dp_comm + optimizer + optimizer_offload                                   once per step
+       of the pipeline rank slowest with all of them (up to ALL_RANKS_UP_TO_PP ranks timed)
 
 compute     = GEMM FLOPs (Bridge accounting) / (peak(precision) x GEMM efficiency x shape factor)
               (shape factor: the GEMM's operand traffic over HBM at its m x k x n -- small experts, few tokens
@@ -11,150 +12,72 @@ compute     = GEMM FLOPs (Bridge accounting) / (peak(precision) x GEMM efficienc
               sequence, the CP shard, or the a2a level's longer shard); gated delta-net kernels at their own rate
             + element-wise passes over the activations / HBM bandwidth
             + passes over the routed token copies (permute, activation, un-permute) / HBM bandwidth
-            + fp8 only: casting every GEMM input to fp8 (and its transposed copy) / HBM bandwidth
+            + fp8 only: casting every GEMM input to fp8 (and its transposed copy) at the recipe's bytes / HBM
+              bandwidth; the recipe's scaling costs the GEMM rate (MXFP8, blockwise on Hopper: quantisation.py)
             Blackwell Ultra (B300, GB300) runs these at a measured `sustained_rate` over B200/GB200
-recompute   = the forward FLOPs the recompute choice repeats (GEMMs at the dense rate, attention at its own)
+recompute   = the forward FLOPs the recompute choice repeats (GEMMs at the dense rate, attention at its own, the
+              delta-net's kernels and a state pass), and on GPUs the element-wise work of what it repeats
 tp_comm     = sequence-parallel all-gather/reduce-scatter, 8 per layer per microbatch, partly overlapped
 cp_comm     = per cp_comm_type, as Transformer Engine runs it (one function each, CP_COMM_TIME): p2p = a ring whose
               every step's K/V (and dK/dV) transfer hides behind that step's attention, fwd and bwd; a2a = Ulysses
               all-to-alls on the critical path; allgather = gather, re-gather and reduce-scatter, not hidden;
               a2a+p2p = a2a inside `hierarchical_cp`'s first level, a ring of a2a-times-longer steps across;
               plus the all-to-alls of the linear-attention (gated delta-net) layers
-ep_comm     = dispatch + combine all-to-all, fwd and bwd, split into NVLink-domain and scale-out traffic
-launch      = host launch overhead per layer per microbatch, removed by the CUDA graph scopes that cover it;
+ep_comm     = dispatch + combine all-to-all, fwd and bwd, split into NVLink-domain and scale-out traffic at each
+              dispatcher's reach of each link (dispatcher_comm.py), repeated by whole-MoE and full recompute
+dispatcher  = the dispatcher's fixed cost per call, NCCL's global permute, the SMs it holds (GPUs)
+launch      = host time the GPU waits for per microbatch: each layer's kernel launches beyond the GPU work that
+              hides them, less what CUDA-graph scopes capture, the dropless MoE sync (launch_overhead.py);
               on cpu the eager overhead per layer and the fixed cost of every gloo exchange
 host_contention = cpu only: ranks beyond the host's cores wait for one
 pp_comm     = activations sent between stages; bubble = (PP-1)/(VPP*m) of the time per microbatch
 dp_comm     = gradient reduce-scatter + parameter all-gather over DP*CP (dense) and EDP (experts), overlapped
 optimizer   = Adam step over the local shard (HBM bound); offload = offloaded share over the host link + CPU Adam
+Where the hardware families differ (attention at length and head width, GEMM shapes, the element-wise passes,
+the dispatcher's all-to-all, launch overhead, gloo latency, host contention), the terms are the family's own:
+search_spaces/gpu_terms.py (Hopper, Blackwell) and search_spaces/host_terms.py (the CPU host), chosen once per
+job by the accelerator's declared family (`TERMS`, `job_for`). Everything in this module is shared by all.
 The few efficiency constants are fitted on ../shared/reference (search_spaces/calibration.json, CALIBRATION.md);
-the physical and assumed ones are the named constants below, each with where it comes from.
+the physical and assumed ones are the named constants below and in the terms' modules, each with its source.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from search_spaces.flops import _attention_core_per_token, _attention_proj_per_token, padded_vocab_size
+from search_spaces.breakdown import StepTime
+from search_spaces.calibration_file import Calibration, calibration
+from search_spaces import quantisation
+from search_spaces.flops import (_attention_core_per_token, _attention_proj_per_token, linear_attention_core_per_token,
+                                 padded_vocab_size)
+from search_spaces.gpu_terms import GPU_TERMS
 from search_spaces.hardware import GPUSpec
+from search_spaces.host_terms import HOST_TERMS
 from search_spaces.layout import Layout
-from search_spaces.memory import RankParams, act_bytes, chunk_activations, grad_bytes, rank_params, weight_bytes
+from search_spaces.memory import RankParams, grad_bytes, rank_params, weight_bytes
 from search_spaces.models import ModelSpec
-from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, model_units, placement
-from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
+from search_spaces.pipeline import EMBEDDING, LOSS, Unit, model_units
+from search_spaces.launch_overhead import LayerBusy
+from search_spaces.step_job import (FWD_AND_BWD, FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
+                                    StepTimeTerms, moe_layers, precision_class, split_traffic_time)
 
-# ---- fitted or hand-set constants (re-fit with bench/fit_calibration.py; see CALIBRATION.md) ----------------
-# eager PyTorch/autograd time per layer per microbatch on cpu (fwd+bwd): the hand-set starting point that
-# bench/cpu_calibration.py replaces with the value fitted on the trainer's own measurements (calibration.json)
-CPU_OVERHEAD_PER_LAYER_S = 0.01
+# the cost terms of each accelerator family (hardware.FAMILIES)
+TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_TERMS) for family in terms.families}
 
-CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
-DEFAULT_CALIBRATION = {
-    # per GPU (h200 uses h100's: same chip) and precision class; per family as the fallback
-    "gemm_efficiency": {"hopper": {"bf16": 0.62, "fp8": 0.45}, "blackwell": {"bf16": 0.60, "fp8": 0.45},
-                        "cpu": {"fp32": 0.5, "bf16": 0.5}},
-    "grouped_gemm_efficiency": {"hopper": 0.8, "blackwell": 0.8, "cpu": 0.8},  # relative to dense GEMMs
-    # flash attention's achieved / BF16 peak for 128-wide heads as the kernel length grows without bound (a causal
-    # kernel over L query tokens runs at shard_length_factor(L) of it), forward and backward apart (the backward's
-    # own FLOPs: 2.5x the forward's). Today's kernels, not fitted (older software: attention_release_factor):
-    # Blackwell: FlashAttention-4 on B200, BF16 of 2250 TF/s -- forward 1882 TF/s non-causal at 16K (its causal
-    # rates run towards it), backward 1118-1209 causal at 8K (Dao-AILab/flash-attention PRs #2605, #2280);
-    # Hopper: FlashAttention-3 on H100 SXM5 "up to 740 TF/s, 75% utilization" forward (Shah et al. 2024), the
-    # backward at FlashAttention-4's backward/forward ratio (0.71; assumed)
-    "attention_fwd_efficiency": {"hopper": 0.75, "blackwell": 0.84, "cpu": 0.3},
-    "attention_bwd_efficiency": {"hopper": 0.53, "blackwell": 0.6, "cpu": 0.3},
-    # measurements taken with older software, by release: their attention ran at this share of today's rate
-    "attention_release_factor": {},
-    # gated delta-net's chunked kernels (convolution, state update): achieved / BF16 peak (fitted)
-    "linear_attention_efficiency": 0.2,
-    "elementwise_passes": 8.0,  # reads+writes of the saved activations, fwd+bwd
-    "sustained_rate": {},  # per GPU: achieved rate relative to the family's (Blackwell Ultra > 1)
-    "routed_passes": 2.0,  # HBM passes over each routed token copy (permute, activation, unpermute), fwd+bwd
-    "fp8_cast_bytes": 4.0,  # HBM bytes per GEMM-input element to cast it to fp8 (read 2, write 1, transposed copy 1)
-    "ep_exposed": 0.5,  # fraction of the EP all-to-all not hidden by overlap
-    "tp_exposed": 0.5,
-    "dp_exposed": 0.2,
-    # host time per MoE layer per microbatch that the GPU waits for (dropless routing reads the token counts back
-    # every layer, so the host cannot launch ahead), removed by CUDA graphs as they cover it
-    "launch_overhead_s": 2.0e-4,
-    # the same for a dense layer: launches run ahead of the GPU, little shows
-    "dense_launch_overhead_s": 5.0e-5,
-    "cpu_overhead_per_layer_s": CPU_OVERHEAD_PER_LAYER_S,  # replaces launch_overhead_s on cpu (no graphs there)
-    # GPUs (search_spaces/launch_overhead.py): the host's time per kernel launch (PyTorch and TE's Python, the
-    # dispatcher, the launch itself) and the dropless MoE layer's device-to-host sync with the host's wake-up;
-    # launch_overhead_s and dense_launch_overhead_s above are kept for calibration files written before them
-    "host_kernel_launch_s": {"x86": 8e-6, "grace": 8e-6},  # per host CPU: Grace's Python runs at its own rate
-    "moe_sync_s": 5e-5,
-    # MXFP8 GEMMs' rate relative to per-tensor FP8's (search_spaces/quantisation.py)
-    "mxfp8_gemm_factor": 0.95,
-    # gloo on one host: one collective's fixed cost (sync, TCP round trips, Python) whatever its few bytes
-    "cpu_collective_latency_s": 5e-4,
-    # the CPU trainer's resident set beside its tensors (Python, torch, Megatron-Core; trainers/README.md: ~0.8 GiB)
-    "cpu_process_baseline_gib": 0.75,
-    # cores the ranks of a cpu run share (this host's: os.cpu_count()); ranks beyond them queue for the cores
-    "cpu_cores": float(os.cpu_count() or 1),
-    "comm_efficiency": 0.7,  # achieved / datasheet bandwidth
-    "dispatcher_efficiency": {"alltoall": 0.6, "allgather": 0.6, "deepep": 0.85, "hybridep": 0.9},
-}
+# GPUs whose GEMM efficiencies are another's (the same chip)
 CALIBRATION_ALIASES = {"h200": "h100"}
 
 # ---- physical, derived and assumed constants (not fitted) -----------------------------------------------------
-FWD_BWD_FLOPS_PER_MAC = 6.0  # 2 FLOPs per multiply-add x 3 GEMMs (forward, data grad, weight grad): Bridge's count
 FWD_FLOPS_PER_MAC = 2.0  # the forward alone
 GEMMS_PER_FWD_BWD = 3  # recomputing the forward repeats one GEMM of the three
-FWD_AND_BWD = 2  # a transfer made in the forward is mirrored by one in the backward
-FP8_BYTES = 1
 # the rate used for a precision class the calibration has no entry for
 UNCALIBRATED_GEMM_EFFICIENCY = 0.5
 # beyond 4 pipeline ranks only the first (embedding, most in flight), second, middle, last two (output head) are
 # timed: the slowest of them sets the pace
 ALL_RANKS_UP_TO_PP = 4
-# sequence parallel: all-gather before and reduce-scatter after attention and MLP in the forward (4 per layer),
-# mirrored in the backward (4)
-SP_COLLECTIVES_PER_LAYER = 8
-# ---- attention at length and context parallelism (the attention terms of CALIBRATION.md) ---------------------------
-# Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
-# FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
-# forward rates on H100 for head widths 64 : 128 : 256 (~0.75 : 1 : 1.2; Shah et al. 2024, fig. 5)
-ATTENTION_SOFTMAX_FLOPS_PER_SCORE = 128.0
-# the head width the attention efficiencies of the calibration are stated for (d_qk = d_v = 128)
-ATTENTION_REFERENCE_DIMS = (128, 128)
-# the backward of heads wider than 128 (MLA's d_qk = 192) keeps wider dQ/dK accumulators, so its tiles shrink:
-# FlashAttention-4 on B200, causal 8K, runs the 192/128 backward at 971 TF/s against 1118-1209 for 128/128
-# (Dao-AILab/flash-attention PRs #2270 and #2280, 2026) -- 0.83, i.e. this much below the softmax share's 1.07
-WIDE_HEAD_BACKWARD_FACTOR = 0.78
-WIDE_HEAD_DIM = 128
-# 256-wide heads on Blackwell do not follow the softmax-share law (FA3 on Hopper): FlashAttention-4's first SM100
-# hdim-256 kernel runs the causal 8K forward at 1,059 TF/s (Dao-AILab/flash-attention PR #2432, B200), 0.65 of what
-# its 128-wide kernel reaches there (1882 x 8192 / (8192 + 1300) = 1,624), against the law's 1.2: this factor
-# (0.65 / 1.2) corrects both directions (the backward assumed alike)
-WIDEST_HEAD_DIM = 256
-BLACKWELL_WIDEST_HEAD_FACTOR = 0.54
-# a causal kernel over L query tokens reaches L / (L + this) of its long-sequence rate (the diagonal blocks' waste,
-# tile and wave quantisation): FlashAttention-4's causal head-128 forward on B200 at 1K, 2K and 4K tokens (829, 1172,
-# 1431 TF/s, PR #2605) follows L / (L + 1300) of its non-causal rate (1882) within 2%
-ATTENTION_HALF_RATE_TOKENS = 1300
+# ---- context parallelism (the attention terms of CALIBRATION.md) ----------------------------------------------------
 # fixed cost of one ring transfer (send/recv launch and handshake, ~20 us; assumed)
 RING_TRANSFER_LATENCY_S = 2e-5
-# gloo collectives a cpu trainer rank makes per microbatch (trainers/: Megatron-Core on gloo), forward + backward
-# (forward alone): sequence-parallel all-gather / reduce-scatter, SP_COLLECTIVES_PER_LAYER (4) per layer; CP's
-# all-gathers of K and V and the reduce-scatters of their gradients (trainers/cp_attention.py), 4 (2); the
-# alltoall dispatcher's token-count exchange, dispatch and combine forward and their mirrors backward, 5 (3);
-# per virtual stage a send forward and one backward; per step the DP gradient reduce and parameter gather.
-# gloo runs a collective over n ranks as n-1 pairwise exchanges: each costs cpu_collective_latency_s. A
-# recomputed forward repeats its collectives.
-CPU_CP_COLLECTIVES_PER_LAYER = (4, 2)
-CPU_EP_COLLECTIVES_PER_MOE_LAYER = (5, 3)
-CPU_SP_FORWARD_COLLECTIVES_PER_LAYER = 4
-CPU_PP_COLLECTIVES_PER_STAGE = 2
-CPU_DP_COLLECTIVES_PER_STEP = 2
-# gloo's all-to-all between processes on one host, whatever the dispatcher (assumed; no fused kernels on cpu)
-CPU_DISPATCHER_EFFICIENCY = 0.5
 # per virtual stage and microbatch: the activation sent forward and its gradient sent back
 PP_TRANSFERS_PER_MICROBATCH = 2
 # share of the pipeline send/recv not hidden behind the other chunks' compute (assumed)
@@ -169,35 +92,23 @@ OFFLOAD_HOST_BYTES_PER_PARAM = 6
 CPU_ADAM_PARAMS_PER_S = {"hopper": 0.6e9, "blackwell": 1.0e9, "grace": 2.5e9, "cpu": 0.2e9}
 
 
-@lru_cache(maxsize=1)
-def calibration() -> dict:
-    cal = json.loads(json.dumps(DEFAULT_CALIBRATION))
-    if CALIBRATION_PATH.is_file():
-        stored = json.loads(CALIBRATION_PATH.read_text())
-        cal.update({k: v for k, v in stored.items() if k in cal})
-    return cal
+def terms_for(gpu: GPUSpec) -> StepTimeTerms:
+    """The cost terms of the accelerator's family."""
+    return TERMS[gpu.family]
 
 
-def gpu_family(gpu: GPUSpec) -> str:
-    return gpu.family
+def job_for(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+            cal: Calibration | None = None) -> Job:
+    """The step-time question, with the family's terms (and the packaged calibration unless one is given)."""
+    return Job(model, gpu, num_gpus, seq_len, layout, cal or calibration(), terms_for(gpu))
 
 
-def precision_class(precision: str) -> str:
-    return "fp8" if precision.startswith("fp8") or precision == "mxfp8" else precision
-
-
-def sustained_factor(gpu: GPUSpec, cal: dict) -> float:
-    """Blackwell Ultra (B300, GB300) runs faster than its datasheet twin at the same dense peak: a higher power
-    limit keeps the tensor cores at higher clocks, and its doubled SFU rate speeds up softmax. Measured on the
-    reference rows that ran the same layout and release on both chips (see CALIBRATION.md)."""
-    return cal["sustained_rate"].get(gpu.name, 1.0)
-
-
-def gemm_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
-    table = cal["gemm_efficiency"]
-    per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu_family(gpu)]
+def gemm_rate(gpu: GPUSpec, precision: str, cal: Calibration) -> float:
+    table = cal.gemm_efficiency
+    per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu.family]
     eff = per.get(precision_class(precision), UNCALIBRATED_GEMM_EFFICIENCY)
-    return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal) * quantisation.gemm_factor(gpu, precision, cal)
+    # the recipe's scaling factors cost the GEMM itself (MXFP8's block scales, blockwise FP8 on Hopper)
+    return gpu.peak(precision) * 1e12 * eff * cal.sustained_factor(gpu) * quantisation.gemm_factor(gpu, precision, cal)
 
 
 def attention_dims(model: ModelSpec) -> tuple[int, int]:
@@ -211,110 +122,18 @@ def attention_backward_ratio(d_qk: int, d_v: int) -> float:
     return (3 * d_qk + 2 * d_v) / (d_qk + d_v)
 
 
-def head_width_factor(d_qk: int, d_v: int, backward: bool = False) -> float:
-    """Efficiency of these head widths relative to 128/128: the tensor-core share of the work per score element,
-    2 (d_qk + d_v) FLOPs beside the softmax's fixed ATTENTION_SOFTMAX_FLOPS_PER_SCORE (64: 0.75, MLA: 1.07);
-    the backward of heads wider than 128 loses WIDE_HEAD_BACKWARD_FACTOR more (MLA backward: 0.83)."""
-    def share(width: float) -> float:
-        return width / (width + ATTENTION_SOFTMAX_FLOPS_PER_SCORE)
-    factor = share(d_qk + d_v) / share(sum(ATTENTION_REFERENCE_DIMS))
-    return factor * (WIDE_HEAD_BACKWARD_FACTOR if backward and d_qk > WIDE_HEAD_DIM else 1.0)
-
-
-def shard_length_factor(length: float) -> float:
-    """A kernel over `length` query tokens runs at length / (length + ATTENTION_HALF_RATE_TOKENS) of its rate."""
-    return length / (length + ATTENTION_HALF_RATE_TOKENS)
-
-
-def attention_rates(gpu: GPUSpec, precision: str, cal: dict, dims: tuple[int, int], length: float
-                    ) -> tuple[float, float]:
-    """Achieved FLOP/s of flash attention (bf16; fp32 on cpu), forward and backward, for these head widths and a
-    kernel over `length` query tokens."""
-    base = "fp32" if precision == "fp32" else "bf16"
-    family = gpu_family(gpu)
-    scale = gpu.peak(base) * 1e12 * sustained_factor(gpu, cal)
-    fwd = bwd = 1.0
-    if not gpu.is_cpu:
-        scale *= shard_length_factor(length)
-        fwd, bwd = head_width_factor(*dims), head_width_factor(*dims, backward=True)
-        if family == "blackwell" and dims[0] >= WIDEST_HEAD_DIM:  # 256-wide heads (Qwen3-Next) on Blackwell
-            fwd, bwd = fwd * BLACKWELL_WIDEST_HEAD_FACTOR, bwd * BLACKWELL_WIDEST_HEAD_FACTOR
-    return (scale * fwd * cal["attention_fwd_efficiency"][family],
-            scale * bwd * cal["attention_bwd_efficiency"][family])
-
-
-def _bw(gpu: GPUSpec, span: int, cal: dict) -> float:
+def _bw(gpu: GPUSpec, span: int, cal: Calibration) -> float:
     """Bytes/s per GPU for a group of `span` consecutive ranks: NVLink inside a domain, else scale-out."""
     gbps = gpu.nvlink_gbps if span <= gpu.nvlink_domain else gpu.scaleout_gbps
-    return gbps * 1e9 * cal["comm_efficiency"]
+    return gbps * 1e9 * cal.comm_efficiency
 
 
-def _nvlink_bw(gpu: GPUSpec, cal: dict) -> float:
+def _nvlink_bw(gpu: GPUSpec, cal: Calibration) -> float:
     return _bw(gpu, 1, cal)
 
 
-def _scaleout_bw(gpu: GPUSpec, cal: dict) -> float:
+def _scaleout_bw(gpu: GPUSpec, cal: Calibration) -> float:
     return _bw(gpu, gpu.nvlink_domain + 1, cal)
-
-
-def _element_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else (FP8_BYTES if precision_class(precision) == "fp8" else 2)
-
-
-def _shape_factor(m: float, k: float, n: float, precision: str, rate: float, hbm: float, cpu: bool) -> float:
-    """Share of the GEMM rate left once the operand traffic is added: 1 / (1 + rate / (HBM x intensity)).
-
-    Intensity = 2mkn / (bytes x (mk + kn + mn)): small experts (Qwen3-30B's 768-wide FFN), few tokens per expert
-    or a narrow TP slice make a GEMM memory-bound; big square GEMMs lose a few per cent.
-    """
-    if cpu or min(m, k, n) <= 0:
-        return 1.0
-    b = _element_bytes(precision)
-    intensity = 2 * m * k * n / (b * (m * k + k * n + m * n))
-    return 1.0 / (1.0 + rate / (hbm * intensity))
-
-
-@dataclass(frozen=True)
-class Job:
-    """One step-time question: model, hardware, world size, sequence length, layout, and the calibration."""
-    model: ModelSpec
-    gpu: GPUSpec
-    num_gpus: int
-    seq_len: int
-    layout: Layout
-    cal: dict
-
-    @property
-    def place(self) -> Placement:
-        place = placement(self.model, self.layout.pp, self.layout.vpp)
-        assert place is not None, "step_time needs a legal layout (rules.check)"
-        return place
-
-    @property
-    def tokens_mb(self) -> int:
-        """Tokens of one microbatch (whole sequences)."""
-        return self.layout.mbs * self.seq_len
-
-    @property
-    def tokens_rank(self) -> float:
-        """Tokens of one microbatch on a CP rank (what the dense GEMMs see after the SP all-gather)."""
-        return self.tokens_mb / self.layout.cp
-
-    @property
-    def act_bytes(self) -> int:
-        return act_bytes(self.layout)
-
-    @property
-    def hbm(self) -> float:
-        return self.gpu.hbm_tbps * 1e12
-
-    @property
-    def dp(self) -> int:
-        return max(self.layout.dp(self.num_gpus), 1)
-
-    @property
-    def edp(self) -> int:
-        return max(self.layout.edp(self.num_gpus), 1)
 
 
 # ---- FLOPs per token of one pipeline unit ----------------------------------------------------------------------
@@ -344,31 +163,16 @@ def _layer_flops(model: ModelSpec, seq_len: int, unit: Unit) -> tuple[float, flo
     return proj, core, expert, mlp
 
 
-def linear_attention_core_per_token(model: ModelSpec, kind: str) -> float:
-    """Forward FMAs per token of a gated delta-net layer that are not its projections (Bridge counts them among
-    the projections): the short convolution over q, k, v and the recurrent state update (4 dv^2 per value head).
-    They run in the chunked delta-rule kernels, not as GEMMs: `linear_attention_time`."""
-    if kind != "linear":
-        return 0.0
-    qk = model.linear_key_head_dim * model.linear_num_key_heads
-    v = model.linear_value_head_dim * model.linear_num_value_heads
-    return model.linear_conv_kernel_dim * (2 * qk + v) + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
-
-
 def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
-    """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch: the
-    chunked delta rule's parallel kernels at `linear_attention_efficiency` of the BF16 peak and its sequential
-    state passes (search_spaces/delta_net.py)."""
+    """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch, their
+    kernels at `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates), as the
+    family's terms run them (GPUs: the chunked delta rule and its sequential state passes, delta_net.py)."""
     layers = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) == "linear")
     if not layers:
         return 0.0, 0.0
-    L = job.layout
-    base = "fp32" if L.precision == "fp32" else "bf16"
-    rate = job.gpu.peak(base) * 1e12 * job.cal["linear_attention_efficiency"] * sustained_factor(job.gpu, job.cal)
-    if job.gpu.is_cpu:  # the CPU trainer's reference kernels: Bridge's count at the fitted rate (bench/cpu_calibration)
-        flops = FWD_BWD_FLOPS_PER_MAC * linear_attention_core_per_token(job.model, "linear") * job.tokens_mb / (L.tp * L.cp)
-        return layers * flops / rate, 0.0
-    total, again = delta_net.layer_time(job.model, L, job.gpu, job.seq_len, rate)
+    base = "fp32" if job.layout.precision == "fp32" else "bf16"
+    rate = job.gpu.peak(base) * 1e12 * job.cal.linear_attention_efficiency * job.cal.sustained_factor(job.gpu)
+    total, again = job.terms.linear_attention_layer_time(job, rate)
     return layers * total, layers * again
 
 
@@ -396,45 +200,26 @@ def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, 
     return rc
 
 
-def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout) -> UnitFlops:
-    """Per-token forward+backward FLOPs of one pipeline unit."""
+def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expert_load: float = 1.0) -> UnitFlops:
+    """Per-token forward+backward FLOPs of one pipeline unit; `expert_load` scales the experts' (a rank's routed
+    copies over the balanced share: search_spaces.routing)."""
     if unit == EMBEDDING:
         return UnitFlops(0.0, 0.0, 0.0, 0.0)
     if unit == LOSS:
         logits = FWD_BWD_FLOPS_PER_MAC * model.hidden_size * padded_vocab_size(model.vocab_size)
         return UnitFlops(logits * (1 + model.mtp_layers), 0.0, 0.0, 0.0)
     proj, core, expert, mlp = _layer_flops(model, seq_len, unit)
+    expert *= expert_load
     return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, core, expert, mlp))
 
 
-def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout) -> UnitFlops:
+def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
+                ) -> UnitFlops:
     dense = expert = core = rc = 0.0
     for u in units:
-        f = _unit_flops(model, seq_len, u, layout)
+        f = _unit_flops(model, seq_len, u, layout, expert_load)
         dense, expert, core, rc = dense + f.dense, expert + f.expert, core + f.core, rc + f.recompute
     return UnitFlops(dense, expert, core, rc)
-
-
-def _gemm_input_width(model: ModelSpec, units) -> float:
-    """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts)."""
-    h = model.hidden_size
-    total = 0.0
-    for u in units:
-        if not u.is_layer:
-            continue
-        q = model.num_attention_heads * (model.value_head_dim if model.is_mla else model.head_dim)
-        total += h + q  # QKV projection and output projection inputs
-        if model.layer_is_moe(u.layer):
-            total += model.topk * (h + model.moe_ffn_hidden_size)
-            if model.shared_expert_ffn_hidden_size:
-                total += h + model.shared_expert_ffn_hidden_size
-        else:
-            total += h + model.ffn_hidden_size
-    return total
-
-
-def _moe_layers(model: ModelSpec, units) -> int:
-    return sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer))
 
 
 # ---- compute per microbatch on one pipeline rank --------------------------------------------------------------
@@ -451,43 +236,13 @@ def gemm_rates(job: Job) -> GemmRates:
     t_rank = job.tokens_rank
     n_dense = (model.ffn_hidden_size if not model.is_moe else
                model.num_attention_heads * (model.q_head_dim if model.is_mla else model.head_dim)) / L.tp
-    dense_shape = _shape_factor(t_rank, h, n_dense, L.precision, peak_rate, job.hbm, gpu.is_cpu)
+    dense_shape = job.terms.gemm_shape_factor(job, t_rank, h, n_dense, peak_rate)
     if not model.is_moe:
         return GemmRates(peak_rate * dense_shape, 1.0)
     m_expert = t_rank / (L.tp if L.sp else 1) * L.ep * model.topk / model.num_experts
-    expert_shape = _shape_factor(m_expert, h, model.moe_ffn_hidden_size / L.etp, L.precision, peak_rate, job.hbm,
-                                 gpu.is_cpu)
-    grouped = job.cal["grouped_gemm_efficiency"][gpu_family(gpu)] * expert_shape / dense_shape
+    expert_shape = job.terms.gemm_shape_factor(job, m_expert, h, model.moe_ffn_hidden_size / L.etp, peak_rate)
+    grouped = job.cal.grouped_gemm_efficiency[gpu.family] * expert_shape / dense_shape
     return GemmRates(peak_rate * dense_shape, grouped)
-
-
-def activation_passes_time(job: Job, rank: int) -> float:
-    """Norms, RoPE, residuals, casts: passes over every activation the rank's chunks produce (before recompute)."""
-    plain = job.layout.replace(recompute="none")
-    acts = sum(chunk_activations(job.model, plain, job.seq_len, c, job.gpu.is_cpu)
-               for c in job.place.rank_stages(rank))
-    return job.cal["elementwise_passes"] * acts / job.hbm
-
-
-def routed_passes_time(job: Job, units: list[Unit], per_gpu: float) -> float:
-    """Every routed copy of a token is permuted, scattered, put through the activation and the probability
-    scaling and un-permuted (fwd and bwd): passes over topk x (hidden + intermediate)."""
-    model, L = job.model, job.layout
-    n_moe = _moe_layers(model, units)
-    if not n_moe or job.gpu.is_cpu:
-        return 0.0
-    glu = 2 if model.gated_mlp else 1
-    routed = model.topk * (2 * model.hidden_size + (glu + 1) * model.moe_ffn_hidden_size / L.etp)
-    return job.cal["routed_passes"] * n_moe * per_gpu * routed * job.act_bytes / job.hbm
-
-
-def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
-    """fp8 recipes cast every GEMM input to fp8 first (plus a transposed copy for the weight gradient)."""
-    if precision_class(job.layout.precision) != "fp8" or job.gpu.is_cpu:
-        return 0.0
-    # each recipe's bytes per cast element (quantisation.py; the fitted fp8_cast_bytes of older calibrations is
-    # no longer read: fitted, it made casts nearly free and FP8 1.3-1.55x faster on small experts)
-    return quantisation.cast_time(job.layout, per_gpu, _gemm_input_width(job.model, units), job.hbm)
 
 
 class AttentionTime(NamedTuple):
@@ -513,7 +268,7 @@ def attention_layer_time(job: Job, kind: str) -> AttentionTime:
         return AttentionTime(0.0, 0.0)
     dims = attention_dims(model)
     flops = 2 * _attention_core_per_token(model, kind, job.seq_len) * job.tokens_mb / (L.tp * L.cp)
-    fwd_rate, bwd_rate = attention_rates(job.gpu, L.precision, job.cal, dims, attention_kernel_length(job, kind))
+    fwd_rate, bwd_rate = job.terms.attention_rates(job, dims, attention_kernel_length(job, kind))
     return AttentionTime(flops / fwd_rate, flops * attention_backward_ratio(*dims) / bwd_rate)
 
 
@@ -530,41 +285,26 @@ def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
     return total, again
 
 
-class RankCompute(NamedTuple):
-    """Seconds per microbatch of one pipeline rank's own work."""
-    rank: int
-    units: list[Unit]
-    total: float  # everything below: what the pace is set by
-    gemm: float  # the model's GEMMs
-    recompute: float  # the GEMMs and attention forwards recompute repeats
-    attention: float
-    elementwise: float
-    expert_gemm: float = 0.0  # the routed experts' grouped GEMMs (part of gemm): the MoE layer's post-sync work
-
-
 def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     L = job.layout
     units = job.place.rank_units(rank)
-    flops = _rank_flops(job.model, job.seq_len, units, L)
+    flops = _rank_flops(job.model, job.seq_len, units, L, job.expert_load)
     per_gpu = job.tokens_mb / (L.tp * L.cp)  # tokens of the microbatch per GPU sharing its dense work
     # recomputed forwards run at the dense GEMM rate (recomputed experts too), in one pass with the model's GEMMs
-    gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense \
-        + per_gpu * flops.expert / (rates.dense * rates.grouped)
+    expert_gemm = per_gpu * flops.expert / (rates.dense * rates.grouped)
+    gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense + expert_gemm
     attention, attention_again = _rank_attention(job, units)
     linear, linear_again = linear_attention_time(job, units)
     attention += linear - linear_again
-    attention_again += linear_again
-    recompute = per_gpu * flops.recompute / rates.dense + attention_again
-    elementwise = (activation_passes_time(job, rank) + routed_passes_time(job, units, per_gpu)
-                   + fp8_cast_time(job, units, per_gpu))
-    # a recomputed module's forward repeats its element-wise work too (norms, activations, permutes, fp8 casts),
-    # taken in proportion to the GEMM forward it repeats; its forward is a third of the fwd+bwd element-wise work
+    recompute = per_gpu * flops.recompute / rates.dense + attention_again + linear_again
+    elementwise = job.terms.elementwise_time(job, rank, units, per_gpu)
     gemm_flops = flops.dense + flops.expert
-    again = elementwise * flops.recompute / gemm_flops if gemm_flops and not job.gpu.is_cpu else 0.0
+    again = job.terms.recomputed_elementwise_time(job, elementwise, flops.recompute / gemm_flops) if gemm_flops \
+        else 0.0
     recompute += again
-    total = gemm_all + attention_again + attention + elementwise + again
+    total = gemm_all + attention_again + linear_again + attention + elementwise + again
     return RankCompute(rank, units, total, gemm_all - per_gpu * flops.recompute / rates.dense, recompute, attention,
-                       elementwise, per_gpu * flops.expert / (rates.dense * rates.grouped))
+                       elementwise, expert_gemm)
 
 
 def rank_computes(job: Job) -> list[RankCompute]:
@@ -576,7 +316,7 @@ def rank_computes(job: Job) -> list[RankCompute]:
 
 
 def slowest_rank_compute(job: Job) -> RankCompute:
-    """The pipeline rank whose compute per microbatch sets the pace."""
+    """The pipeline rank whose compute per microbatch is the largest."""
     return max(rank_computes(job), key=lambda rc: rc.total)
 
 
@@ -588,7 +328,7 @@ def tp_comm_time(job: Job, layers: int) -> float:
         return 0.0
     vol = SP_COLLECTIVES_PER_LAYER * layers * job.tokens_rank * job.model.hidden_size * job.act_bytes \
         * (L.tp - 1) / L.tp
-    return job.cal["tp_exposed"] * vol / _bw(job.gpu, L.tp, job.cal)
+    return job.cal.tp_exposed * vol / _bw(job.gpu, L.tp, job.cal)
 
 
 class CpGeometry(NamedTuple):
@@ -650,10 +390,6 @@ def cp_geometry(job: Job) -> CpGeometry:
         gather_bw=nvlink if within else scaleout, nvlink_bw=nvlink, scaleout_bw=scaleout)
 
 
-def _split_traffic_time(volume: float, scaleout_share: float, nvlink_bw: float, scaleout_bw: float) -> float:
-    return volume * ((1 - scaleout_share) / nvlink_bw + scaleout_share / scaleout_bw)
-
-
 def ring_exposed_time(ranks: int, transfer: float, step: RingStep) -> float:
     """Seconds of a ring's transfers that its attention steps do not hide (Transformer Engine's
     AttnFuncWithCPAndKVP2P). Forward: ranks-1 steps each send K/V (`transfer` seconds) while the step's attention
@@ -711,7 +447,7 @@ def linear_attention_cp_time(job: Job, layers: int) -> float:
     gates = 2 * model.linear_num_value_heads  # beta and the decay, one each per value head
     vol = FWD_AND_BWD * job.tokens_rank * (2 * qk + 2 * v + gates) * job.act_bytes / L.tp * (L.cp - 1) / L.cp
     scaleout_share = max(0.0, 1.0 - _cp_ranks_per_nvlink_domain(job) / L.cp)
-    return _split_traffic_time(layers * vol, scaleout_share, _nvlink_bw(job.gpu, job.cal),
+    return split_traffic_time(layers * vol, scaleout_share, _nvlink_bw(job.gpu, job.cal),
                                _scaleout_bw(job.gpu, job.cal))
 
 
@@ -747,7 +483,9 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
 
 
 def _ep_volume(job: Job) -> float:
-    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd."""
+    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd; the busiest rank
+    receives `expert_load` x the balanced share (the all-gather dispatcher gathers every token whatever the
+    routing). DeepEP/HybridEP dispatch FP8 tokens in FP8 except MXFP8's, sent in BF16 (quantisation.py)."""
     model, L, e = job.model, job.layout, job.act_bytes
     h = model.hidden_size
     tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
@@ -755,85 +493,55 @@ def _ep_volume(job: Job) -> float:
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
         return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2
     flex = L.dispatcher in ("deepep", "hybridep")
-    dispatch = quantisation.dispatch_bytes_per_element(L.precision, e) if flex else e  # MXFP8 dispatches in BF16
-    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep
+    dispatch = quantisation.dispatch_bytes_per_element(L.precision, e) if flex else e
+    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep * job.expert_load
     return FWD_AND_BWD * per_dir * (dispatch + e)
 
 
-def ep_comm_time(job: Job, moe_layers: int) -> float:
-    """Expert-parallel all-to-all, split into NVLink-domain and scale-out traffic, partly overlapped."""
+def ep_comm_time(job: Job, moe: int) -> float:
+    """Expert-parallel all-to-all, split into NVLink-domain and scale-out traffic (at the family's reach of each
+    link), partly overlapped."""
     model, L, gpu = job.model, job.layout, job.gpu
-    if not (model.is_moe and L.ep > 1 and moe_layers):
+    if not (model.is_moe and L.ep > 1 and moe):
         return 0.0
     span = L.ep * L.etp * L.tp  # EP ranks are strided by TP-sized blocks in the folded grid
     inter = max(0.0, 1.0 - gpu.nvlink_domain / span)
-    if gpu.is_cpu:
-        t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9, gpu.scaleout_gbps * 1e9) \
-            / CPU_DISPATCHER_EFFICIENCY
-        return job.cal["ep_exposed"] * t_a2a * moe_layers
-    # each dispatcher's reach of NVLink and of the scale-out link, by domain size (dispatcher_comm)
-    nvl, out = dispatcher_comm.link_efficiency(gpu, L.dispatcher, span, job.cal["dispatcher_efficiency"]["alltoall"])
-    t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9 * nvl, gpu.scaleout_gbps * 1e9 * out)
-    if dispatcher_comm.recompute_repeats_dispatch(L):
-        t_a2a *= 1 + 1 / FWD_AND_BWD  # the forward's dispatch and combine run again
-    return job.cal["ep_exposed"] * t_a2a * moe_layers
+    return job.terms.ep_alltoall_time(job, _ep_volume(job), inter) * moe
 
 
-def dispatcher_overhead_time(job: Job, moe_layers: int, ep_time: float) -> float:
-    """Beside the all-to-all's bytes (dispatcher_comm): each call's fixed cost, the NCCL path's global permute
-    over HBM, and the SMs the dispatcher holds while its overlapped all-to-all runs beside compute. 0 on cpu."""
-    L = job.layout
-    if job.gpu.is_cpu or not (job.model.is_moe and L.ep > 1 and moe_layers):
-        return 0.0
-    tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
-    permute = dispatcher_comm.global_permute_bytes(job.model, L, tsp, job.act_bytes) * moe_layers / job.hbm
-    overlapped = ep_time * (1 - job.cal["ep_exposed"]) / job.cal["ep_exposed"]
-    return dispatcher_comm.latency_time(L, moe_layers) + permute \
-        + overlapped * dispatcher_comm.sm_share(job.gpu, L.dispatcher)
-
-
-def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe_layers: int) -> int:
-    """Pairwise gloo exchanges a cpu rank makes per microbatch: each collective over n ranks counts n-1 (the
-    CPU_*_COLLECTIVES constants), forward collectives twice where recompute repeats them."""
-    L = job.layout
-    full = L.recompute_granularity == "full"
-    again_attention = full or "core_attn" in L.recompute_modules
-    again_moe = full or "moe" in L.recompute_modules
-    sp = SP_COLLECTIVES_PER_LAYER + (CPU_SP_FORWARD_COLLECTIVES_PER_LAYER if full else 0)
-    cp = CPU_CP_COLLECTIVES_PER_LAYER[0] + (CPU_CP_COLLECTIVES_PER_LAYER[1] if again_attention else 0)
-    ep = CPU_EP_COLLECTIVES_PER_MOE_LAYER[0] + (CPU_EP_COLLECTIVES_PER_MOE_LAYER[1] if again_moe else 0)
-    n = sp * layers * (L.tp - 1) + cp * softmax_layers * (L.cp - 1) + ep * moe_layers * (L.ep - 1)
-    return n + (CPU_PP_COLLECTIVES_PER_STAGE * L.vpp if L.pp > 1 else 0)
-
-
-def launch_overhead_time(job: Job, units: list[Unit], busy: launch_overhead.LayerBusy | None = None) -> float:
-    """Host time the GPU waits for per microbatch: on GPUs the kernels each layer launches beyond what its GPU work
-    hides, the dropless MoE sync, and the graph replays' static-buffer copies (search_spaces/launch_overhead.py;
-    `busy`: the GPU time of one layer). On cpu: eager autograd per layer and the fixed cost of each gloo
-    collective."""
-    layers = sum(1 for u in units if u.is_layer)
-    if job.gpu.is_cpu:
-        softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")
-        n = cpu_collectives(job, layers, softmax, _moe_layers(job.model, units))
-        return job.cal["cpu_overhead_per_layer_s"] * layers + job.cal["cpu_collective_latency_s"] * n
-    busy = busy or launch_overhead.LayerBusy(0.0, 0.0)
-    host = sum(launch_overhead.layer_host_time(job.model, job.layout, u.layer, busy, job.cal, job.gpu.host)
-               for u in units if u.is_layer)
-    tsp = job.tokens_rank / job.layout.tp if job.layout.sp else job.tokens_rank
-    copies = launch_overhead.graph_copy_bytes(job.model, job.layout, tsp, job.act_bytes) * layers / job.hbm
-    return host + copies
-
-
-def layer_busy(rank: RankCompute, comm: float, ep: float, moe_layers: int) -> launch_overhead.LayerBusy:
+def layer_busy(rank: RankCompute, comm: float, ep: float, moe: int) -> LayerBusy:
     """One layer's GPU time per microbatch on the rank, forward (a third of the compute, half the communication)
     and backward (the rest and the recompute), and an MoE layer's forward after its sync (the experts' share of
-    the forward GEMMs, half of the all-to-all)."""
+    the forward GEMMs, half of the all-to-all): what the host's launches can hide behind."""
     layers = max(1, sum(1 for u in rank.units if u.is_layer))
     work = rank.total - rank.recompute
     fwd = (work / 3 + comm / 2) / layers
     bwd = (2 * work / 3 + rank.recompute + comm / 2) / layers
-    post = (rank.expert_gemm / 3 + ep / 2) / moe_layers if moe_layers else 0.0
-    return launch_overhead.LayerBusy(fwd, bwd, post)
+    post = (rank.expert_gemm / 3 + ep / 2) / moe if moe else 0.0
+    return LayerBusy(fwd, bwd, post)
+
+
+class MicrobatchTerms(NamedTuple):
+    """Seconds of one microbatch on a pipeline rank beside its own compute."""
+    tp: float
+    cp: float
+    ep: float
+    dispatcher: float
+    launch: float
+    pp: float
+    contention: float
+
+
+def microbatch_terms(job: Job, rank: RankCompute) -> MicrobatchTerms:
+    """The communication, dispatcher, launch and contention terms of one microbatch on `rank`."""
+    layers = sum(1 for u in rank.units if u.is_layer)
+    tp = tp_comm_time(job, layers)
+    cp = cp_comm_time(job, rank)
+    moe = moe_layers(job.model, rank.units)
+    ep = ep_comm_time(job, moe)
+    dispatch = job.terms.dispatcher_overhead_time(job, moe, ep)
+    launch = job.terms.launch_overhead_time(job, rank.units, layer_busy(rank, tp + cp + ep + dispatch, ep, moe))
+    return MicrobatchTerms(tp, cp, ep, dispatch, launch, pp_comm_time(job), job.terms.host_contention_time(job, rank))
 
 
 def pp_comm_time(job: Job) -> float:
@@ -863,9 +571,8 @@ def dp_comm_time(job: Job, params: RankParams) -> float:
         return 0.0
     per_param = grad_bytes(L) + weight_bytes(L)
     vol = params.dense * per_param * (dpcp - 1) / dpcp + params.expert * per_param * (edp - 1) / edp
-    latency = job.cal["cpu_collective_latency_s"] * CPU_DP_COLLECTIVES_PER_STEP * (max(dpcp, edp) - 1) \
-        if job.gpu.is_cpu else 0.0
-    return job.cal["dp_exposed"] * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal) + latency
+    return job.cal.dp_exposed * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal) \
+        + job.terms.dp_latency(job, max(dpcp, edp))
 
 
 def _optimizer_shard(job: Job, params: RankParams) -> float:
@@ -892,70 +599,29 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 
 
-def host_slowdown(ranks: int, cores: float) -> float:
-    """cpu only: ranks sharing a host's cores each take max(1, ranks / cores) times as long."""
-    return max(1.0, ranks / cores)
-
-
-def host_contention_time(job: Job, rank: RankCompute) -> float:
-    """cpu only, per microbatch: the run's ranks share the host's `cpu_cores`; with more ranks than cores each
-    rank's own work (compute and eager overhead) takes host_slowdown times as long. On GPUs: 0."""
-    if not job.gpu.is_cpu:
-        return 0.0
-    slowdown = host_slowdown(job.num_gpus, job.cal["cpu_cores"])
-    layers = sum(1 for u in rank.units if u.is_layer)
-    return (slowdown - 1.0) * (rank.total + job.cal["cpu_overhead_per_layer_s"] * layers)
-
-
-def _microbatch_terms(job: Job, rank: RankCompute) -> tuple[float, ...]:
-    """(tp, cp, ep, dispatcher overhead, launch, pp, host contention) seconds of one microbatch on `rank`."""
-    layers = sum(1 for u in rank.units if u.is_layer)
-    tp = tp_comm_time(job, layers)
-    cp = cp_comm_time(job, rank)
-    moe_layers = _moe_layers(job.model, rank.units)
-    ep = ep_comm_time(job, moe_layers)
-    dispatch = dispatcher_overhead_time(job, moe_layers, ep)
-    launch = launch_overhead_time(job, rank.units, layer_busy(rank, tp + cp + ep + dispatch, ep, moe_layers))
-    return tp, cp, ep, dispatch, launch, pp_comm_time(job), host_contention_time(job, rank)
-
-
 def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-              cal: dict | None = None) -> dict[str, float]:
-    """Seconds per optimizer step, by component (the module docstring's formula); key 'step' is the total.
+              cal: Calibration | None = None) -> StepTime:
+    """Seconds per optimizer step, by component (the module docstring's formula); `step` is the total.
 
-    Per step: `compute` (= gemm + attention + elementwise) and `recompute` are apart; the components sum to 'step'.
+    Per step: `compute` (= gemm + attention + elementwise) and `recompute` are apart; the components sum to `step`.
     """
-    job = Job(model, gpu, num_gpus, seq_len, layout, cal or calibration())
+    job = job_for(model, gpu, num_gpus, seq_len, layout, cal)
     m = layout.grad_accum(num_gpus) or 1
-    # on GPUs the host's launches can outweigh a rank's compute: the pace is the rank slowest with them
-    ranks = [slowest_rank_compute(job)] if gpu.is_cpu else rank_computes(job)
-    rank, (tp, cp, ep, dispatch, launch, pp, contention) = max(
-        ((rc, _microbatch_terms(job, rc)) for rc in ranks), key=lambda x: x[0].total + sum(x[1]))
-    per_mb = rank.total + tp + cp + ep + dispatch + launch + pp + contention  # rank.total: compute + recompute
+    # the pace is the rank slowest with its launches and communication (the host's launches can outweigh a
+    # rank's compute: the first and last ranks hold fewer layers but the embedding and the output head)
+    rank, t = max(((rc, microbatch_terms(job, rc)) for rc in rank_computes(job)), key=lambda x: x[0].total + sum(x[1]))
+    per_mb = rank.total + sum(t)  # rank.total: compute + recompute
     bubble = pipeline_bubble_time(layout, per_mb, m)
     params = rank_params(model, layout, rank.units)
     dp = dp_comm_time(job, params)
     optimizer = optimizer_time(job, params)
     offload = optimizer_offload_time(job, params)
-    return {
-        "compute": (rank.total - rank.recompute) * m,
-        "gemm": rank.gemm * m,
-        "attention": rank.attention * m,
-        "elementwise": rank.elementwise * m,
-        "recompute": rank.recompute * m,
-        "tp_comm": tp * m,
-        "cp_comm": cp * m,
-        "ep_comm": ep * m,
-        "dispatcher_overhead": dispatch * m,
-        "pp_comm": pp * m,
-        "launch_overhead": launch * m,
-        "pipeline_bubble": bubble,
-        "dp_comm": dp,
-        "optimizer": optimizer,
-        "optimizer_offload": offload,
-        "host_contention": contention * m,
-        "step": per_mb * m + bubble + dp + optimizer + offload,
-    }
+    return StepTime(
+        compute=(rank.total - rank.recompute) * m, gemm=rank.gemm * m, attention=rank.attention * m,
+        elementwise=rank.elementwise * m, recompute=rank.recompute * m, tp_comm=t.tp * m, cp_comm=t.cp * m,
+        ep_comm=t.ep * m, dispatcher_overhead=t.dispatcher * m, pp_comm=t.pp * m, launch_overhead=t.launch * m,
+        pipeline_bubble=bubble, dp_comm=dp, optimizer=optimizer, optimizer_offload=offload,
+        host_contention=t.contention * m, step=per_mb * m + bubble + dp + optimizer + offload)
 
 
 def recompute_flops_per_step(model: ModelSpec, seq_len: int, layout: Layout) -> float:

@@ -29,9 +29,10 @@ LAYOUTS = [
                           cp_comm_type="a2a", optimizer_offload=0.5)),
     Layout.from_dict(dict(tp=4, ep=2, etp=2, pp=4, mbs=2, gbs=64, recompute="full", recompute_method="block",
                           recompute_num_layers=2, precision="fp8-delayed", dispatcher="hybridep",
-                          distributed_optimizer=False, sequence_parallel=False)),
+                          distributed_optimizer=False, sequence_parallel=False, routing="capacity:1.25")),
     Layout.from_dict(dict(cp=4, gbs=4, cuda_graphs="full_iteration", precision="fp32", dispatcher="allgather",
-                          cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=1.0)),
+                          cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=1.0,
+                          routing="forced_balance")),
     Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
     Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
 ]
@@ -52,7 +53,11 @@ FLAG_TO_FIELD = {
     "untie-embeddings-and-output-weights": "share_embeddings_and_output_weights",  # GPTModel(...)
     "quick-geglu": "activation_func",  # + gated_linear_unit
     "apply-layernorm-1p": "layernorm_zero_centered_gamma",
+    "no-check-for-nan-in-loss-and-grad": "check_for_nan_in_loss",  # RerunStateMachineConfig
 }
+# Megatron-Bridge's own fields, beside Megatron-Core's: GPTModelProvider.seq_length and its GPTDatasetConfig's
+# seq_length (tests/test_consumers.py loads them in Bridge).
+BRIDGE_FIELDS = {"model": {"seq_length"}, "dataset": {"seq_length"}}
 
 
 def _quiet_import():
@@ -64,6 +69,7 @@ def _quiet_import():
         from megatron.core.optimizer.optimizer_config import OptimizerConfig  # noqa: F401
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: F401
         from megatron.training.arguments import add_megatron_arguments  # noqa: F401
+        from megatron.training.config import RerunStateMachineConfig  # noqa: F401
         from megatron.training.config.training_config import TrainingConfig  # noqa: F401
     return locals()
 
@@ -93,6 +99,16 @@ def test_round_trip_through_text_and_argv(layout):
     assert export.layout_from_megatron_args(export.megatron_args(layout, model, 8192)) == layout
 
 
+def test_an_explicit_pipeline_layout_carries_the_virtual_stages():
+    """61 layers and an MTP layer on PP8 x VPP4: Megatron-LM gets the cost model's explicit placement and takes
+    the virtual stages from it (it refuses the VPP flag beside a layout); the parse back recovers VPP."""
+    layout = Layout.from_dict(dict(cp=32, ep=32, pp=8, vpp=4, gbs=128))
+    argv = export.megatron_args(layout, load_model("deepseek-v3"), 131072)
+    assert "--num-virtual-stages-per-pipeline-rank" not in argv
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1].count("|") == 8 * 4 - 1
+    assert export.layout_from_megatron_args(argv) == layout
+
+
 def test_sequence_parallel_explicit_value_survives():
     # on iff TP > 1 is the default (None); an explicit "off at TP 2" must come back explicitly
     explicit = Layout(tp=2, gbs=2, sequence_parallel=False)
@@ -112,7 +128,7 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
         assert ns.expert_model_parallel_size == layout.ep
         assert ns.expert_tensor_parallel_size == layout.etp
         assert ns.pipeline_model_parallel_size == layout.pp
-        assert (ns.num_virtual_stages_per_pipeline_rank or 1) == layout.vpp
+        assert _virtual_stages(ns) == layout.vpp
         assert (ns.micro_batch_size, ns.global_batch_size) == (layout.mbs, layout.gbs)
         assert ns.sequence_parallel == layout.sp
         assert ns.use_distributed_optimizer == layout.distributed_optimizer
@@ -127,7 +143,19 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
             assert ns.moe_layer_freq == [0] * model.first_k_dense + [1] * (model.num_layers - model.first_k_dense)
         assert ns.multi_latent_attention == model.is_mla
         assert ns.position_embedding_type == "rope"
+        routing = {"dropless": (None, False, False), "capacity:1.25": (1.25, True, False),
+                   "forced_balance": (None, False, True)}[layout.routing]
+        assert (ns.moe_expert_capacity_factor, ns.moe_pad_expert_input_to_capacity,
+                ns.moe_router_force_load_balancing) == routing
+        assert ns.moe_token_drop_policy == "probs"
         _assert_layer_kinds(ns, model)
+
+
+def _virtual_stages(ns) -> int:
+    """VPP as Megatron-LM reads it: the flag, or the virtual stages of an explicit pipeline layout."""
+    if ns.pipeline_model_parallel_layout:
+        return len(ns.pipeline_model_parallel_layout.split("|")) // ns.pipeline_model_parallel_size
+    return ns.num_virtual_stages_per_pipeline_rank or 1
 
 
 def _assert_layer_kinds(ns, model):
@@ -175,7 +203,7 @@ def test_uneven_layer_patterns_are_exported_as_lists(megatron_parser):
 def test_every_flag_names_a_megatron_core_field(mcore):
     fields = set()
     for cls in ("MLATransformerConfig", "OptimizerConfig", "DistributedDataParallelConfig", "TrainingConfig",
-                "GPTDatasetConfig"):
+                "GPTDatasetConfig", "RerunStateMachineConfig"):
         fields |= _names(mcore[cls])
     fields |= set(inspect.signature(mcore["GPTModel"].__init__).parameters)
     seen = set()
@@ -194,14 +222,19 @@ def test_every_flag_names_a_megatron_core_field(mcore):
                  "recompute-method", "recompute-num-layers", "cuda-graph-impl", "cuda-graph-modules", "fp8-format",
                  "fp8-recipe", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend", "cp-comm-type",
                  "optimizer-cpu-offload", "optimizer-offload-fraction", "use-distributed-optimizer",
-                 "sequence-parallel", "seq-length", "bf16", "hierarchical-context-parallel-sizes"):
+                 "sequence-parallel", "seq-length", "bf16", "hierarchical-context-parallel-sizes",
+                 "moe-expert-capacity-factor", "moe-pad-expert-input-to-capacity", "moe-token-drop-policy",
+                 "moe-router-force-load-balancing"):
         assert flag in seen
 
 
 def test_bridge_override_keys_are_megatron_core_fields(mcore):
     sections = {"model": _names(mcore["MLATransformerConfig"]), "optimizer": _names(mcore["OptimizerConfig"]),
                 "ddp": _names(mcore["DistributedDataParallelConfig"]), "train": _names(mcore["TrainingConfig"]),
-                "dataset": _names(mcore["GPTDatasetConfig"])}
+                "dataset": _names(mcore["GPTDatasetConfig"]),
+                "rerun_state_machine": _names(mcore["RerunStateMachineConfig"])}
+    for section, names in BRIDGE_FIELDS.items():
+        sections[section] |= names
     for layout in LAYOUTS:
         overrides = export.bridge_overrides(layout, 65536)
         assert set(overrides) <= set(sections) | {"mixed_precision"}
@@ -215,14 +248,34 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
                 model["expert_model_parallel_size"], model["pipeline_model_parallel_size"]) == (
                     layout.tp, layout.cp, layout.ep, layout.pp)
         assert overrides["train"] == {"micro_batch_size": layout.mbs, "global_batch_size": layout.gbs}
-        assert overrides["dataset"]["sequence_length"] == 65536
+        assert overrides["dataset"]["seq_length"] == overrides["model"]["seq_length"] == 65536
     # Literal-typed values are among Megatron-Core's allowed values
     hints = {f.name: f.type for f in dataclasses.fields(mcore["TransformerConfig"])}
     for layout in LAYOUTS:
         model = export.bridge_overrides(layout, 4096)["model"]
-        for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe"):
+        for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe",
+                    "moe_token_drop_policy"):
             if key in model:
                 assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
+
+
+@pytest.mark.parametrize("routing", ["dropless", "capacity:1.25", "forced_balance"])
+def test_routing_exports_are_what_megatron_core_validates_and_reads_back(mcore, megatron_parser, routing):
+    """The router fields of both exports: TransformerConfig accepts them (its __post_init__ checks the capacity
+    factor against the load balancing and padding) and they spell the same routing back."""
+    from search_spaces.layout import BY_NAME
+
+    layout = Layout(ep=2, gbs=2, routing=routing)
+    dim = BY_NAME["routing"]
+    bridge = {k: v for k, v in export.bridge_overrides(layout, 4096)["model"].items() if k in dim.megatron_field_names()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = mcore["TransformerConfig"](num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4,
+                                         moe_router_topk=2, moe_router_load_balancing_type="aux_loss", **bridge)
+    assert dim.from_megatron({k: getattr(cfg, k) for k in dim.megatron_field_names()}) == routing
+    ns = megatron_parser.parse_args(export.megatron_args(layout, load_model("tiny-moe"), 4096))
+    assert dim.from_megatron({k: getattr(ns, k) for k in dim.megatron_field_names()}) == routing
+    assert export.layout_from_megatron_args(export.layout_args(layout)).routing == routing
 
 
 @pytest.mark.parametrize("model_name", ["tiny-qwen3-next", "qwen3-next-80b-a3b", "tiny-gpt-oss", "gpt-oss-120b"])
@@ -231,7 +284,7 @@ def test_bridge_overrides_carry_the_layer_kinds_megatron_core_accepts(mcore, mod
     overrides = export.bridge_overrides(Layout(), 65536, model)["model"]
     hints = {f.name: str(f.type) for f in dataclasses.fields(mcore["TransformerConfig"])}
     family = export.family_fields(model)
-    assert family and set(family) <= set(overrides) <= set(hints)
+    assert family and set(family) <= set(overrides) <= set(hints) | BRIDGE_FIELDS["model"]
     for key in ("experimental_attention_variant", "softmax_type"):
         if key in overrides:
             assert f"'{overrides[key]}'" in hints[key]
@@ -291,6 +344,12 @@ def test_bad_megatron_args_are_one_line_errors():
         export.layout_from_megatron_args("--global-batch-size 8 --cp-comm-type allgather")
     with pytest.raises(SpecError):
         export.layout_args(Layout(cuda_graphs=("full_iteration", "attn")))
+    # token dropping without padding to capacity, or by position, is not a routing of the layout space
+    with pytest.raises(SpecError, match="no routing is spelled"):
+        export.layout_from_megatron_args("--global-batch-size 8 --moe-expert-capacity-factor 1.25")
+    with pytest.raises(SpecError, match="no routing is spelled"):
+        export.layout_from_megatron_args("--global-batch-size 8 --moe-expert-capacity-factor 1.25 "
+                                         "--moe-pad-expert-input-to-capacity --moe-token-drop-policy position")
     assert shlex.split(export.megatron_args_text(Layout(), load_model("tiny-moe"), 4096))
 
 
@@ -303,7 +362,8 @@ def test_every_layout_dimension_reaches_both_exports():
     other = {"tp": 4, "cp": 2, "ep": 2, "etp": 2, "pp": 4, "vpp": 2, "mbs": 2, "gbs": 16, "precision": "fp8",
              "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
              "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
-             "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2"}
+             "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2",
+             "routing": "capacity:1.5"}
     assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
     for name, value in other.items():
         changed = base.replace(**{name: value})

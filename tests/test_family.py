@@ -25,6 +25,7 @@ def test_a_longer_length_keeps_the_sequence_per_cp_rank():
     assert scale_to_length(lay, None, 65536, 1024, 32).gbs == 32
 
 
+@pytest.mark.slow  # three full-scale sub-sweeps, status and report end to end (~1 min on 2 cores)
 @pytest.mark.timeout(1200)
 def test_a_deepseek_family_at_32k_64k_128k_prints_its_table_and_trend(tmp_path, capsys):
     spec = {"name": "dsv3-family", "model": "deepseek-v3", "seq_len": [32768, 65536, 131072], "gpu": "h100",

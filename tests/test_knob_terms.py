@@ -56,7 +56,7 @@ def test_graph_scopes_remove_host_launches_and_full_iteration_removes_all():
     assert _layer_host(base.replace(cuda_graphs="full_iteration"), busy) == 0.0
     # a GPU-bound layer hides nearly all of it: only the MoE sync stays
     slow = launch_overhead.LayerBusy(0.1, 0.2, 0.05)
-    assert _layer_host(base, slow) == pytest.approx(CAL["moe_sync_s"], rel=0.05)
+    assert _layer_host(base, slow) == pytest.approx(CAL.moe_sync_s, rel=0.05)
 
 
 def test_host_launches_grow_with_local_experts_and_fp8_quantisation():
@@ -73,7 +73,7 @@ def test_host_launches_grow_with_local_experts_and_fp8_quantisation():
 
 def test_dispatcher_bandwidth_by_backend_and_domain():
     gb200, h100 = load_gpu("gb200"), load_gpu("h100")
-    nccl = CAL["dispatcher_efficiency"]["alltoall"]
+    nccl = CAL.dispatcher_efficiency["alltoall"]
     deepep_nvl72 = dispatcher_comm.link_efficiency(gb200, "deepep", 32, nccl)[0]
     hybridep_nvl72 = dispatcher_comm.link_efficiency(gb200, "hybridep", 32, nccl)[0]
     assert deepep_nvl72 < nccl < hybridep_nvl72  # DeepEP's MNNVL path: ~258 GB/s of 900

@@ -97,6 +97,7 @@ def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
     assert main(["status", "nope", "--storage", spec.storage]) == 2
 
 
+@pytest.mark.slow  # 200 trials with SQLite and MLflow stores, per search: 40-200 s each on 2 cores
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("search", ["calibrated", "tpe", "grid"])
 def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search):

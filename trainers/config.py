@@ -14,10 +14,11 @@ import torch
 
 from search_spaces import rules
 from search_spaces.layout import BY_NAME, Layout
-from search_spaces.pipeline import placement
+from search_spaces.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
-# backend, "all_gather") come from each dimension's declaration: BY_NAME[...].megatron_fields.
+# backend, "all_gather", the router's capacity factor and forced balance) come from each dimension's
+# declaration: BY_NAME[...].megatron_fields.
 LOCAL_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 ADAM_LR = 3e-3  # tiny proxy models learn visibly within a handful of steps
@@ -43,14 +44,10 @@ def capability_gaps(model, layout: Layout) -> list[str]:
 
 
 def pipeline_split_kwargs(model, layout: Layout) -> dict[str, Any]:
-    """The layer placement the cost model assumes (search_spaces.pipeline), in Megatron's terms: an even
-    split, the embedding and loss counted as layers, or an explicit pipeline_model_parallel_layout."""
-    place = placement(model, layout.pp, layout.vpp)
-    if place is None or place.method == "even":
-        return {}
-    if place.method == "counted":
-        return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
-    return {"pipeline_model_parallel_layout": place.layout_string()}
+    """The layer placement the cost model assumes (search_spaces.pipeline, as every export writes it), only
+    the fields that differ from Megatron's even split."""
+    fields = megatron_split_fields(model, layout.pp, layout.vpp)
+    return {k: v for k, v in fields.items() if v != SPLIT_DEFAULTS[k]}
 
 
 def _model_architecture_kwargs(model) -> dict[str, Any]:
@@ -158,6 +155,8 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
     if model.num_experts:
         kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp)
         kwargs.update(BY_NAME["dispatcher"].megatron_fields(layout.dispatcher))
+        # the router's mode (dropless, capacity with padding, forced balance), on CPU too
+        kwargs.update(BY_NAME["routing"].megatron_fields(layout.routing))
     if layout.cp > 1 and not on_cpu:
         kwargs.update(BY_NAME["cp_comm_type"].megatron_fields(layout.cp_comm_type))
         if layout.hierarchical_cp:

@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings.filterwarnings("ignore")
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.result:  # `--result out/r.json` in a folder not there yet: every rank may need it (claim, result)
+        Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     if rank == 0 and args.result:
         # A previous run's result or failure claim must not be mistaken for this run's.
         for stale in (Path(args.result), Path(f"{args.result}.claim")):
