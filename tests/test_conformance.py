@@ -15,7 +15,7 @@ from orchestrator.backends import BACKENDS, canonical_backend
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import run_sweep
-from orchestrator.sweep.samplers import SEARCH_KINDS
+from orchestrator.searches import SEARCH_KINDS
 from search_spaces.errors import SpecError
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout

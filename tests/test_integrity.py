@@ -225,16 +225,16 @@ def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_aga
     assert main(["sweep", str(spec), "--quiet"]) == 4
     monkeypatch.setattr(optuna.Study, "tell", real_tell)
     kept = ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").records()
-    assert [k["trial_number"] for k in kept] == [told[2]]
-    measured = kept[0]["attrs"]["result"]
-    assert measured["status"] == "ok" and measured["tokens_per_sec_per_gpu"] > 0
+    assert list(kept) == [told[2]]
+    measured = kept[told[2]].result
+    assert measured.status == "ok" and measured.tokens_per_sec_per_gpu > 0
 
     assert main(["sweep", str(spec), "--quiet", "--resume"]) == 0
     study = _consistent(data)
     assert len(studies.measured_trials(study)) == 6
     recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
     assert [t.user_attrs["retry_of"] for t in recorded] == [told[2]]
-    assert recorded[0].values[0] == pytest.approx(measured["tokens_per_sec_per_gpu"])
+    assert recorded[0].values[0] == pytest.approx(measured.tokens_per_sec_per_gpu)
     assert not ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").path.exists()
 
 
@@ -271,6 +271,6 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         study = _consistent(data)
         assert len(studies.measured_trials(study)) == 150
         recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
-        assert {t.user_attrs["retry_of"] for t in recorded} == {k["trial_number"] for k in kept}  # not re-run
+        assert {t.user_attrs["retry_of"] for t in recorded} == set(kept)  # not re-run
     finally:
         subprocess.run(["umount", "--lazy", str(disk)])  # lazy: a lingering child must not keep it mounted

@@ -1,6 +1,6 @@
 """Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
 
-The table is a CSV, one row per layout, columns `TABLE_COLUMNS`: the situation, one column per searchable
+The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records.py): the situation, one column per searchable
 layout dimension and the batch (values as `Layout.params` encodes them; lists may use `;`), the status and
 the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table lacks takes the
 dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
@@ -25,21 +25,17 @@ from pathlib import Path
 
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
-from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
+from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 from search_spaces.validation import problems
 
 from orchestrator.backends.base import TrialRequest, completed, stamp
+from orchestrator.records import (LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS, REQUIRED_COLUMNS,
+                                  TABLE_COLUMNS)
 
-CONTEXT_COLUMNS = ("model", "gpu", "num_gpus", "seq_len")
-LAYOUT_COLUMNS = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or name == "gbs")
-NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
-TABLE_COLUMNS = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, "status", *NUMBER_COLUMNS]
-REQUIRED_COLUMNS = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", "status", *NUMBER_COLUMNS]
-# what the leaderboard (`status --csv`) writes besides the table columns: a replay table read back skips them
-LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
-                     "train_days", "train_usd", "reason", "mlflow_run_id")
+# the table's columns are the trial record's (orchestrator/records.py); a leaderboard's extra columns and a
+# `note` are allowed and skipped
 EXTRA_COLUMNS = ("trial", *LEADERBOARD_EXTRA, "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
