@@ -154,7 +154,7 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     version_tags.pop("mlflow.parentRunId", None)
     if view.peak_memory_gib is not None:
         version_tags["moe_autotune.peak_memory_gib"] = f"{view.peak_memory_gib:.6g}"
-    version_tags["moe_autotune.fidelity"] = view.fidelity
+    version_tags["moe_autotune.fidelity"] = view.runs_at
     # the time (and dollars) to train the spec's cost.train_tokens with this layout on the target cluster
     found = to_train(view.tokens_per_sec_per_gpu, int(ctx.num_gpus or 0), ctx.cost)
     for key, value in (found.metrics() if found else {}).items():

@@ -305,7 +305,7 @@ _TABLE_HEAD = ("trial", "status", "layout", "fidelity", "tokens/s/GPU", "peak Gi
 
 def _table_rows(trials: list[TrialView], limit: int = 50) -> list[tuple]:
     rows = sorted(trials, key=lambda v: (v.status != "ok", -(_num(v.tokens_per_sec_per_gpu) or 0)))[:limit]
-    return [(v.number, v.status, v.layout.key() if v.layout else "", v.fidelity, _cell(v.tokens_per_sec_per_gpu),
+    return [(v.number, v.status, v.layout.key() if v.layout else "", v.runs_at, _cell(v.tokens_per_sec_per_gpu),
              _cell(v.peak_memory_gib), v.backend, v.reason or "") for v in rows]
 
 
@@ -370,11 +370,11 @@ def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
     ran = [v for v in trials if v.gpu_seconds[0] is not None]
     fig = go.Figure()
     for fidelity in ("full", "proxy"):
-        sel = [v for v in ran if v.fidelity == fidelity]
+        sel = [v for v in ran if v.runs_at == fidelity]
         if sel:
             fig.add_bar(x=[v.number for v in sel], y=[v.gpu_seconds[0] / 3600 for v in sel], name=f"used ({fidelity})",
                         text=[_label(v) for v in sel])
-    proxies = [v for v in ran if v.fidelity == "proxy" and v.gpu_seconds[1]]
+    proxies = [v for v in ran if v.proxy and v.gpu_seconds[1]]
     if proxies:
         fig.add_scatter(x=[v.number for v in proxies], y=[v.gpu_seconds[1] / 3600 for v in proxies], mode="markers",
                         name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})

@@ -157,7 +157,7 @@ def status(
 
 def _fidelity(record) -> str:
     """full, or proxy with the GPUs its proxy ran on."""
-    return f"proxy ({record.proxy_world} GPUs)" if record.proxy else record.fidelity
+    return f"proxy ({record.proxy_world} GPUs)" if record.proxy else record.runs_at
 
 
 def _gpu_hours_line(study) -> str:
