@@ -129,8 +129,9 @@ def build_landscape(case: Case, cap: int, seed: int = 0) -> Landscape:
             keep.append((lay, est))
     table = ReplayTable(path=f"<landscape {case.name}>", model=case.model, gpu=case.gpu,
                         num_gpus=case.num_gpus, seq_len=case.seq_len)
-    table.rows = {lay.key(): ReplayRow(lay, "ok", est.tokens_per_sec_per_gpu, est.tflops_per_gpu,
-                                       est.peak_memory_gib, i) for i, (lay, est) in enumerate(keep)}
+    table.rows = {lay.key(): ReplayRow(lay, "ok", TrialResult(
+        status="ok", tokens_per_sec_per_gpu=est.tokens_per_sec_per_gpu, tflops_per_gpu=est.tflops_per_gpu,
+        peak_memory_gib=est.peak_memory_gib), i) for i, (lay, est) in enumerate(keep)}
     spec = parse_spec({"name": "bench", "model": case.model, "gpu": case.gpu, "nodes": 1,
                        "gpus_per_node": case.num_gpus, "seq_len": case.seq_len, "backend": "analytic",
                        "tracking_uri": "none"})

@@ -24,6 +24,7 @@ from orchestrator.sweep import Prior, run_sweep
 from orchestrator.sweep.samplers import SweepSampler
 from orchestrator.sweep.space import SweepSpace
 from search_spaces.errors import SpecError
+from tests.sweep_helpers import FAKE_TRAINER, make_spec
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
@@ -33,12 +34,7 @@ STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupt
 
 
 def _spec(tmp_path, name: str, **extra):
-    data = {"name": name, "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 11, "fixed": {"precision": "fp32"},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
-    data.update(extra)
-    return parse_spec(data)
+    return make_spec(tmp_path, name, **{"seed": 11, **extra})
 
 
 def _sweep(spec):
@@ -88,9 +84,8 @@ def _backend_spec(tmp_path, backend: str):
         assert main(["status", source.name, "--storage", source.storage, "--csv", str(table)]) == 0
         extra = {"replay_table": str(table), "search": "grid"}
     elif not BACKENDS[backend].what_if:  # a real trainer process per trial; this one returns at once
-        extra = {"launcher": "python", "trainer_module": "tests.fake_trainer", "gpus_per_node": 2, "seq_len": 128,
-                 "budget": {"n_trials": 3, "max_concurrent": 1}, "steps": 3, "warmup": 1}
-    return _spec(tmp_path, f"conf-{backend}", backend=backend, **extra)
+        extra = {**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "budget": {"n_trials": 3}}
+    return _spec(tmp_path, f"conf-{backend}", **{**extra, "backend": backend})
 
 
 @pytest.mark.timeout(900)

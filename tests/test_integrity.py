@@ -5,7 +5,6 @@ Every sweep here ends with `moe-autotune check`, which compares the Optuna study
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,24 +23,18 @@ from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
 from search_spaces.layout import Layout
+from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
 
 
 def _spec(tmp_path: Path, **extra) -> dict:
-    data = {"name": "integrity", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 3, "fixed": {"precision": "fp32"},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
-    data.update(extra)
-    return data
+    return spec_data(tmp_path, "integrity", **extra)
 
 
 def _write(tmp_path: Path, data: dict, name: str = "spec.json") -> Path:
-    path = tmp_path / name
-    path.write_text(json.dumps(data))
-    return path
+    return write_spec(tmp_path / name, data)
 
 
 def _env(**extra) -> dict:

@@ -110,11 +110,12 @@ def test_a_study_from_before_situations_fidelities_and_context_were_recorded_sti
     spec = data["user_attrs"]["spec"]
     assert (context.model, context.seq_len, context.gpu) == (spec["model"], spec["seq_len"], spec["gpu"])
     assert context.num_gpus == spec["nodes"] * spec["gpus_per_node"] and context.backend == "local"
-    trials = records.trials(study)
-    assert all(r.fidelity is None for r in trials)
-    assert [r.proxy for r in trials] == [r.status == "ok" for r in trials]  # the stored result still says proxy
+    trials = records.trials(study)  # the stored result of a trial that ran still says it was a proxy
+    assert [r.fidelity for r in trials] == ["proxy" if r.status == "ok" else None for r in trials]
+    assert [r.runs_at for r in trials] == ["proxy" if r.status == "ok" else "full" for r in trials]
     board = studies.leaderboard(study)
-    assert set(board["model"]) == {spec["model"]} and board["fidelity"].isna().all()
+    assert set(board["model"]) == {spec["model"]}
+    assert list(board["fidelity"].fillna("-")) == ["proxy" if s == "ok" else "-" for s in board["status"]]
     # --resume of it with today's spelling (`ray`) is the same situation
     now = parse_spec({**spec, "backend": "local"})
     assert now.backend == "ray"

@@ -24,9 +24,10 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.errors import StorageError
-from orchestrator.sweep import lease as leases
 from orchestrator.records import StudyRecord
+from orchestrator.sweep import lease as leases
 from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -137,10 +138,8 @@ def _pause_between_writes(proc: subprocess.Popen, dbs: list[Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path):
-    data = {"name": "split", "model": "tiny-moe", "gpu": "cpu", "nodes": 1, "gpus_per_node": 4, "seq_len": 128,
-            "gbs": 8, "backend": "replay", "replay_table": str(TABLE), "seed": 3, "budget": {"n_trials": 14},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
+    data = spec_data(tmp_path, "split", seq_len=128, backend="replay", replay_table=str(TABLE), fixed={},
+                     budget={"n_trials": 14})
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data))
     first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a"),

@@ -9,21 +9,16 @@ from mlflow import MlflowClient
 
 from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
-from orchestrator.spec import parse_spec
 from orchestrator.tracking import (EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, RunRecord, Tracker,
                                   safe_environment)
 from orchestrator.errors import TrackingError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
-from tests.sweep_helpers import prior_for
+from tests.sweep_helpers import make_spec, prior_for
 
 
-def _spec(tmp_path, tracking_uri, **extra):
-    data = {"name": "tracked", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "workdir": str(tmp_path / "runs"),
-            "fixed": {"precision": "fp32"}, "track_rejected": True}
-    data.update(extra)
-    return parse_spec(data)
+def _spec(tmp_path, tracking_uri, name: str = "tracked", **extra):
+    return make_spec(tmp_path, name, **{"budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
+                                        "track_rejected": True, **extra})
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -46,19 +47,24 @@ DELAY_ENV = "MOE_AUTOTUNE_REPLAY_DELAY_S"  # tests only: seconds each answer tak
 class ReplayRow:
     layout: Layout
     status: str
-    tokens_per_sec_per_gpu: float | None
-    tflops_per_gpu: float | None
-    peak_memory_gib: float | None
+    measured: TrialResult  # the row's number columns (NUMBER_COLUMNS), finite or None
     line: int
     reason: str | None = None  # why a row recorded as ok is invalid (its numbers cannot be true)
+
+    @property
+    def tokens_per_sec_per_gpu(self) -> float | None:
+        return self.measured.tokens_per_sec_per_gpu
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        return self.measured.peak_memory_gib
 
     def result(self) -> TrialResult:
         error = None if self.status == "ok" else f"recorded as {self.status} (replay row {self.line})"
         if self.reason:
             error = f"replay row {self.line}: {self.reason}"
-        return TrialResult(status=self.status, tokens_per_sec_per_gpu=self.tokens_per_sec_per_gpu,
-                           tflops_per_gpu=self.tflops_per_gpu, peak_memory_gib=self.peak_memory_gib,
-                           error=error, wall_time_s=0.0, extra={"source": "replay", "replay_line": self.line})
+        return dataclasses.replace(self.measured, status=self.status, error=error, wall_time_s=0.0,
+                                   extra={"source": "replay", "replay_line": self.line})
 
 
 @dataclass
@@ -166,17 +172,17 @@ def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str]
     """The row as recorded, or (status ok) as invalid with the reason when its numbers cannot be true. The numbers
     of a row not measured ok are kept only when they are finite (a failed run's figures are never a candidate)."""
     cells = {col: _cell(raw.get(col, "")) for col in NUMBER_COLUMNS}
+    numbers = TrialResult(status=status, **{col: v if isinstance(v, float) and math.isfinite(v) else None
+                                            for col, v in cells.items()})
     if status != "ok":
-        numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
-        return ReplayRow(layout, status, line=line, **numbers)
+        return ReplayRow(layout, status, numbers, line)
     claimed = TrialResult(status="ok", **{col: v for col, v in cells.items() if v is not None})
     reasons = [] if claimed.tokens_per_sec_per_gpu is not None else ["status ok but no tokens_per_sec_per_gpu"]
     reasons += problems(claimed, layout, _gpu(table.gpu), model=_model(table.model), seq_len=table.seq_len,
                         num_gpus=table.num_gpus)
-    numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
     if reasons:
-        return ReplayRow(layout, "invalid", line=line, reason="; ".join(reasons), **numbers)
-    return ReplayRow(layout, status, line=line, **numbers)
+        return ReplayRow(layout, "invalid", numbers, line, reason="; ".join(reasons))
+    return ReplayRow(layout, status, numbers, line)
 
 
 def _cell(text: str) -> float | str | None:

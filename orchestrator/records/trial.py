@@ -58,6 +58,10 @@ class TrialRecord(Stored):
                                                     "(the spool): recorded on resume, not run again.")
     confirms: int | None = stored("On a confirmation: the proxy trial it measures at full size.")
 
+    def __post_init__(self) -> None:
+        if self.fidelity is None and isinstance(self.extra.get("fidelity"), str):  # a result that says it
+            object.__setattr__(self, "fidelity", self.extra["fidelity"])  # (trial.json, an older spool line)
+
     # ---- reading ----------------------------------------------------------------------------------
     @classmethod
     def of(cls, trial: Any, **context: Any) -> "TrialRecord":
@@ -100,8 +104,8 @@ class TrialRecord(Stored):
 
     @property
     def runs_at(self) -> str:
-        """The fidelity it ran (or runs) at: proxy when recorded as one, else full."""
-        return "proxy" if self.proxy else self.fidelity or "full"
+        """The fidelity it ran (or runs) at: full unless recorded otherwise."""
+        return self.fidelity or "full"
 
     @property
     def run_key(self) -> tuple[str | None, str]:
@@ -149,8 +153,8 @@ class TrialRecord(Stored):
 
     @property
     def proxy(self) -> bool:
-        """Measured on a proxy and composed to full size (the result says so too: a record with only a result)."""
-        return self.fidelity == "proxy" or self.extra.get("fidelity") == "proxy"
+        """Measured on a proxy and composed to full size."""
+        return self.fidelity == "proxy"
 
     @property
     def proxy_world(self) -> int | None:
