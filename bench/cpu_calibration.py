@@ -15,7 +15,6 @@ quickstart's sweep use). Last line: `cpu calibration: tokens/s MAPE X%, peak mem
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cpu_measurements import FIT, HELD, ensure, find  # noqa: E402
 from orchestrator.calibrate import calibrate  # noqa: E402
 from search_spaces.calibration import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
-from search_spaces.throughput import CALIBRATION_PATH, DEFAULT_CALIBRATION, calibration  # noqa: E402
+from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
 
 SEQ_LEN = 256
 # what the CPU fit owns in calibration.json (the GPU constants are bench/fit_calibration.py's)
@@ -48,17 +47,14 @@ def measurements(cache: dict, layouts, seq_len: int = SEQ_LEN) -> tuple[list[Mea
     return out, failed
 
 
-def uncalibrated() -> dict:
+def uncalibrated() -> Calibration:
     """The packaged calibration with the CPU constants back at their hand-set defaults."""
-    cal = copy.deepcopy(calibration())
-    for key in CPU_KEYS:
-        cal[key] = DEFAULT_CALIBRATION[key]
-    for key in CPU_FAMILY_KEYS:
-        cal[key]["cpu"] = copy.deepcopy(DEFAULT_CALIBRATION[key]["cpu"])
-    return cal
+    defaults = Calibration()
+    return calibration().updated({**{key: getattr(defaults, key) for key in CPU_KEYS},
+                                  **{key: {"cpu": getattr(defaults, key)["cpu"]} for key in CPU_FAMILY_KEYS}})
 
 
-def score(ms: list[Measurement], cal: dict) -> dict:
+def score(ms: list[Measurement], cal: Calibration) -> dict:
     rows = []
     for m in ms:
         tok, peak = predict_tokens(m, cal), predict_peak_gib(m, cal)
@@ -78,18 +74,19 @@ def run(write: bool = False) -> dict:
     start = uncalibrated()
     result = calibrate(fit_ms, start, holdout=0.0, with_published=False)
     cal = result.cal
-    fitted = {k: cal[k] for k in CPU_KEYS} | {k: cal[k]["cpu"] for k in CPU_FAMILY_KEYS}
+    fitted = {k: getattr(cal, k) for k in CPU_KEYS} | {k: getattr(cal, k)["cpu"] for k in CPU_FAMILY_KEYS}
     if write:
         stored = json.loads(CALIBRATION_PATH.read_text())
         for key in CPU_KEYS:
-            stored[key] = float(f"{cal[key]:.4g}")
+            stored[key] = float(f"{getattr(cal, key):.4g}")
         for key in CPU_FAMILY_KEYS:
-            stored.setdefault(key, {})["cpu"] = {k: float(f"{v:.4g}") for k, v in cal[key]["cpu"].items()} \
-                if isinstance(cal[key]["cpu"], dict) else float(f"{cal[key]['cpu']:.4g}")
+            value = getattr(cal, key)["cpu"]
+            stored.setdefault(key, {})["cpu"] = {k: float(f"{v:.4g}") for k, v in value.items()} \
+                if isinstance(value, dict) else float(f"{value:.4g}")
         CALIBRATION_PATH.write_text(json.dumps(stored, indent=2) + "\n")
     return {"fit_layouts": len(fit_ms), "held_layouts": len(held_ms), "failed_runs": fit_failed + held_failed,
             "fitted": fitted, "before": score(held_ms, start), "after": score(held_ms, cal),
-            "fit_after": score(fit_ms, cal), "cores": cal["cpu_cores"]}
+            "fit_after": score(fit_ms, cal), "cores": cal.cpu_cores}
 
 
 def summary_line(r: dict) -> str:

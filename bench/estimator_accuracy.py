@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 from search_spaces.calibration import Measurement, predict_tokens  # noqa: E402
 from search_spaces.reference import declared_halves, published_rows  # noqa: E402
-from search_spaces.throughput import calibration  # noqa: E402
+from search_spaces.calibration_file import Calibration, calibration  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
 
 
-def _row(m: Measurement, half: str, cal: dict) -> dict | None:
+def _row(m: Measurement, half: str, cal: Calibration) -> dict | None:
     pred = predict_tokens(m, cal)
     if pred is None:
         return None
@@ -58,7 +58,7 @@ def trends(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run(cal: dict | None = None) -> dict:
+def run(cal: Calibration | None = None) -> dict:
     cal = cal or calibration()
     rows_in = published_rows()
     fit, held = declared_halves(rows_in)

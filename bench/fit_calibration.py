@@ -6,7 +6,7 @@ Rows: search_spaces.reference.published_rows() (Megatron-Bridge summary and skil
 long-sequence CP rows), split by `declared_halves`: every other row of each source (every other length of each
 long-sequence series). Only the fit half is seen here; bench/estimator_accuracy.py scores the other half.
 Objective: mean |log(predicted / published)| tokens/s (= TF/s), bounded Nelder-Mead in log space
-(search_spaces.calibration.fit), started from DEFAULT_CALIBRATION. Fitted (`PARAMETERS`): the shared constants
+(search_spaces.calibration.fit), started from the Calibration defaults. Fitted (`PARAMETERS`): the shared constants
 (EP exposure, element-wise and routed passes, fp8 cast bytes, launch overhead per MoE and per dense layer), the
 GEMM and grouped-GEMM efficiency per GPU family, the gated delta-net kernels' efficiency, and one attention
 release factor per NeMo container of the long-sequence rows (they ran older attention kernels than today's:
@@ -19,7 +19,6 @@ CP, PP and attention-shape terms (physics: they carry the extrapolation to long 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import sys
@@ -27,16 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration import SHARED_PARAMETERS, errors, fit, mape  # noqa: E402
+from search_spaces.calibration import SHARED_PARAMETERS, Parameter, errors, fit, mape  # noqa: E402
+from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
 from search_spaces.reference import declared_halves, published_rows  # noqa: E402
-from search_spaces.throughput import CALIBRATION_PATH, DEFAULT_CALIBRATION, calibration  # noqa: E402
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
 OLD_RELEASES = ("nemo-24.03.01", "nemo-25.04.rc2")
 PARAMETERS = SHARED_PARAMETERS + [
-    (("gemm_efficiency", "hopper", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "hopper"), 0.1, 1.0),
-    (("gemm_efficiency", "blackwell", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "blackwell"), 0.1, 1.0),
-] + [(("attention_release_factor", release), 0.2, 1.5) for release in OLD_RELEASES]
+    Parameter("gemm_efficiency", "hopper", 0.2, 0.95, every_precision=True),
+    Parameter("grouped_gemm_efficiency", "hopper", 0.1, 1.0),
+    Parameter("gemm_efficiency", "blackwell", 0.2, 0.95, every_precision=True),
+    Parameter("grouped_gemm_efficiency", "blackwell", 0.1, 1.0),
+] + [Parameter("attention_release_factor", release, 0.2, 1.5) for release in OLD_RELEASES]
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
           "attention_release_factor", "ep_exposed", "elementwise_passes", "routed_passes", "fp8_cast_bytes",
@@ -58,10 +59,11 @@ def ultra_ratio(rows) -> tuple[float, int]:
     return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else (1.0, 0)
 
 
-def start() -> dict:
-    """DEFAULT_CALIBRATION with the cpu constants kept from the packaged file (bench/cpu_calibration.py fits them)."""
-    base = copy.deepcopy(DEFAULT_CALIBRATION)
-    packaged = calibration()
+def start() -> Calibration:
+    """The Calibration defaults with the cpu constants kept from the packaged file (bench/cpu_calibration.py fits
+    them)."""
+    base = Calibration().model_dump()
+    packaged = calibration().model_dump()
     for key, value in packaged.items():
         if key.startswith("cpu_"):
             base[key] = value
@@ -70,14 +72,14 @@ def start() -> dict:
     ratio, _ = ultra_ratio(published_rows())  # a measurement, taken on every row (it is not fitted to the model)
     base["sustained_rate"] = {gpu: round(ratio, 3) for gpu in ULTRA}
     base["attention_release_factor"] = {release: 0.75 for release in OLD_RELEASES}
-    return base
+    return Calibration.model_validate(base)
 
 
 def rounded(v):
     return {k: rounded(x) for k, x in v.items()} if isinstance(v, dict) else float(f"{v:.4g}")
 
 
-def report(cal: dict, rows, name: str) -> dict:
+def report(cal: Calibration, rows, name: str) -> dict:
     short = [r for r in rows if r.seq_len <= 8192]
     long = [r for r in rows if r.seq_len >= 16384]
     out = {"<=8K": mape(errors(short, cal)), ">=16K": mape(errors(long, cal)), "n": (len(short), len(long))}
@@ -96,7 +98,8 @@ def main() -> None:
           "evaluations", flush=True)
     report(cal, fit_rows, "fitted half")
     report(cal, held, "held-out half")
-    keep = rounded(json.loads(json.dumps({k: cal[k] for k in STORED}, default=float)))
+    constants = cal.model_dump()
+    keep = rounded({k: constants[k] for k in STORED})
     print(json.dumps(keep))
     if not args.dry_run:
         CALIBRATION_PATH.write_text(json.dumps(keep, indent=2) + "\n")

@@ -22,7 +22,7 @@ from search_spaces.hardware import load_gpu  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.models import load_model  # noqa: E402
 from search_spaces.space import explore, hierarchical_options  # noqa: E402
-from search_spaces.throughput import Job, calibration, cp_step_report  # noqa: E402
+from search_spaces.throughput import cp_step_report, job_for  # noqa: E402
 
 MODEL, GPU, GPUS = "deepseek-v3", "h100", 256
 LAYOUT = dict(tp=1, ep=32, etp=1, pp=8, vpp=4, mbs=1, precision="fp8-blockwise", dispatcher="deepep",
@@ -47,9 +47,9 @@ def _option(seq: int, fixed: dict, gbs: int, kind: str, sizes: tuple[int, ...]) 
     est = estimate(MODEL, GPU, GPUS, seq, layout)
     row = {"cp_comm": kind + (f" [{sizes[0]},{sizes[1]}]" if sizes else ""), "legal": est.legal}
     if est.legal:
-        report = cp_step_report(Job(load_model(MODEL), load_gpu(GPU), GPUS, seq, layout, calibration()))
+        report = cp_step_report(job_for(load_model(MODEL), load_gpu(GPU), GPUS, seq, layout))
         row.update(tflops=round(est.tflops_per_gpu, 1), fits=est.fits, peak_gib=round(est.peak_memory_gib, 1),
-                   cp_comm_s=round(est.breakdown["time_s"]["cp_comm"], 2), step_s=round(est.step_time_s, 1),
+                   cp_comm_s=round(est.time.cp_comm, 2), step_s=round(est.step_time_s, 1),
                    **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in report.items()})
     return row
 

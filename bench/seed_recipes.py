@@ -16,8 +16,9 @@ from search_spaces.layout import Layout  # noqa: E402
 
 DSV3 = dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8-blockwise", dispatcher="deepep",
             recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0)
+# Megatron-MoE-ModelZoo's long-context Qwen3-235B command runs --moe-router-force-load-balancing
 QWEN = dict(tp=4, cp=4, ep=32, etp=1, pp=4, vpp=12, mbs=1, gbs=64, dispatcher="hybridep",
-            recompute="moe_act,layernorm", cuda_graphs="attn,moe_router,moe_preprocess")
+            recompute="moe_act,layernorm", cuda_graphs="attn,moe_router,moe_preprocess", routing="forced_balance")
 RECIPES = [
     ("DeepSeek-V3 128K H100 (cp_comm_type p2p, the default)", "deepseek-v3", "h100", 256, 131072, DSV3),
     ("DeepSeek-V3 128K H100 (cp_comm_type a2a+p2p)", "deepseek-v3", "h100", 256, 131072,

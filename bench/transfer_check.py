@@ -75,7 +75,7 @@ def run() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         table, start, out = Path(tmp) / "seq128.csv", Path(tmp) / "start.json", Path(tmp) / "learnt.json"
         rows = write_table(cache, table)
-        start.write_text(json.dumps(uncalibrated()))
+        start.write_text(json.dumps(uncalibrated().model_dump()))
         code = cli(["calibrate", "--table", str(table), "--calibration", str(start), "--no-published",
                     "--holdout", "0", "--out", str(out)])
         if code != 0:

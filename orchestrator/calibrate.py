@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from search_spaces.calibration import (Measurement, calibration_document, errors, fit, load_calibration, mape,
-                                       parameters_for, predict_peak_gib, usable)
+from search_spaces.calibration import (Calibration, CalibrationDocument, Measurement, calibration_document, errors,
+                                       fit, load_calibration, mape, parameters_for, predict_peak_gib, usable)
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
@@ -177,8 +177,8 @@ def gather(studies: Iterable[str] = (), storage: str = "sqlite:///optuna.db", ex
 
 @dataclass
 class CalibrationRun:
-    cal: dict
-    document: dict[str, Any]
+    cal: Calibration
+    document: CalibrationDocument
     fitted_on: int
     held_out: int
     published: int
@@ -196,21 +196,21 @@ def split(measurements: list[Measurement], holdout: float) -> tuple[list[Measure
     return [m for m in measurements if m not in held], held
 
 
-def peak_mape(measurements: list[Measurement], cal: dict) -> float | None:
+def peak_mape(measurements: list[Measurement], cal: Calibration) -> float | None:
     errs = [predict_peak_gib(m, cal) / m.peak_memory_gib - 1 for m in measurements if m.peak_memory_gib]
     return mape([e for e in errs if e is not None])
 
 
-def fit_process_baseline(measurements: list[Measurement], cal: dict) -> float | None:
+def fit_process_baseline(measurements: list[Measurement], cal: Calibration) -> float | None:
     """cpu: the median of (measured peak - the tensors the model counts), in GiB."""
     cpu = [m for m in measurements if m.gpu == "cpu" and m.peak_memory_gib]
     if not cpu:
         return None
-    base = {**cal, "cpu_process_baseline_gib": 1e-9}
+    base = cal.model_copy(update={"cpu_process_baseline_gib": 1e-9})
     return max(1e-3, statistics.median(m.peak_memory_gib - predict_peak_gib(m, base) for m in cpu))
 
 
-def calibrate(measurements: list[Measurement], start: dict | None = None, holdout: float = 0.5,
+def calibrate(measurements: list[Measurement], start: Calibration | None = None, holdout: float = 0.5,
               with_published: bool = True, max_evals: int | None = None) -> CalibrationRun:
     """Fit the families' constants to the fit half (+ published rows), report the held-out half."""
     if not measurements:
@@ -226,7 +226,7 @@ def calibrate(measurements: list[Measurement], start: dict | None = None, holdou
     cal, summary = fit(fit_part, parameters_for(families), start, anchor=anchor, **kwargs)
     baseline = fit_process_baseline(fit_part, cal)
     if baseline is not None:
-        cal["cpu_process_baseline_gib"] = baseline
+        cal = cal.updated({"cpu_process_baseline_gib": baseline})
     run = CalibrationRun(cal, {}, len(fit_part), len(held), len(anchor), families)
     for name, c in (("before", start), ("after", cal)):
         getattr(run, name).update({"tokens_per_sec_per_gpu": mape(errors(held, c)),

@@ -104,6 +104,7 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
     "cuda_graphs": _graph_flags,
     "precision": lambda lay: _field_flags(_megatron_fields(lay, "precision")),
     "dispatcher": lambda lay: _field_flags(_megatron_fields(lay, "dispatcher")),
+    "routing": lambda lay: _field_flags(_megatron_fields(lay, "routing")),
     "optimizer_offload": lambda lay: (["--optimizer-cpu-offload", "--optimizer-offload-fraction",
                                        repr(lay.optimizer_offload)] if lay.optimizer_offload > 0 else []),
     "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
@@ -271,6 +272,10 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-recipe", default="delayed")  # Megatron's default
     p.add_argument("--moe-token-dispatcher-type", default="allgather")  # Megatron's default
     p.add_argument("--moe-flex-dispatcher-backend", default="deepep")
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)  # Megatron's defaults below
+    p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    p.add_argument("--moe-token-drop-policy", default="probs")
+    p.add_argument("--moe-router-force-load-balancing", action="store_true")
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--use-distributed-optimizer", action="store_true")
@@ -305,6 +310,11 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         graphs = []
     dispatcher = BY_NAME["dispatcher"].from_megatron({"moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
                                                       "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend})
+    routing = BY_NAME["routing"].from_megatron({
+        "moe_expert_capacity_factor": ns.moe_expert_capacity_factor,
+        "moe_pad_expert_input_to_capacity": ns.moe_pad_expert_input_to_capacity,
+        "moe_token_drop_policy": ns.moe_token_drop_policy if ns.moe_expert_capacity_factor is not None else None,
+        "moe_router_force_load_balancing": ns.moe_router_force_load_balancing})
     if len(ns.cp_comm_type) != 1:
         raise SpecError("per-layer --cp-comm-type lists are not a layout choice")
     tp = ns.tensor_model_parallel_size
@@ -315,7 +325,7 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         vpp=ns.num_virtual_stages_per_pipeline_rank or 1,
         mbs=ns.micro_batch_size, gbs=ns.global_batch_size,
         recompute=list(ns.recompute_modules or ["core_attn"]) if gran == "selective" else gran,
-        cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher,
+        cuda_graphs=tuple(graphs), precision=precision, dispatcher=dispatcher, routing=routing,
         cp_comm_type=BY_NAME["cp_comm_type"].from_megatron({"cp_comm_type": ns.cp_comm_type[0]}),
         hierarchical_cp=tuple(ns.hierarchical_context_parallel_sizes or ()),
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
@@ -367,6 +377,7 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "cuda_graphs": _bridge_graphs,
     "precision": _bridge_precision,
     "dispatcher": _bridge_fields("dispatcher"),
+    "routing": _bridge_fields("routing"),
     "optimizer_offload": lambda lay: ({"optimizer.optimizer_cpu_offload": True,
                                        "optimizer.optimizer_offload_fraction": lay.optimizer_offload}
                                       if lay.optimizer_offload > 0 else {}),

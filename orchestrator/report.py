@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 from plotly.subplots import make_subplots
 
-from search_spaces.memory import COUNT_KEYS, PEAK_KEYS
+from search_spaces.breakdown import COUNT_KEYS, PEAK_KEYS
 
 from orchestrator.records import StudyRecord
 from orchestrator.winner import TrialView, views

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from search_spaces.errors import SpecError
+from search_spaces.pydantic_line import one_line
 
 TEMPLATE = "ray-sweep.sbatch.j2"  # in the package's templates/ folder
 
@@ -124,12 +125,7 @@ def load_settings(site_file: str | Path | None = None, **overrides) -> SlurmSett
     try:
         return SlurmSettings.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown setting; allowed: {', '.join(SlurmSettings.model_fields)}"
-        raise SpecError(f"slurm setting {where}: {msg}") from None
+        raise SpecError(one_line(exc, SlurmSettings, noun="slurm setting", whole="slurm settings")) from None
 
 
 def parse_env_pairs(pairs: list[str] | None) -> dict[str, str] | None:

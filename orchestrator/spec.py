@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from search_spaces.errors import SpecError
 from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
                                   check_name, read_text_file)
-from search_spaces.layout import BY_NAME, FIELD_NAMES, SEARCH_DIMENSIONS
+from search_spaces.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
+from search_spaces.pydantic_line import one_line, short
 
 from orchestrator.backends import BACKENDS, DEFAULT_BACKEND, canonical_backend
 from orchestrator.economics import Cost
@@ -77,8 +78,10 @@ class SweepSpec(_Strict):
     """GPUs per node (CPU ranks on cpu)."""
     gbs: int | None = Field(None, ge=1, le=MAX_GBS, strict=True)
     """Global batch in sequences; default ~16M tokens per step (8 sequences on cpu)."""
-    free: list[str] = Field(default_factory=lambda: list(SEARCH_DIMENSIONS))
-    """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values."""
+    free: list[str] = Field(default_factory=lambda: list(DEFAULT_FREE))
+    """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values. Default: every
+    searchable dimension but the opt-in ones (routing: name it to search token dropping, capacity:1.0, beside
+    dropless routing)."""
     fixed: dict[str, Any] = Field(default_factory=dict)
     """Layout fields held at a value (any field of search_spaces.layout.Layout)."""
     budget: Budget = Field(default_factory=Budget)
@@ -154,7 +157,7 @@ class SweepSpec(_Strict):
             if not lengths or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_SEQ_LEN
                                       for x in lengths):
                 raise ValueError(f"seq_len: a length family is a list of integers in [1, {MAX_SEQ_LEN}], got "
-                                 f"{_short(lengths)}")
+                                 f"{short(lengths)}")
             if lengths != sorted(set(lengths)):
                 raise ValueError(f"seq_len: a length family runs shortest first, each length once, got {lengths!r}")
             data.update(seq_len=lengths[0], lengths=lengths if len(lengths) > 1 else None)
@@ -203,7 +206,7 @@ class SweepSpec(_Strict):
             parsed = BY_NAME[key].parse(value[key])  # SpecError names a bad value
             limit = MAX_GBS if key == "gbs" else MAX_GPUS  # a size no cluster has would only make loops long
             if type(parsed) is int and parsed > limit:
-                raise ValueError(f"layout field {key} must be <= {limit:,}, got {_short(parsed)}")
+                raise ValueError(f"layout field {key} must be <= {limit:,}, got {short(parsed)}")
         return value
 
     @field_validator("objectives")
@@ -281,7 +284,7 @@ def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = N
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_one_line(exc)) from None
+        raise SpecError(one_line(exc, SweepSpec, noun="spec field", whole="spec")) from None
 
 
 class _Refused(Exception):
@@ -339,43 +342,3 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> Swee
     if data is not None and not isinstance(data, dict):
         raise SpecError(f"spec {path}: top level must be a mapping of fields")
     return parse_spec(data, overrides)
-
-
-def _one_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "spec"
-    if err["type"] == "extra_forbidden":
-        parent = _model_at(err["loc"][:-1])
-        allowed = ", ".join(parent.model_fields) if parent else ""
-        return f"unknown spec field {where!r}" + (f"; allowed: {allowed}" if allowed else "")
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    if not err["loc"]:
-        return f"spec: {msg}"
-    if err["type"] == "literal_error" or err["type"].endswith("_type") or err["type"] in _SHOW_INPUT:
-        return f"spec field {where}: {msg}, got {_short(err.get('input'))}"
-    return f"spec field {where}: {msg}"
-
-
-# pydantic error types where the offending value helps (`nodes: 1.7`, `seed: -1`, `trial_timeout_s: .inf`)
-_SHOW_INPUT = {"int_from_float", "int_parsing", "finite_number", "greater_than", "greater_than_equal",
-               "less_than", "less_than_equal"}
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, int) and value.bit_length() > 64:
-        return f"an integer of {value.bit_length()} bits"
-    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] = SweepSpec
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model

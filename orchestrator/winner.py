@@ -1,8 +1,9 @@
 """Which trial of a finished sweep may go to production, read from the Optuna storage contract.
 
-A trial is promotable when it was measured (status ok), fits the GPU's memory, and was not merely
-predicted by the analytic backend (unless the caller allows estimates). Every refusal is a SpecError
-whose one line says why.
+A trial is promotable when it was measured (status ok), fits the GPU's memory, was not merely predicted by
+the analytic backend (unless the caller allows estimates) and uses no benchmark-only setting (a dimension's
+`benchmark_only` values, e.g. routing=forced_balance; unless the caller allows them). Every refusal is a
+SpecError whose one line says why.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class TrialView(TrialRecord):
             return float(peak) <= float(self.memory_limit_gib)
         return bool(self.predicted_fits)
 
-    def refusal(self, allow_estimated: bool = False, allow_proxy: bool = False) -> str | None:
+    def refusal(self, allow_estimated: bool = False, allow_proxy: bool = False,
+                allow_benchmark: bool = False) -> str | None:
         """Why this trial may not be promoted, or None."""
         if self.layout is None:
             return f"trial {self.number} has no layout recorded"
@@ -58,6 +60,10 @@ class TrialView(TrialRecord):
         if self.proxy and not allow_proxy:
             return (f"trial {self.number} was measured on a proxy and composed to full size; confirm it at full "
                     f"size (moe-autotune confirm) or pass --allow-proxy")
+        benchmark = self.layout.benchmark_only()
+        if benchmark and not allow_benchmark:
+            return (f"trial {self.number} uses {', '.join(benchmark)}, a benchmark-only setting (random routing: the "
+                    f"model would not learn its router); pass --allow-benchmark to promote it anyway")
         if self.tokens_per_sec_per_gpu is None:
             return f"trial {self.number} has no measured throughput"
         return None
@@ -91,21 +97,24 @@ def views(study: optuna.Study) -> list[TrialView]:
 
 
 def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: bool = False,
-         allow_proxy: bool = False) -> TrialView:
+         allow_proxy: bool = False, allow_benchmark: bool = False) -> TrialView:
     """The named trial if promotable, else the best promotable one by tokens/s/GPU."""
     all_views = views(study)
     if trial_number is not None:
         named = [v for v in all_views if v.number == trial_number]
         if not named:
             raise SpecError(f"study {study.study_name!r} has no finished trial {trial_number}")
-        why = named[0].refusal(allow_estimated, allow_proxy)
+        why = named[0].refusal(allow_estimated, allow_proxy, allow_benchmark)
         if why:
             raise SpecError(f"refusing to promote: {why}")
         return named[0]
-    good = [v for v in all_views if v.refusal(allow_estimated, allow_proxy) is None]
+    good = [v for v in all_views if v.refusal(allow_estimated, allow_proxy, allow_benchmark) is None]
     if not good:
         hint = ""
-        if any(v.refusal(allow_estimated, True) is None for v in all_views):
+        if any(v.refusal(allow_estimated, allow_proxy, True) is None for v in all_views):
+            hint = (" for production (only layouts with a benchmark-only setting such as routing=forced_balance "
+                    "did: pass --allow-benchmark)")
+        elif any(v.refusal(allow_estimated, True) is None for v in all_views):
             hint = (" at full size (only proxy measurements did: run `moe-autotune confirm` to measure the best at "
                     "full size, or pass --allow-proxy)")
         elif any(v.refusal(True, True) is None for v in all_views):

@@ -1,56 +1,112 @@
-"""Calibrations as data: measurements in, a file of constants out, the cost model's constants from that file.
+"""Calibrations as data: measurements in, the cost model's constants out.
 
 A `Measurement` is one measured (model, GPU, GPUs, length, Layout) -> tokens/s/GPU (or TF/s) and peak memory:
-a published row (search_spaces.reference), a measured sweep trial (orchestrator/calibrate.py reads Optuna and
-MLflow), or a replay-table row. `fit()` finds the per-GPU-family constants (`FAMILY_PARAMETERS`) that minimise
-the mean |log(predicted / measured)| tokens/s over the measurements it is given, within physical bounds, with a
-bounded Nelder-Mead in log space (scipy.optimize). A calibration file holds the fitted constants (and what they
-were fitted on); `load_calibration(path)` lays them over the packaged calibration, and `estimate`, `space` and
-the sweep's prior take the result as `cal`. The cost model never reads a store: the calibration is handed in.
+a published row (search_spaces.reference reads them), a measured sweep trial (orchestrator/calibrate.py reads
+Optuna and MLflow), or a replay-table row. `fit()` finds the values of the `Parameter`s it is given (a family's
+constants, `FAMILY_PARAMETERS`, or the shared ones) that minimise the mean |log(predicted / measured)| tokens/s
+over the measurements, within physical bounds, with a bounded Nelder-Mead in log space (scipy.optimize). The
+constants are a typed `Calibration` and their file a `CalibrationDocument` (search_spaces.calibration_file);
+`estimate`, `space` and the sweep's prior take a calibration as `cal`. The cost model never reads a store: the
+calibration is handed in.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import datetime as dt
-import json
 import math
-import numbers
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from search_spaces.errors import MoeAutotuneError, SpecError
+from search_spaces.calibration_file import (Calibration, CalibrationDocument, calibration, calibration_document,
+                                            load_calibration, merge, write_calibration)
+from search_spaces.costmodel import estimate
+from search_spaces.errors import MoeAutotuneError
+from search_spaces.flops import flops_per_token
 from search_spaces.hardware import load_gpu
-from search_spaces.inputs import read_text_file
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec, load_model
-from search_spaces.throughput import DEFAULT_CALIBRATION, calibration, gpu_family
+from search_spaces.rules import check
+from search_spaces.throughput import step_time
 
-FORMAT = "moe-autotune calibration"
-# constants fitted per GPU family: (path in the calibration, lower bound, upper bound); "*" = every precision
-# class of the family (BF16 and FP8 share one efficiency, CALIBRATION.md)
-FAMILY_PARAMETERS: dict[str, list[tuple[tuple[str, ...], float, float]]] = {
-    "hopper": [(("gemm_efficiency", "hopper", "*"), 0.2, 0.95), (("grouped_gemm_efficiency", "hopper"), 0.1, 1.0),
-               (("attention_fwd_efficiency", "hopper"), 0.15, 0.9),
-               (("attention_bwd_efficiency", "hopper"), 0.1, 0.9)],
-    "blackwell": [(("gemm_efficiency", "blackwell", "*"), 0.2, 0.95),
-                  (("grouped_gemm_efficiency", "blackwell"), 0.1, 1.0),
-                  (("attention_fwd_efficiency", "blackwell"), 0.15, 0.9),
-                  (("attention_bwd_efficiency", "blackwell"), 0.1, 0.9)],
-    "cpu": [(("gemm_efficiency", "cpu", "*"), 0.01, 1.0), (("attention_fwd_efficiency", "cpu"), 0.002, 1.0),
-            (("cpu_overhead_per_layer_s",), 1e-4, 0.5), (("cpu_collective_latency_s",), 1e-5, 0.1)],
+# the calibration's file API lives in calibration_file; the fit's callers find it here too
+__all__ = ["Calibration", "CalibrationDocument", "Measurement", "Parameter", "FAMILY_PARAMETERS",
+           "SHARED_PARAMETERS", "calibration", "calibration_document", "errors", "fit", "for_release",
+           "load_calibration", "log_loss", "mape", "measurement_problems", "model_spec", "nelder_mead",
+           "parameters_for", "predict_peak_gib", "predict_tokens", "usable", "with_values", "write_calibration"]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One constant a fit moves, within physical bounds."""
+    constant: str
+    """A field of `Calibration`."""
+    family: str | None
+    """The entry of the constant's table that moves: a family's (or a GPU's, or a release's for
+    attention_release_factor); None for a constant that is one number."""
+    lower: float
+    """The smallest value the fit may give it."""
+    upper: float
+    """The largest value the fit may give it."""
+    every_precision: bool = False
+    """The entry is a table of precision classes (gemm_efficiency), all moved together: BF16 and FP8 share one
+    efficiency (CALIBRATION.md)."""
+
+    @property
+    def name(self) -> str:
+        """How a calibration file's `fitted` list names it: constant.family, or the constant alone."""
+        return f"{self.constant}.{self.family}" if self.family else self.constant
+
+    def value(self, cal: Calibration) -> float:
+        node: Any = getattr(cal, self.constant)
+        if self.family is not None:
+            node = node[self.family]
+        return float(next(iter(node.values())) if isinstance(node, dict) else node)
+
+    def constants(self, cal: Calibration, value: float) -> dict[str, Any]:
+        """The constants that give it `value` in `cal` (to lay over it)."""
+        if self.family is None:
+            return {self.constant: value}
+        if self.every_precision:
+            classes = list(getattr(cal, self.constant).get(self.family) or {}) or ["bf16"]
+            return {self.constant: {self.family: dict.fromkeys(classes, value)}}
+        return {self.constant: {self.family: value}}
+
+
+def _family(name: str, gemm: tuple[float, float], grouped: bool, attention_fwd: tuple[float, float],
+            attention_bwd: tuple[float, float] | None) -> list[Parameter]:
+    out = [Parameter("gemm_efficiency", name, *gemm, every_precision=True)]
+    if grouped:
+        out.append(Parameter("grouped_gemm_efficiency", name, 0.1, 1.0))
+    out.append(Parameter("attention_fwd_efficiency", name, *attention_fwd))
+    if attention_bwd:
+        out.append(Parameter("attention_bwd_efficiency", name, *attention_bwd))
+    return out
+
+
+# constants fitted per GPU family
+FAMILY_PARAMETERS: dict[str, list[Parameter]] = {
+    "hopper": _family("hopper", (0.2, 0.95), True, (0.15, 0.9), (0.1, 0.9)),
+    "blackwell": _family("blackwell", (0.2, 0.95), True, (0.15, 0.9), (0.1, 0.9)),
+    "cpu": _family("cpu", (0.01, 1.0), False, (0.002, 1.0), None)
+    + [Parameter("cpu_overhead_per_layer_s", None, 1e-4, 0.5), Parameter("cpu_collective_latency_s", None, 1e-5, 0.1)],
 }
 # constants shared by the GPU families (fitted by bench/fit_calibration.py on the published rows only)
-SHARED_PARAMETERS: list[tuple[tuple[str, ...], float, float]] = [
-    (("ep_exposed",), 0.05, 1.0), (("elementwise_passes",), 1.0, 30.0), (("routed_passes",), 0.1, 30.0),
-    (("fp8_cast_bytes",), 0.5, 12.0), (("launch_overhead_s",), 1e-5, 3e-3),
-    (("dense_launch_overhead_s",), 1e-6, 3e-3), (("linear_attention_efficiency",), 0.1, 0.6)]
+SHARED_PARAMETERS: list[Parameter] = [
+    Parameter("ep_exposed", None, 0.05, 1.0), Parameter("elementwise_passes", None, 1.0, 30.0),
+    Parameter("routed_passes", None, 0.1, 30.0), Parameter("fp8_cast_bytes", None, 0.5, 12.0),
+    Parameter("launch_overhead_s", None, 1e-5, 3e-3), Parameter("dense_launch_overhead_s", None, 1e-6, 3e-3),
+    Parameter("linear_attention_efficiency", None, 0.1, 0.6)]
 # Nelder-Mead: stop when the simplex's losses differ by less than this, or after this many evaluations
 FIT_TOLERANCE = 1e-4
 FIT_MAX_EVALUATIONS = 1500
 FIT_RESTARTS = 3
+
+
+def model_spec(name: str) -> ModelSpec:
+    """A catalog model; `deepseek-v3-no-mtp` is DeepSeek-V3 without its MTP layer (published as such)."""
+    if name == "deepseek-v3-no-mtp":
+        return dataclasses.replace(load_model("deepseek-v3"), name=name, mtp_layers=0)
+    return load_model(name)
 
 
 @dataclass(frozen=True)
@@ -70,26 +126,23 @@ class Measurement:
     release: str = ""  # the software it ran (a key of the calibration's attention_release_factor, if older)
 
     def spec(self) -> ModelSpec:
-        from search_spaces.reference import model_spec
-        spec = model_spec(self.model) if self.model == "deepseek-v3-no-mtp" else load_model(self.model)
+        spec = model_spec(self.model)
         return spec.with_overrides(num_layers=self.num_layers, hidden_size=self.hidden_size)
 
     @property
     def family(self) -> str:
-        return gpu_family(load_gpu(self.gpu))
+        return load_gpu(self.gpu).family
 
     def tokens(self) -> float:
         """Measured tokens/s/GPU."""
         if self.tokens_per_sec_per_gpu:
             return float(self.tokens_per_sec_per_gpu)
-        from search_spaces.flops import flops_per_token
         return float(self.tflops_per_gpu) * 1e12 / flops_per_token(self.spec(), self.seq_len)
 
     def tflops(self) -> float:
         """Measured TF/s/GPU in Bridge's count."""
         if self.tflops_per_gpu:
             return float(self.tflops_per_gpu)
-        from search_spaces.flops import flops_per_token
         return self.tokens() * flops_per_token(self.spec(), self.seq_len) / 1e12
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,35 +187,30 @@ def usable(measurements: Iterable[Measurement]) -> tuple[list[Measurement], list
 
 
 # ---- predictions and errors -----------------------------------------------------------------------------------
-def predict_tokens(m: Measurement, cal: dict) -> float | None:
+def predict_tokens(m: Measurement, cal: Calibration) -> float | None:
     """Predicted tokens/s/GPU of a measurement's layout under `cal`; None when the layout breaks a rule."""
-    from search_spaces.rules import check
-    from search_spaces.throughput import step_time
     spec, gpu = m.spec(), load_gpu(m.gpu)
     if check(spec, gpu, m.num_gpus, m.seq_len, m.layout):
         return None
-    step = step_time(spec, gpu, m.num_gpus, m.seq_len, m.layout, for_release(cal, m.release))["step"]
+    step = step_time(spec, gpu, m.num_gpus, m.seq_len, m.layout, for_release(cal, m.release)).step
     return m.layout.gbs * m.seq_len / step / m.num_gpus
 
 
-def predict_peak_gib(m: Measurement, cal: dict) -> float | None:
-    from search_spaces.costmodel import estimate
+def predict_peak_gib(m: Measurement, cal: Calibration) -> float | None:
     est = estimate(m.spec(), m.gpu, m.num_gpus, m.seq_len, m.layout, with_time=False, cal=cal)
     return est.peak_memory_gib
 
 
-def for_release(cal: dict, release: str) -> dict:
+def for_release(cal: Calibration, release: str) -> Calibration:
     """`cal` as it was for software `release`: the attention rates scaled by its attention_release_factor."""
-    factor = cal.get("attention_release_factor", {}).get(release)
+    factor = cal.attention_release_factor.get(release)
     if not factor:
         return cal
-    out = dict(cal)
-    for key in ("attention_fwd_efficiency", "attention_bwd_efficiency"):
-        out[key] = {fam: v * factor for fam, v in cal[key].items()}
-    return out
+    return cal.model_copy(update={key: {fam: v * factor for fam, v in getattr(cal, key).items()}
+                                  for key in ("attention_fwd_efficiency", "attention_bwd_efficiency")})
 
 
-def errors(measurements: Iterable[Measurement], cal: dict) -> list[float]:
+def errors(measurements: Iterable[Measurement], cal: Calibration) -> list[float]:
     """Signed relative errors of predicted tokens/s (skipping layouts the rules refuse)."""
     out = []
     for m in measurements:
@@ -176,7 +224,7 @@ def mape(errs: list[float]) -> float | None:
     return 100 * sum(abs(e) for e in errs) / len(errs) if errs else None
 
 
-def log_loss(measurements: list[Measurement], cal: dict) -> float:
+def log_loss(measurements: list[Measurement], cal: Calibration) -> float:
     """Mean |log(predicted / measured)| tokens/s (a refused layout costs as much as a 10x miss)."""
     total = 0.0
     for m in measurements:
@@ -186,24 +234,17 @@ def log_loss(measurements: list[Measurement], cal: dict) -> float:
 
 
 # ---- the parameters and the fit -------------------------------------------------------------------------------
-def get_value(cal: dict, path: tuple[str, ...]) -> float:
-    node: Any = cal
-    for key in path:
-        node = node[key] if key != "*" else next(iter(node.values()))
-    return float(node)
-
-
-def set_value(cal: dict, path: tuple[str, ...], value: float) -> None:
-    node = cal
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    for key in (list(node) or ["bf16"]) if path[-1] == "*" else [path[-1]]:
-        node[key] = value
-
-
-def parameters_for(families: Iterable[str], shared: bool = False) -> list[tuple[tuple[str, ...], float, float]]:
+def parameters_for(families: Iterable[str], shared: bool = False) -> list[Parameter]:
     params = [p for fam in sorted(set(families)) for p in FAMILY_PARAMETERS.get(fam, [])]
     return params + (SHARED_PARAMETERS if shared else [])
+
+
+def with_values(cal: Calibration, params: list[Parameter], values: Iterable[float]) -> Calibration:
+    """`cal` with each parameter at its value."""
+    constants: dict[str, Any] = {}
+    for p, v in zip(params, values):
+        constants = merge(constants, p.constants(cal, v))
+    return cal.updated(constants)
 
 
 def nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float = 0.3,
@@ -221,31 +262,28 @@ def nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float 
     return [float(v) for v in found.x], float(found.fun), int(found.nfev)
 
 
-def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], float, float]],
-        start: dict | None = None, max_evals: int = FIT_MAX_EVALUATIONS, anchor: list[Measurement] | None = None
-        ) -> tuple[dict, dict[str, Any]]:
-    """The calibration (a full constants dict) that minimises `log_loss` over `measurements` (plus, weighing as
-    much as they do together, over `anchor`: published rows that keep a small set of measurements from pulling
-    the constants anywhere) by moving `params` within their bounds from `start` (default: the packaged
-    calibration); and a summary of the fit."""
-    base = copy.deepcopy(start or calibration())
+def fit(measurements: list[Measurement], params: list[Parameter], start: Calibration | None = None,
+        max_evals: int = FIT_MAX_EVALUATIONS, anchor: list[Measurement] | None = None
+        ) -> tuple[Calibration, dict[str, Any]]:
+    """The calibration that minimises `log_loss` over `measurements` (plus, weighing as much as they do together,
+    over `anchor`: published rows that keep a small set of measurements from pulling the constants anywhere) by
+    moving `params` within their bounds from `start` (default: the packaged calibration); and a summary of the
+    fit."""
+    base = start or calibration()
     if not measurements or not params:
         return base, {"evaluations": 0, "loss_before": None, "loss_after": None, "fitted": []}
     anchor = list(anchor or [])
 
-    def objective(cal: dict) -> float:
+    def objective(cal: Calibration) -> float:
         return log_loss(measurements, cal) + (log_loss(anchor, cal) if anchor else 0.0)
 
-    lo = [math.log(p[1]) for p in params]
-    hi = [math.log(p[2]) for p in params]
+    lo = [math.log(p.lower) for p in params]
+    hi = [math.log(p.upper) for p in params]
 
-    def unpack(x: list[float]) -> dict:
-        cal = copy.deepcopy(base)
-        for (path, _, _), v, a, b in zip(params, x, lo, hi):
-            set_value(cal, path, math.exp(min(b, max(a, v))))
-        return cal
+    def unpack(x: list[float]) -> Calibration:
+        return with_values(base, params, (math.exp(min(b, max(a, v))) for v, a, b in zip(x, lo, hi)))
 
-    x = [min(b, max(a, math.log(get_value(base, p[0])))) for p, a, b in zip(params, lo, hi)]
+    x = [min(b, max(a, math.log(p.value(base)))) for p, a, b in zip(params, lo, hi)]
     before = after = objective(base)
     evals = 0
     for _ in range(FIT_RESTARTS + 1):  # a fresh simplex around the best point until it stops improving
@@ -257,52 +295,4 @@ def fit(measurements: list[Measurement], params: list[tuple[tuple[str, ...], flo
             break
     cal = unpack(x)
     return cal, {"evaluations": evals, "loss_before": before, "loss_after": after,
-                 "fitted": [".".join(p[0]).replace(".*", "") for p in params]}
-
-
-# ---- files ----------------------------------------------------------------------------------------------------
-def _check_constants(data: Any, where: str, top: bool = True) -> None:
-    """Constants the cost model knows (top level), positive finite numbers for leaves: one line naming the
-    first bad one."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{where} must be a mapping, got {type(data).__name__}")
-    for key, value in data.items():
-        if top and key not in DEFAULT_CALIBRATION:
-            raise SpecError(f"{where}: unknown constant {key!r}; known: {', '.join(DEFAULT_CALIBRATION)}")
-        if isinstance(value, dict):
-            _check_constants(value, f"{where}.{key}", top=False)
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-            raise SpecError(f"{where}.{key} must be a positive number, got {value!r}")
-
-
-def load_calibration(path: str | Path | None) -> dict:
-    """The packaged calibration with a calibration file's constants laid over it (None: the packaged one)."""
-    cal = copy.deepcopy(calibration())
-    if path is None:
-        return cal
-    text = read_text_file(Path(path), "calibration file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"calibration file {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    constants = data.get("constants") if isinstance(data, dict) and data.get("format") == FORMAT else data
-    _check_constants(constants, f"calibration file {path}")
-    return merge(cal, constants)
-
-
-def merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else value
-    return out
-
-
-def calibration_document(cal: dict, fitted: list[str], summary: dict[str, Any]) -> dict[str, Any]:
-    """What a calibration file holds: the constants (all of them, so the file stands alone) and how they came."""
-    return {"format": FORMAT, "version": 1,
-            "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "fitted": fitted, "summary": summary, "constants": cal}
-
-
-def write_calibration(path: str | Path, document: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(document, indent=2, default=float) + "\n")
+                 "fitted": [p.name for p in params]}

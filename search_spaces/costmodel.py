@@ -5,38 +5,60 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.breakdown import GIB, MemoryBreakdown, StepTime
+from search_spaces.calibration_file import Calibration, calibration
 from search_spaces.errors import SpecError
+from search_spaces.extra_memory import with_extra_memory
 from search_spaces.flops import flops_per_step
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import Layout
-from search_spaces.memory import GIB, PEAK_KEYS, memory_breakdown, to_gib
+from search_spaces.memory import memory_breakdown
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.pipeline import placement
 from search_spaces.rules import Violation, check
-from search_spaces.extra_memory import EXTRA_PEAK_KEYS, with_extra_memory
-from search_spaces.throughput import calibration, step_time
+from search_spaces.throughput import step_time
 
 
 @dataclass
 class Estimate:
+    """What the cost model says of one layout. An illegal layout has its violations and no figures."""
     legal: bool
+    """No legality rule refuses the layout."""
     violations: list[Violation]
+    """The rules that refuse it (empty when legal)."""
     fits: bool = False
+    """Its predicted peak memory fits the GPU's."""
     peak_memory_gib: float | None = None
+    """Predicted peak memory per GPU, GiB (on the most loaded pipeline rank)."""
     tokens_per_sec_per_gpu: float | None = None
+    """Predicted training throughput: tokens per second per GPU."""
     tflops_per_gpu: float | None = None
+    """Model TF/s per GPU in Bridge's FLOP count."""
     mfu: float | None = None
+    """tflops_per_gpu over the GPU's dense peak at the layout's precision."""
     step_time_s: float | None = None
-    breakdown: dict[str, dict[str, float]] = field(default_factory=lambda: {"memory_gib": {}, "time_s": {}})
+    """Predicted seconds per optimizer step (time.step)."""
+    memory: MemoryBreakdown | None = None
+    """Bytes per GPU by component on the most loaded rank (None when illegal)."""
+    time: StepTime | None = None
+    """Seconds per step by component (None when illegal or estimated without time)."""
     model: str = ""
+    """The model's name."""
     gpu: str = ""
+    """The accelerator's name."""
     num_gpus: int = 0
+    """GPUs of the run."""
     seq_len: int = 0
+    """Tokens per sequence."""
     layout: dict[str, Any] = field(default_factory=dict)
+    """The layout estimated (Layout.to_dict)."""
     pipeline_layout: str = ""
+    """Megatron's pipeline layout string of the placement (E embedding, t layer, m MTP, L loss; | between stages)."""
     memory_capacity_gib: float = 0.0
+    """What the GPU can allocate, GiB."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The public JSON form (`estimate --json`): figures, and the breakdown in GiB and seconds."""
         return {
             "legal": self.legal,
             "violations": [v.to_dict() for v in self.violations],
@@ -47,7 +69,8 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "step_time_s": self.step_time_s,
-            "breakdown": {k: dict(v) for k, v in self.breakdown.items()},
+            "breakdown": {"memory_gib": self.memory.to_gib() if self.memory else {},
+                          "time_s": self.time.components() if self.time else {}},
             "model": self.model,
             "gpu": self.gpu,
             "num_gpus": self.num_gpus,
@@ -62,17 +85,11 @@ def _resolve(model: ModelSpec | str, gpu: GPUSpec | str) -> tuple[ModelSpec, GPU
             load_gpu(gpu) if isinstance(gpu, str) else gpu)
 
 
-def estimate_memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-                    cal: dict | None = None) -> dict[str, float]:
-    """Memory breakdown in GiB (assumes a legal layout)."""
-    return to_gib(with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
-                                    layout, cal or calibration()))
-
-
 def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, layout: Layout,
-             with_time: bool = True, cal: dict | None = None) -> Estimate:
+             with_time: bool = True, cal: Calibration | None = None) -> Estimate:
     """Predict legality, peak memory and speed of `layout`. Illegal layouts get legal=False and no figures.
-    `cal`: the calibration's constants (search_spaces.calibration.load_calibration; default the packaged one)."""
+    `cal`: the calibration's constants (search_spaces.calibration_file.load_calibration; default the packaged
+    one)."""
     model, gpu = _resolve(model, gpu)
     if int(num_gpus) < 1:
         raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")
@@ -86,16 +103,14 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
     place = placement(model, layout.pp, layout.vpp)
     est.pipeline_layout = place.layout_string() if place else ""
     cal = cal or calibration()
-    mem = to_gib(with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
-                                   layout, cal))
-    est.peak_memory_gib = mem.pop("peak")
+    est.memory = with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
+                                   layout, cal)
+    est.peak_memory_gib = est.memory.peak / GIB
     est.fits = est.peak_memory_gib <= gpu.memory_gib
-    est.breakdown["memory_gib"] = mem
     if with_time:
-        times = step_time(model, gpu, num_gpus, seq_len, layout, cal)
-        step = times.pop("step")
+        est.time = step_time(model, gpu, num_gpus, seq_len, layout, cal)
+        step = est.time.step
         est.step_time_s = step
-        est.breakdown["time_s"] = times
         tokens = layout.gbs * seq_len
         est.tokens_per_sec_per_gpu = tokens / step / num_gpus
         est.tflops_per_gpu = flops_per_step(model, seq_len, layout.gbs) / step / num_gpus / 1e12
@@ -103,4 +118,4 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
     return est
 
 
-__all__ = ["Estimate", "estimate", "estimate_memory", "PEAK_KEYS", "EXTRA_PEAK_KEYS", "GIB"]
+__all__ = ["Estimate", "estimate"]

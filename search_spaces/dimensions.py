@@ -46,6 +46,14 @@ class Dimension:
     parallel: bool = False  # a parallel size the trainer reports back as applied
     choices: tuple[str, ...] = ()  # legal values of a choice or modules dimension
     aliases: dict[str, str] = field(default_factory=dict)  # accepted spellings -> canonical value
+    # choices that carry a number after a colon (routing's `capacity:1.25`) -> the number's (minimum, maximum);
+    # the number is the value of the `megatron` field, `megatron_extra` is keyed by the choice (`mode`)
+    parametrised: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # values for benchmarks only (routing's forced_balance): a sweep never proposes them, promote refuses them
+    benchmark_only: tuple[str, ...] = ()
+    # searchable, but a sweep varies it only when its spec lists it in `free` (the default `free` leaves it
+    # out) and `space` holds it at its default unless fixed: a choice that changes what is trained
+    opt_in: bool = False
     minimum: float | None = None
     maximum: float | None = None
     optional: bool = False  # None is a legal value (meaning "decided by the rest of the layout")
@@ -66,7 +74,7 @@ class Dimension:
             return kind is int and (self.minimum is None or value >= self.minimum) and (
                 self.maximum is None or value <= self.maximum)
         if self.kind == "choice":
-            return kind is str and value in self.choices
+            return kind is str and value in self.choices and value not in self.parametrised
         if self.kind == "bool":
             return kind is bool
         if self.kind == "modules":
@@ -107,39 +115,67 @@ class Dimension:
             raise SpecError(f"layout field {self.name} must be true or false, got {text!r}")
         return self.parse(raw.replace(";", ","))
 
+    def mode(self, value: Any) -> Any:
+        """The choice a canonical value is of: `capacity` for `capacity:1.25`, the value itself otherwise."""
+        return value.split(":", 1)[0] if self.parametrised and isinstance(value, str) else value
+
+    def parameter(self, value: Any) -> float | None:
+        """The number a parametrised choice carries (1.25 for `capacity:1.25`), else None."""
+        return float(value.split(":", 1)[1]) if self.mode(value) in self.parametrised else None
+
     # ---- Megatron spellings -------------------------------------------------------------------------
     def megatron_value(self, value: Any) -> Any:
-        """A canonical value as Megatron-Core spells it in the `megatron` field (names mapped one by one)."""
+        """A canonical value as Megatron-Core spells it in the `megatron` field (names mapped one by one; a
+        parametrised choice's number)."""
         if self.kind == "modules":
             return [self.megatron_values.get(v, v) for v in value]
         if self.kind == "choice":
-            return self.megatron_values.get(value, value)
+            number = self.parameter(value)
+            return number if number is not None else self.megatron_values.get(value, value)
         return value
+
+    @property
+    def megatron_field(self) -> str:
+        """The `megatron` field's TransformerConfig name (the last part of its ConfigContainer path)."""
+        return self.megatron.rsplit(".", 1)[-1]
+
+    def megatron_field_names(self) -> tuple[str, ...]:
+        """Every Megatron-Core config field a choice of this dimension sets (what to read back from a config)."""
+        return tuple(dict.fromkeys([self.megatron_field, *(k for extra in self.megatron_extra.values() for k in extra)]))
 
     def megatron_fields(self, value: Any) -> dict[str, Any]:
         """The Megatron-Core config fields (by their TransformerConfig name) a choice value sets; a field
         spelled None is left out (Megatron's default)."""
-        fields = {self.megatron.rsplit(".", 1)[-1]: self.megatron_value(value), **self.megatron_extra.get(value, {})}
+        fields = {self.megatron_field: self.megatron_value(value), **self.megatron_extra.get(self.mode(value), {})}
         return {k: v for k, v in fields.items() if v is not None}
 
     def from_megatron(self, fields: dict[str, Any]) -> Any:
         """The choice value Megatron-Core config `fields` spell (the inverse of `megatron_fields`): the one
-        whose spelling of the `megatron` field (missing or None: unset) and whose further fields all match,
-        or a SpecError naming the Megatron spelling."""
-        name = self.megatron.rsplit(".", 1)[-1]
-        for value in self.choices:
-            if self.megatron_value(value) == fields.get(name) and all(
-                    fields.get(k) == v for k, v in self.megatron_extra.get(value, {}).items()):
-                return value
+        whose spelling of the `megatron` field (missing or None: unset; a number for a parametrised choice) and
+        whose further fields all match, or a SpecError naming the Megatron spelling."""
+        spelled = fields.get(self.megatron_field)
+        for choice in self.choices:
+            if not all(fields.get(k) == v for k, v in self.megatron_extra.get(choice, {}).items()):
+                continue
+            if choice in self.parametrised:
+                if _is_number(spelled):
+                    return self.parse(f"{choice}:{spelled}")
+            elif self.megatron_value(choice) == spelled:
+                return choice
         shown = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v is not None) or "nothing set"
-        raise SpecError(f"no {self.name} is spelled {shown} in Megatron; allowed: "
-                        + "; ".join(", ".join(f"{k}={v!r}" for k, v in self.megatron_fields(c).items()) or c
-                                    for c in self.choices))
+        raise SpecError(f"no {self.name} is spelled {shown} in Megatron; allowed: " + "; ".join(
+            self._spelling_text(c) for c in self.choices))
+
+    def _spelling_text(self, choice: str) -> str:
+        if choice in self.parametrised:
+            extra = self.megatron_extra.get(choice, {})
+            return ", ".join([f"{self.megatron_field}=F", *(f"{k}={v!r}" for k, v in extra.items())])
+        return ", ".join(f"{k}={v!r}" for k, v in self.megatron_fields(choice).items()) or choice
 
     def values_text(self) -> str:
         """The legal values in words, for help texts and errors."""
         if self.choices:
-            return " | ".join(self.choices)
+            return " | ".join(f"{c}:F" if c in self.parametrised else c for c in self.choices)
         return _KIND_WORDS[self.kind]
 
 
@@ -177,14 +213,37 @@ def _parse_bool(dim: Dimension, value: Any) -> bool:
     return value
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _parse_choice(dim: Dimension, value: Any) -> str:
     if not isinstance(value, str):
-        raise SpecError(f"layout field {dim.name} must be one of {', '.join(dim.choices)}, got {value!r}")
-    name = dim.aliases.get(value.strip().lower(), value.strip().lower())
+        raise SpecError(f"layout field {dim.name} must be one of {dim.values_text()}, got {value!r}")
+    text, _, number = value.strip().lower().partition(":")
+    name = dim.aliases.get(text.strip(), text.strip())
     if name not in dim.choices:
         aliases = f" (aliases: {', '.join(dim.aliases)})" if dim.aliases else ""
-        raise SpecError(f"unknown {dim.name} {value!r}; allowed: {', '.join(dim.choices)}{aliases}")
+        raise SpecError(f"unknown {dim.name} {value!r}; allowed: {dim.values_text()}{aliases}")
+    if name in dim.parametrised:
+        return _parametrised_choice(dim, name, number.strip())
+    if number:
+        raise SpecError(f"{dim.name} {name} takes no number, got {value!r}")
     return name
+
+
+@functools.lru_cache(maxsize=1024)
+def _parametrised_choice(dim: Dimension, name: str, number: str) -> str:
+    """`capacity` + `1.25` -> `capacity:1.25` (the number as Python's shortest float spelling), or a SpecError."""
+    low, high = dim.parametrised[name]
+    try:
+        x = float(number)
+    except ValueError:
+        raise SpecError(f"{dim.name} {name} needs a number: {name}:F with F in [{low:g}, {high:g}] "
+                        f"(e.g. {name}:1.25), got {number!r}") from None
+    if not math.isfinite(x) or not low <= x <= high:
+        raise SpecError(f"{dim.name} {name}:F needs F in [{low:g}, {high:g}], got {number}")
+    return f"{name}:{x!r}"
 
 
 def _parse_modules(dim: Dimension, value: Any) -> tuple[str, ...]:

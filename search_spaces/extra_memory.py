@@ -16,12 +16,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from search_spaces.breakdown import GIB, MemoryBreakdown
+from search_spaces.calibration_file import Calibration
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
-from search_spaces.memory import GIB, act_bytes
+from search_spaces.memory import act_bytes
 from search_spaces.models import ModelSpec
 
-EXTRA_PEAK_KEYS = ("cp_attention_buffers", "host_process")
 # K/V (and dK/dV) shards the backward of the p2p ring holds: two buffers of [K/V, dK/dV] (send and receive)
 P2P_RING_BUFFERS = 4
 
@@ -48,18 +51,14 @@ def cp_attention_buffers(model: ModelSpec, layout: Layout, seq_len: int, cpu: bo
     return 2 * qkv + P2P_RING_BUFFERS * kv  # a2a+p2p
 
 
-def host_process_bytes(gpu: GPUSpec, cal: dict) -> float:
+def host_process_bytes(gpu: GPUSpec, cal: Calibration) -> float:
     """Resident memory of the training process beside its tensors: counted on cpu only (on GPUs the host's
     memory is not the GPU's; memory.py's runtime_overhead holds the CUDA context and workspaces)."""
-    return cal.get("cpu_process_baseline_gib", 0.0) * GIB if gpu.is_cpu else 0.0
+    return cal.cpu_process_baseline_gib * GIB if gpu.is_cpu else 0.0
 
 
-def with_extra_memory(breakdown: dict[str, float], model: ModelSpec, gpu: GPUSpec, seq_len: int, layout: Layout,
-                      cal: dict) -> dict[str, float]:
-    """memory.py's breakdown (bytes) with these terms added to it and to its peak."""
-    extra = {"cp_attention_buffers": cp_attention_buffers(model, layout, seq_len, gpu.is_cpu),
-             "host_process": host_process_bytes(gpu, cal)}
-    out = dict(breakdown)
-    out.update(extra)
-    out["peak"] = breakdown["peak"] + sum(extra.values())
-    return out
+def with_extra_memory(breakdown: MemoryBreakdown, model: ModelSpec, gpu: GPUSpec, seq_len: int, layout: Layout,
+                      cal: Calibration) -> MemoryBreakdown:
+    """memory.py's breakdown (bytes) with these terms in it (and so in its peak)."""
+    return dataclasses.replace(breakdown, cp_attention_buffers=cp_attention_buffers(model, layout, seq_len, gpu.is_cpu),
+                               host_process=host_process_bytes(gpu, cal))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import estimate
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import Layout, distinct
@@ -67,7 +68,7 @@ def _vpp_options(model: ModelSpec, pp: int) -> list[int]:
 
 
 def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, gbs: int | None = None,
-                 limit: int = 8, cal: dict | None = None) -> list[Layout]:
+                 limit: int = 8, cal: Calibration | None = None) -> list[Layout]:
     """Up to `limit` legal layouts from the rules of thumb, those predicted to fit first, fastest first."""
     model = load_model(model) if isinstance(model, str) else model
     gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu

@@ -29,6 +29,10 @@ PRECISION_ALIASES = {"fp8": "fp8-blockwise", "fp8-block": "fp8-blockwise", "fp8-
                      "fp8-mx": "mxfp8"}
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+ROUTINGS = ("dropless", "capacity", "forced_balance")
+# the skill cards and Megatron-MoE-ModelZoo write force_balance / force-balance
+ROUTING_ALIASES = {"force_balance": "forced_balance", "force-balance": "forced_balance",
+                   "forced-balance": "forced_balance"}
 
 # How Megatron-Core, Transformer Engine and Megatron-Bridge spell the values (tests/test_consumers.py checks
 # them against the installed packages). FP8 formats and mixed-precision recipes as Megatron-Bridge's own
@@ -49,6 +53,21 @@ PRECISION_MEGATRON = dict(
 DISPATCHER_MEGATRON = dict(megatron_values={"deepep": "flex", "hybridep": "flex"},
                            megatron_extra={b: {"moe_flex_dispatcher_backend": b} for b in ("deepep", "hybridep")})
 CP_COMM_MEGATRON = dict(megatron_values={"allgather": "all_gather"})  # Transformer Engine's name
+# The router's mode in Megatron-Core 0.19.2's TransformerConfig: dropless leaves moe_expert_capacity_factor unset
+# (no token dropped; Megatron's default); capacity:F keeps at most F x the balanced share of token copies per
+# expert (moe_token_drop_policy probs: the lowest-probability copies are dropped) and pads every expert to that
+# capacity (moe_pad_expert_input_to_capacity: static shapes, what the moe CUDA-graph scope needs); forced_balance
+# replaces the router's logits with random ones (moe_router_force_load_balancing, "only for benchmark": the
+# published MoE rows ran it; the model does not learn its routing). Every field is spelled for every mode, so
+# reading a config back (from_megatron) tells them apart.
+_NOT_FORCED = {"moe_pad_expert_input_to_capacity": False, "moe_router_force_load_balancing": False}
+ROUTING_MEGATRON = dict(
+    megatron_values={"dropless": None, "forced_balance": None},  # capacity: its factor
+    megatron_extra={"dropless": _NOT_FORCED,
+                    "capacity": {**_NOT_FORCED, "moe_pad_expert_input_to_capacity": True,
+                                 "moe_token_drop_policy": "probs"},
+                    "forced_balance": {**_NOT_FORCED, "moe_router_force_load_balancing": True}},
+    parametrised={"capacity": (0.01, 64.0)}, benchmark_only=("forced_balance",))
 
 
 def _size(doc: str, flag: str, megatron: str, megatron_lm: str, searchable: bool = True,
@@ -100,6 +119,12 @@ class Layout:
         "alltoall", "MoE token dispatcher: alltoall, allgather, or the flex dispatcher with DeepEP / HybridEP",
         kind="choice", flag="--dispatcher", megatron="model.moe_token_dispatcher_type",
         megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS, **DISPATCHER_MEGATRON)
+    routing: str = dimension(
+        "dropless", "MoE router: dropless (every token reaches its experts), capacity:F (token dropping, each "
+        "expert padded to F x its balanced share) or forced_balance (random routing: benchmarks only, promote "
+        "refuses it)", kind="choice", flag="--routing", megatron="model.moe_expert_capacity_factor",
+        megatron_lm="--moe-expert-capacity-factor", searchable=True, opt_in=True, choices=ROUTINGS,
+        aliases=ROUTING_ALIASES, **ROUTING_MEGATRON)
     cp_comm_type: str = dimension(
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
         "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
@@ -191,6 +216,11 @@ class Layout:
         """Encoded values of the named dimensions (all by default), e.g. as Optuna params or MLflow params."""
         return {name: BY_NAME[name].encode(getattr(self, name)) for name in (names or FIELD_NAMES)}
 
+    def benchmark_only(self) -> list[str]:
+        """The settings of this layout that are for benchmarks only (`routing=forced_balance`): not for production."""
+        return [f"{d.name}={getattr(self, d.name)}" for d in DIMENSIONS
+                if d.benchmark_only and d.mode(getattr(self, d.name)) in d.benchmark_only]
+
     def replace(self, **changes: Any) -> "Layout":
         return dataclasses.replace(self, **_legacy_recompute(changes))
 
@@ -208,8 +238,10 @@ class Layout:
         parts = []
         for dim in DIMENSIONS:
             value = getattr(self, dim.name)
-            # an empty CP hierarchy (every cp_comm_type but a2a+p2p) is left out: keys stay as they were
-            if value == dim.default and (not (dim.searchable or dim.name == "gbs") or dim.kind == "sizes"):
+            # an empty CP hierarchy (every cp_comm_type but a2a+p2p) and an opt-in dimension at its default are
+            # left out: keys stay as they were
+            if value == dim.default and (not (dim.searchable or dim.name == "gbs") or dim.kind == "sizes"
+                                         or dim.opt_in):
                 continue
             text = dim.encode(value)
             parts.append(f"{dim.name}{text}" if dim.kind == "int" else f"{dim.name}={text}")
@@ -221,6 +253,8 @@ BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FIELD_NAMES: tuple[str, ...] = tuple(BY_NAME)
 # what a sweep searches over (spec `free`), and the parallel sizes a trainer reports back
 SEARCH_DIMENSIONS: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.searchable)
+# what a sweep varies unless its spec says otherwise (an opt-in dimension only when `free` names it)
+DEFAULT_FREE: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.searchable and not d.opt_in)
 PARALLEL_SIZES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.parallel)
 
 

@@ -19,13 +19,14 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from search_spaces.breakdown import GIB, MemoryBreakdown, RankCounts
 from search_spaces.flops import padded_vocab_size
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
+from search_spaces.routing import capacity_router_bytes, expert_load
 
-GIB = float(1 << 30)
 # Fixed buffers (bytes): DeepEP/HybridEP pre-allocate NVL + RDMA buffers; TE-scoped CUDA graphs keep static
 # inputs/outputs and a private pool ("a few GB" per the Megatron-Bridge CUDA-graph skill).
 DISPATCHER_BUFFER = {"deepep": 2.0 * GIB, "hybridep": 2.0 * GIB}
@@ -61,16 +62,17 @@ def layer_activations(model: ModelSpec, layout: Layout, seq_len: int, index: int
     """Bytes autograd saves for one microbatch in decoder layer `index` on one rank, keyed by the recompute
     module that frees them ('residual' and 'attention' are kept by every selective choice)."""
     # Only the layer's kind and a few layout fields matter: cache on those (space enumeration calls this a lot).
-    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision, layout.dispatcher)
+    key = (layout.tp, layout.cp, layout.etp, layout.mbs, layout.sp, layout.precision, layout.dispatcher, layout.ep,
+           layout.routing)
     return _layer_activations(model, key, seq_len, model.attention_kind(index), model.layer_is_moe(index), cpu)
 
 
 @lru_cache(maxsize=65536)
 def _layer_activations(model: ModelSpec, key: tuple, seq_len: int, kind: str, is_moe: bool,
                        cpu: bool) -> dict[str, float]:
-    tp_, cp_, etp_, mbs_, sp_, precision_, dispatcher_ = key
+    tp_, cp_, etp_, mbs_, sp_, precision_, dispatcher_, ep_, routing_ = key
     L = Layout(tp=tp_, cp=cp_, etp=etp_, mbs=mbs_, gbs=mbs_, precision=precision_, sequence_parallel=sp_,
-               dispatcher=dispatcher_)
+               dispatcher=dispatcher_, ep=ep_, routing=routing_)
     if cpu:
         return _cpu_layer_activations(model, L, seq_len, is_moe, kind)
     tp = L.tp
@@ -236,10 +238,13 @@ def _moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: int, 
     k = model.topk
     h = model.hidden_size
     f = model.moe_ffn_hidden_size / L.etp
-    routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
+    # token copies processed on this rank: the balanced share times the routing's load (search_spaces.routing:
+    # dropless buffers the busiest rank's copies, capacity pads every expert to its capacity)
+    routed = tsp * k * L.etp * expert_load(model, L, tsp, cpu=False)
     # expert input and fc1 output (memory-efficient permutation applies the probabilities before the
     # unpermute, so the expert output is not kept)
-    out = {"router": tsp * model.num_experts * 4 * 2,  # logits and probabilities, fp32
+    out = {"router": tsp * model.num_experts * 4 * 2  # logits and probabilities, fp32 (token dropping: its mask)
+                     + capacity_router_bytes(model, L, tsp),
            "moe": routed * (h * g + 2 * f * e),
            "moe_act": routed * f * g}  # activation output, saved by fc2
     if model.shared_expert_ffn_hidden_size:
@@ -254,7 +259,7 @@ def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: i
     """Routed experts on the CPU trainer: Megatron's TEGroupedMLP over plain-torch grouped linears."""
     k, h, experts = model.topk, model.hidden_size, model.num_experts
     f = model.moe_ffn_hidden_size / L.etp
-    routed = tsp * k * L.etp  # token copies processed on this rank (balanced routing)
+    routed = tsp * k * L.etp * expert_load(model, L, tsp, cpu=True)  # as on GPUs (_moe_activations)
     if L.dispatcher == "allgather":  # row index of each local copy; routing map (bool) and probabilities
         dispatch = routed * 8 + tsp * L.tp * experts * 5  # (fp32) of every token gathered over TP x EP
     else:  # alltoall: int64 permutation indices, sorted over the [tokens, experts] routing map and per copy
@@ -262,7 +267,7 @@ def _cpu_moe_activations(model: ModelSpec, L: Layout, tsp: float, t: float, e: i
     glu = 2 if model.gated_mlp else 1
     out = {
         # fp32 router: scores [tokens, experts], top-k probabilities, top-k indices (int64) twice
-        "router": tsp * (experts * 4 + k * 20),
+        "router": tsp * (experts * 4 + k * 20) + capacity_router_bytes(model, L, tsp),
         # expert input (fc1), fc1 output (saved by the activation), routing probabilities (fp32)
         "moe": routed * (h * e + glu * f * e + 4) + dispatch,
         # SwiGLU: silu output, the linear half's copy (+ glu offset), the product, and the
@@ -420,21 +425,17 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
     return terms
 
 
-def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, float]:
-    """Memory components in bytes on the most loaded pipeline rank (the one with the highest peak).
-
-    Keys summed into `peak`: weights, gradients, optimizer_states, activations, dispatcher_buffers,
-    cuda_graphs, runtime_overhead, allocator_margin. Informational: activations_per_microbatch (one microbatch
-    on that rank, all its chunks), embedding_logits (the head's share of it), offloaded_to_host, pipeline_rank,
-    inflight_microbatches.
-    """
+def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout
+                     ) -> MemoryBreakdown:
+    """Memory components in bytes on the most loaded pipeline rank (the one with the highest peak); the CP
+    attention buffers and the host process are extra_memory's (0 here)."""
     place = placement(model, layout.pp, layout.vpp)
     if place is None:
         raise ValueError("layout has no pipeline placement (check rules first)")
-    best: dict[str, float] | None = None
+    best: MemoryBreakdown | None = None
     for rank in _candidate_ranks(place):
         mem = _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)
-        if best is None or mem["peak"] > best["peak"]:
+        if best is None or mem.peak > best.peak:
             best = mem
     assert best is not None
     return best
@@ -448,7 +449,7 @@ def _candidate_ranks(place: Placement) -> list[int]:
     return sorted({0, 1, place.pp // 2, place.pp - 2, place.pp - 1})
 
 
-def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> dict[str, float]:
+def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBreakdown:
     cpu = gpu.is_cpu
     chunks = place.rank_stages(rank)
     units = [u for c in chunks for u in c]
@@ -496,43 +497,17 @@ def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> dict[str
     runtime = 0.0 if cpu else RUNTIME_OVERHEAD
     base = weights + gradients + (opt - offloaded) + activations + dispatcher + graphs
     margin = 0.0 if cpu else ALLOCATOR_MARGIN * base
-    return {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer_states": opt - offloaded,
-        "activations": activations,
-        "dispatcher_buffers": dispatcher,
-        "cuda_graphs": graphs,
-        "runtime_overhead": runtime,
-        "allocator_margin": margin,
-        "peak": base + runtime + margin,
-        "activations_per_microbatch": per_microbatch,
-        "embedding_logits": head,
-        "offloaded_to_host": offloaded,
-        "pipeline_rank": float(rank),
-        "inflight_microbatches": inflight / len(chunks),  # chunk-microbatches / chunks
-        "params_on_rank": params.dense + params.expert,
-        "dense_params_on_rank": params.dense,
-        "expert_params_on_rank": params.expert,
-    }
-
-
-PEAK_KEYS = ("weights", "gradients", "optimizer_states", "activations", "dispatcher_buffers", "cuda_graphs",
-             "runtime_overhead", "allocator_margin")
-
-
-# Breakdown keys that are counts, not bytes: the one place that says which components are memory
-# (to_gib leaves them as they are; the report never plots them on a GiB axis).
-COUNT_KEYS = ("pipeline_rank", "inflight_microbatches", "params_on_rank", "dense_params_on_rank",
-              "expert_params_on_rank")
-
-
-def to_gib(breakdown: dict[str, float]) -> dict[str, float]:
-    return {k: (v if k in COUNT_KEYS else v / GIB) for k, v in breakdown.items()}
+    counts = RankCounts(pipeline_rank=rank, inflight_microbatches=inflight / len(chunks),
+                        params_on_rank=params.dense + params.expert, dense_params_on_rank=params.dense,
+                        expert_params_on_rank=params.expert)
+    return MemoryBreakdown(weights=weights, gradients=gradients, optimizer_states=opt - offloaded,
+                           activations=activations, dispatcher_buffers=dispatcher, cuda_graphs=graphs,
+                           runtime_overhead=runtime, allocator_margin=margin, activations_per_microbatch=per_microbatch,
+                           embedding_logits=head, offloaded_to_host=offloaded, counts=counts)
 
 
 def rank_memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-                          rank: int) -> dict[str, float]:
+                          rank: int) -> MemoryBreakdown:
     """The memory components (bytes) of one pipeline rank (memory_breakdown gives the most loaded one; this
     one compares with a measurement of that rank)."""
     place = placement(model, layout.pp, layout.vpp)

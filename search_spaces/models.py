@@ -11,11 +11,15 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError,
+                      model_validator)
 
 from search_spaces.errors import SpecError
 from search_spaces.inputs import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_MTP_LAYERS, check_size,
                                   read_text_file)
+from search_spaces.pydantic_line import one_line
 
 CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
 MODEL_NAMES: tuple[str, ...] = tuple(sorted(p.stem for p in CATALOG_DIR.glob("*.json")))
@@ -194,159 +198,210 @@ LAYER_TYPES = {"full_attention": "F", "sliding_attention": "S", "linear_attentio
 MAX_CONFIG_DEPTH = 64  # a config.json nests a few levels; deeper is not a model config
 
 
-class _Fields:
-    """Typed, range-checked reads of a config.json dict: every refusal is one line naming field and file."""
-
-    def __init__(self, cfg: dict, source: str):
-        self.cfg = cfg
-        self.source = source
-
-    def fail(self, why: str) -> SpecError:
-        return SpecError(f"model config {self.source!r}: {why}")
-
-    def integer(self, *names: str, default: int = 0, minimum: int = 0, maximum: int = MAX_MODEL_WIDTH) -> int:
-        """The first of `names` that is set (not null): an integer (not bool/float/str) in [minimum, maximum]."""
-        for n in names:
-            value = self.cfg.get(n)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise self.fail(f"field {n} must be an integer, got {_show(value)}")
-            if value < minimum:
-                raise self.fail(f"field {n} must be >= {minimum}, got {_show(value)}")
-            if value > maximum:  # the ranges of search_spaces/inputs.py: enumerations stay bounded
-                raise self.fail(f"field {n} must be <= {maximum:,}, got {_show(value)}")
-            return value
-        return default
-
-    def required(self, name: str, maximum: int = MAX_MODEL_WIDTH) -> int:
-        if self.cfg.get(name) is None:
-            raise self.fail(f"lacks a required field {name!r}")
-        return self.integer(name, minimum=1, maximum=maximum)
-
-    def flag(self, name: str, default: bool) -> bool:
-        value = self.cfg.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(f"field {name} must be true or false, got {_show(value)}")
-        return value
-
-    def text(self, name: str, default: str) -> str:
-        value = self.cfg.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.fail(f"field {name} must be a string, got {_show(value)}")
-        return value
+Size = Annotated[int, Strict(), Field(ge=1, le=MAX_MODEL_WIDTH)]  # a width or count that must be given as >= 1
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_MODEL_WIDTH)]  # 0 where it means none
+LayerType = Literal[tuple(LAYER_TYPES)]  # type: ignore[valid-type]
 
 
-def _show(value: Any) -> str:
-    text = repr(value) if isinstance(value, (str, int, float, bool)) else f"a {type(value).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
+class HFConfig(BaseModel):
+    """The fields of a Hugging Face config.json the cost model reads, with their names across model families
+    (Megatron-Bridge's *_bridge.py mappings), types and ranges, and the relations between them. A field set to
+    null counts as not given; every other field of the file is kept as it is (ModelSpec.hf_config)."""
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    hidden_size: Size
+    """The model's width."""
+    num_hidden_layers: Annotated[int, Strict(), Field(ge=1, le=MAX_LAYERS)]
+    """Decoder layers (MTP layers apart)."""
+    num_attention_heads: Size
+    """Query heads of the softmax attention."""
+    vocab_size: Size
+    """Tokens of the vocabulary (before Megatron pads it)."""
+    intermediate_size: Size | None = None
+    """The dense MLP's width (default 4 x hidden_size)."""
+    num_key_value_heads: Size | None = None
+    """KV heads (default: one per attention head); they divide the attention heads."""
+    head_dim: Size | None = None
+    """Per-head width (default hidden_size / num_attention_heads)."""
+    num_experts: Annotated[int, Strict(), Field(ge=0, le=MAX_EXPERTS)] = Field(
+        0, validation_alias=AliasChoices("n_routed_experts", "num_experts", "num_local_experts"))
+    """Routed experts (DeepSeek n_routed_experts, Qwen num_experts, gpt-oss num_local_experts); 0: dense."""
+    moe_intermediate_size: Count | None = None
+    """An expert's width (default intermediate_size); >= 1 in a MoE model."""
+    num_experts_per_tok: Count | None = None
+    """Top-k of the router; a MoE model must give it (1 to its experts)."""
+    n_shared_experts: Count = 0
+    """Shared experts, each of moe_intermediate_size (DeepSeek)."""
+    shared_expert_intermediate_size: Count = 0
+    """The shared expert's width where given whole (Qwen3-Next) rather than as n_shared_experts experts."""
+    first_k_dense_replace: Count = 0
+    """Leading dense layers of a MoE model (at least one MoE layer must be left)."""
+    q_lora_rank: Count = 0
+    """MLA's query latent rank (0: queries projected directly)."""
+    kv_lora_rank: Count = 0
+    """MLA's KV latent rank; > 0 makes the model MLA (then v_head_dim and a q/k head width must be >= 1)."""
+    qk_nope_head_dim: Count = 0
+    """MLA: the per-head query/key width without RoPE."""
+    qk_rope_head_dim: Count = 0
+    """MLA: the per-head query/key width with RoPE."""
+    v_head_dim: Count = 0
+    """MLA: the per-head value width."""
+    layer_types: list[LayerType] | None = None
+    """The attention kind of every layer (num_hidden_layers entries)."""
+    full_attention_interval: Size | None = None
+    """Without layer_types: every this-many-th layer is full attention, the others linear (Qwen3-Next)."""
+    sliding_window: Count = 0
+    """Tokens a sliding-window layer sees; >= 1 when some layer is sliding_attention."""
+    linear_num_key_heads: Count = 0
+    """Gated delta-net key heads (>= 1 when some layer is linear_attention, as the three below)."""
+    linear_num_value_heads: Count = 0
+    """Gated delta-net value heads."""
+    linear_key_head_dim: Count = 0
+    """Gated delta-net key head width."""
+    linear_value_head_dim: Count = 0
+    """Gated delta-net value head width."""
+    linear_conv_kernel_dim: Count = 0
+    """Gated delta-net short convolution's kernel width."""
+    num_nextn_predict_layers: Annotated[int, Strict(), Field(ge=0, le=MAX_MTP_LAYERS)] = 0
+    """MTP layers."""
+    model_type: StrictStr = ""
+    """Decides the defaults of the flags below (qwen3*, qwen3_next, gpt_oss)."""
+    hidden_act: StrictStr = "silu"
+    """silu / swiglu: a gated MLP (3 projections)."""
+    attention_output_gate: StrictBool | None = None
+    """A sigmoid gate on the attention output (default: qwen3_next)."""
+    qk_layernorm: StrictBool | None = None
+    """RMSNorm on q and k per head (default: the qwen3 family without MLA)."""
+    linear_bias: StrictBool | None = None
+    """A bias in every linear layer (default: gpt_oss)."""
+    attention_sinks: StrictBool | None = None
+    """A learnable softmax offset per head (default: gpt_oss)."""
+    shared_expert_gate: StrictBool | None = None
+    """A sigmoid gate on the shared expert's output (default: qwen3_next)."""
+    tie_word_embeddings: StrictBool = False
+    """The output layer shares the embedding's weights."""
+    max_position_embeddings: Annotated[int, Strict(), Field(ge=0, le=2 ** 31 - 1)] = 0
+    """The longest sequence the model was trained for (informational)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _relations(self) -> "HFConfig":
+        """The relations the cost model relies on, each refused in one line naming its field."""
+        layers, heads, pattern = self.num_hidden_layers, self.num_attention_heads, self.attention_pattern
+        if self.layer_types is not None and len(self.layer_types) != layers:
+            raise ValueError(f"field layer_types must be a list of {layers} entries (num_hidden_layers), "
+                             f"got {len(self.layer_types)}")
+        if self.layer_types is None and (self.full_attention_interval or 0) > layers:
+            raise ValueError(f"field full_attention_interval must be <= {layers} (num_hidden_layers), "
+                             f"got {self.full_attention_interval}")
+        if heads % self.kv_heads:
+            raise ValueError(f"field num_key_value_heads ({self.kv_heads}) must divide num_attention_heads ({heads})")
+        if self.kv_lora_rank:
+            if self.qk_nope_head_dim + self.qk_rope_head_dim < 1:
+                raise ValueError("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim or qk_rope_head_dim >= 1")
+            if self.v_head_dim < 1:
+                raise ValueError("field v_head_dim must be >= 1 in an MLA model (kv_lora_rank > 0)")
+        elif self.head_dim is None and self.hidden_size % heads:
+            raise ValueError(f"field num_attention_heads ({heads}) must divide hidden_size ({self.hidden_size}) "
+                             "when no head_dim is given")
+        if "S" in pattern and not self.sliding_window:
+            raise ValueError("field sliding_window must be given for sliding_attention layers")
+        missing = [n for n in LINEAR_FIELDS if "L" in pattern and not getattr(self, n)]
+        if missing:
+            raise ValueError(f"field {missing[0]} must be given for linear_attention layers")
+        if self.num_experts:
+            _check_moe(self, layers)
+        return self
+
+    @property
+    def attention_pattern(self) -> str:
+        """The attention kinds as ModelSpec.attention_pattern letters, the shortest repeating unit (so
+        with_overrides(num_layers=...) keeps the pattern)."""
+        if self.layer_types is not None:
+            letters = "".join(LAYER_TYPES[t] for t in self.layer_types)
+            for n in range(1, len(letters) + 1):
+                if len(letters) % n == 0 and letters[:n] * (len(letters) // n) == letters:
+                    return letters[:n]
+            return letters
+        interval = self.full_attention_interval
+        return "L" * (interval - 1) + "F" if interval else "F"
+
+    @property
+    def ffn(self) -> int:
+        return self.intermediate_size if self.intermediate_size is not None else 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads if self.num_key_value_heads is not None else self.num_attention_heads
+
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_intermediate_size if self.moe_intermediate_size is not None else self.ffn
 
 
-def _attention_pattern(f: _Fields, layers: int) -> str:
-    layer_types = f.cfg.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != layers:
-            raise f.fail(f"field layer_types must be a list of {layers} entries (num_hidden_layers), "
-                         f"got {_show(layer_types) if not isinstance(layer_types, list) else len(layer_types)}")
-        bad = [t for t in layer_types if not isinstance(t, str) or t not in LAYER_TYPES]
-        if bad:
-            raise f.fail(f"field layer_types has {_show(bad[0])}; allowed: {', '.join(LAYER_TYPES)}")
-        letters = "".join(LAYER_TYPES[t] for t in layer_types)
-        # shortest repeating unit, so with_overrides(num_layers=...) keeps the pattern
-        for n in range(1, len(letters) + 1):
-            if len(letters) % n == 0 and letters[:n] * (len(letters) // n) == letters:
-                return letters[:n]
-        return letters
-    interval = f.integer("full_attention_interval", minimum=1, maximum=layers)
-    return "L" * (interval - 1) + "F" if interval else "F"
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
-def _moe(f: _Fields, ffn: int, layers: int) -> dict[str, int]:
+def _check_moe(c: HFConfig, layers: int) -> None:
+    experts = c.num_experts
+    if c.moe_ffn < 1:
+        raise ValueError(f"field moe_intermediate_size must be >= 1 in a MoE model, got {c.moe_ffn}")
+    if c.num_experts_per_tok is None:
+        raise ValueError(f"lacks num_experts_per_tok, the top-k of its {experts} experts")
+    if not 1 <= c.num_experts_per_tok <= experts:
+        raise ValueError(f"field num_experts_per_tok ({c.num_experts_per_tok}) must be between 1 and the number "
+                         f"of experts ({experts})")
+    if c.first_k_dense_replace >= layers:
+        raise ValueError(f"field first_k_dense_replace ({c.first_k_dense_replace}) leaves no MoE layer of {layers}")
+
+
+def _moe(c: HFConfig) -> dict[str, int]:
     """Experts, expert width, top-k, shared experts, leading dense layers (all 0 for a dense model)."""
-    names = ("n_routed_experts", "num_experts", "num_local_experts")
-    experts = f.integer(*names, maximum=MAX_EXPERTS)
-    if not experts:
+    if not c.num_experts:
         return dict(num_experts=0, moe_ffn_hidden_size=0, topk=0, num_shared_experts=0,
                     shared_expert_ffn_hidden_size=0, first_k_dense=0)
-    moe_ffn = f.integer("moe_intermediate_size", default=ffn, minimum=1)
-    if f.cfg.get("num_experts_per_tok") is None:
-        raise f.fail(f"lacks num_experts_per_tok, the top-k of its {experts} experts")
-    topk = f.integer("num_experts_per_tok", minimum=1)
-    if topk > experts:
-        raise f.fail(f"field num_experts_per_tok ({topk}) must not exceed the number of experts ({experts})")
-    shared_n = f.integer("n_shared_experts")
-    shared_ffn = shared_n * moe_ffn
-    if f.integer("shared_expert_intermediate_size"):
-        shared_n, shared_ffn = max(shared_n, 1), f.integer("shared_expert_intermediate_size")
-    first_k_dense = f.integer("first_k_dense_replace")
-    if first_k_dense >= layers:
-        raise f.fail(f"field first_k_dense_replace ({first_k_dense}) leaves no MoE layer of {layers}")
-    return dict(num_experts=experts, moe_ffn_hidden_size=moe_ffn, topk=topk, num_shared_experts=shared_n,
-                shared_expert_ffn_hidden_size=shared_ffn, first_k_dense=first_k_dense)
-
-
-def _attention(f: _Fields, hidden: int, heads: int, pattern: str) -> dict[str, int]:
-    """Head counts and widths (MLA, sliding window, linear attention), with the relations between them."""
-    kv_heads = f.integer("num_key_value_heads", default=heads, minimum=1)
-    if heads % kv_heads:
-        raise f.fail(f"field num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads})")
-    mla = {n: f.integer(n) for n in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                 "v_head_dim")}
-    if mla["kv_lora_rank"]:
-        if mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] < 1:
-            raise f.fail("an MLA model (kv_lora_rank > 0) needs qk_nope_head_dim or qk_rope_head_dim >= 1")
-        if mla["v_head_dim"] < 1:
-            raise f.fail("field v_head_dim must be >= 1 in an MLA model (kv_lora_rank > 0)")
-    elif f.cfg.get("head_dim") is None and hidden % heads:
-        raise f.fail(f"field num_attention_heads ({heads}) must divide hidden_size ({hidden}) "
-                     "when no head_dim is given")
-    head_dim = f.integer("head_dim", default=hidden // heads, minimum=1)
-    window = f.integer("sliding_window", minimum=1) if "S" in pattern else 0
-    if "S" in pattern and not window:
-        raise f.fail("field sliding_window must be given for sliding_attention layers")
-    linear = {n: f.integer(n, minimum=1 if "L" in pattern else 0) for n in (
-        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")}
-    missing = [n for n, v in linear.items() if "L" in pattern and not v]
-    if missing:
-        raise f.fail(f"field {missing[0]} must be given for linear_attention layers")
-    return dict(num_kv_heads=kv_heads, head_dim=head_dim, sliding_window=window, **mla,
-                linear_num_key_heads=linear["linear_num_key_heads"],
-                linear_num_value_heads=linear["linear_num_value_heads"],
-                linear_key_head_dim=linear["linear_key_head_dim"],
-                linear_value_head_dim=linear["linear_value_head_dim"],
-                linear_conv_kernel_dim=f.integer("linear_conv_kernel_dim"))
+    shared_n, shared_ffn = c.n_shared_experts, c.n_shared_experts * c.moe_ffn
+    if c.shared_expert_intermediate_size:
+        shared_n, shared_ffn = max(shared_n, 1), c.shared_expert_intermediate_size
+    return dict(num_experts=c.num_experts, moe_ffn_hidden_size=c.moe_ffn, topk=c.num_experts_per_tok,
+                num_shared_experts=shared_n, shared_expert_ffn_hidden_size=shared_ffn,
+                first_k_dense=c.first_k_dense_replace)
 
 
 def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec:
     """Normalise a Hugging Face config.json dict (DeepSeek-V3, Qwen3(-MoE/-Next), gpt-oss, Llama, Kimi).
 
-    Fields are checked like the spec's: integers that are integers, sizes >= 1 (0 only where it means none:
-    experts, MTP layers, LoRA ranks), and the relations the cost model relies on. `source` names the file."""
-    f = _Fields(cfg, source or name)
-    hidden, layers = f.required("hidden_size"), f.required("num_hidden_layers", maximum=MAX_LAYERS)
-    heads, vocab = f.required("num_attention_heads"), f.required("vocab_size")
-    ffn = f.integer("intermediate_size", default=4 * hidden, minimum=1)
-    pattern = _attention_pattern(f, layers)
-    model_type = str(cfg.get("model_type", ""))
-    attention = _attention(f, hidden, heads, pattern)
+    Fields are checked like the spec's (HFConfig): integers that are integers, sizes >= 1 (0 only where it means
+    none: experts, MTP layers, LoRA ranks), and the relations the cost model relies on. `source` names the file."""
+    try:
+        c = HFConfig.model_validate(cfg)
+    except ValidationError as exc:
+        raise SpecError(f"model config {source or name!r}: {one_line(exc, HFConfig)}") from None
+    kind, mla = c.model_type, c.kv_lora_rank > 0
+    pattern = c.attention_pattern
     return ModelSpec(
-        name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=ffn,
-        vocab_size=vocab, **_moe(f, ffn, layers), **attention,
-        mtp_layers=f.integer("num_nextn_predict_layers", maximum=MAX_MTP_LAYERS), attention_pattern=pattern,
-        attention_output_gate=f.flag("attention_output_gate", model_type == "qwen3_next"),
-        qk_layernorm=f.flag("qk_layernorm", model_type.startswith("qwen3") and not attention["kv_lora_rank"]),
-        gated_mlp=f.text("hidden_act", "silu") in ("silu", "swiglu") or model_type == "gpt_oss",
-        linear_bias=f.flag("linear_bias", model_type == "gpt_oss"),
-        attention_sinks=f.flag("attention_sinks", model_type == "gpt_oss"),
-        shared_expert_gate=f.flag("shared_expert_gate", model_type == "qwen3_next"),
-        tie_embeddings=f.flag("tie_word_embeddings", False),
-        max_position_embeddings=f.integer("max_position_embeddings", maximum=2 ** 31 - 1),
-        hf_config=dict(cfg),
+        name=name, num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+        ffn_hidden_size=c.ffn, vocab_size=c.vocab_size, **_moe(c), num_kv_heads=c.kv_heads,
+        head_dim=c.head_dim if c.head_dim is not None else c.hidden_size // c.num_attention_heads,
+        sliding_window=c.sliding_window if "S" in pattern else 0, q_lora_rank=c.q_lora_rank,
+        kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,
+        v_head_dim=c.v_head_dim, **{n: getattr(c, n) for n in LINEAR_FIELDS},
+        linear_conv_kernel_dim=c.linear_conv_kernel_dim, mtp_layers=c.num_nextn_predict_layers,
+        attention_pattern=pattern, attention_output_gate=_flag(c.attention_output_gate, kind == "qwen3_next"),
+        qk_layernorm=_flag(c.qk_layernorm, kind.startswith("qwen3") and not mla),
+        gated_mlp=c.hidden_act in ("silu", "swiglu") or kind == "gpt_oss",
+        linear_bias=_flag(c.linear_bias, kind == "gpt_oss"), attention_sinks=_flag(c.attention_sinks, kind == "gpt_oss"),
+        shared_expert_gate=_flag(c.shared_expert_gate, kind == "qwen3_next"), tie_embeddings=c.tie_word_embeddings,
+        max_position_embeddings=c.max_position_embeddings, hf_config=dict(cfg),
     )
+
+
+def _flag(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
 
 
 def _too_deep(value: Any, limit: int = MAX_CONFIG_DEPTH) -> bool:

@@ -31,14 +31,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.breakdown import GIB, MemoryBreakdown, StepTime
 from search_spaces.costmodel import Estimate, estimate
 from search_spaces.hardware import GPUSpec
+from search_spaces.host_terms import host_slowdown
 from search_spaces.layout import Layout
 from search_spaces.memory import inflight_per_chunk
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import placement
 from search_spaces.result import TrialResult
-from search_spaces.throughput import host_slowdown
 
 PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured
 # 1F1B reaches its steady state once every stage has work in flight; four per stage also averages the noise
@@ -181,15 +182,15 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_
     per_mb = m.forward_backward_s / (m_proxy + (proxy.pp - 1) / proxy.vpp)
     slots = m_full + (full.pp - 1) / full.vpp  # microbatch times in a full step: m plus the bubble
     measured = {"stage_compute_and_comm": per_mb * m_full, "pipeline_bubble": per_mb * (full.pp - 1) / full.vpp,
-                "optimizer": m.optimizer_s * _ratio(est_full, est_proxy, "optimizer", "optimizer_offload")}
-    t_full, t_proxy = est_full.breakdown["time_s"], est_proxy.breakdown["time_s"]
+                "optimizer": m.optimizer_s * _ratio(est_full.time, est_proxy.time, "optimizer", "optimizer_offload")}
+    t_full, t_proxy = est_full.time, est_proxy.time
     # the full pipeline's slowest stage need not be the proxy's (the embedding, the output head, an MTP
     # block, an uneven split): the cost model's compute per microbatch of each slowest stage corrects it
     balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
     modelled = {"stage_balance": per_mb * (balance - 1.0) * slots}
-    modelled.update({k: max(0.0, t_full.get(k, 0.0) - t_proxy.get(k, 0.0)) for k in MODELLED_TIME})
+    modelled.update({k: max(0.0, getattr(t_full, k) - getattr(t_proxy, k)) for k in MODELLED_TIME})
     for k in SCALE_OUT_TIME:  # per microbatch, the full layout's extra over what the proxy paid:
-        extra = t_full.get(k, 0.0) / m_full - t_proxy.get(k, 0.0) / m_proxy  # in every slot, the bubble's too
+        extra = getattr(t_full, k) / m_full - getattr(t_proxy, k) / m_proxy  # in every slot, the bubble's too
         modelled[f"{k}_scale_out"] = max(0.0, extra) * slots
     if on_cpu:
         modelled["host_contention"] = _host_contention(plan, m, per_mb * slots)
@@ -216,8 +217,8 @@ def _cpu_contention(plan: ProxyPlan, m: ProxyMeasurement, work_ratio: float, com
     return max(0.0, work / m.host_cores - composed)
 
 
-def _per_mb(times: dict[str, float], keys: tuple[str, ...], microbatches: int) -> float:
-    return max(sum(times.get(k, 0.0) for k in keys) / microbatches, 1e-30)
+def _per_mb(times: StepTime, keys: tuple[str, ...], microbatches: int) -> float:
+    return max(sum(getattr(times, k) for k in keys) / microbatches, 1e-30)
 
 
 def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
@@ -226,18 +227,18 @@ def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
     counts = inflight_per_chunk(full, 0, full.grad_accum(plan.full_world) or 1)
     inflight = sum(counts) / len(counts)  # the measured activations cover all of a rank's chunks
     measured = {"weights": m.weights_gib, "gradients": m.gradients_gib,
-                "optimizer_states": m.optimizer_states_gib * _ratio(est_full, est_proxy, "optimizer_states",
-                                                                      part="memory_gib"),
+                "optimizer_states": m.optimizer_states_gib * _ratio(est_full.memory, est_proxy.memory,
+                                                                      "optimizer_states"),
                 "activations": m.activations_per_microbatch_gib * inflight}
-    mem_full = est_full.breakdown["memory_gib"]
-    modelled = {k: float(mem_full.get(k, 0.0)) for k in BUFFERS}
+    modelled = {k: getattr(est_full.memory, k) / GIB for k in BUFFERS}
     return {"measured": measured, "modelled": modelled}
 
 
-def _ratio(full: Estimate, proxy: Estimate, *keys: str, part: str = "time_s") -> float:
-    """How the cost model scales a measured part from the proxy to the full layout (re-sharding)."""
-    a = sum(full.breakdown[part].get(k, 0.0) for k in keys)
-    b = sum(proxy.breakdown[part].get(k, 0.0) for k in keys)
+def _ratio(full: StepTime | MemoryBreakdown, proxy: StepTime | MemoryBreakdown, *keys: str) -> float:
+    """How the cost model scales a measured part from the proxy to the full layout (re-sharding): the ratio of
+    the components `keys` (seconds or bytes) of its two breakdowns."""
+    a = sum(getattr(full, k) for k in keys)
+    b = sum(getattr(proxy, k) for k in keys)
     return a / b if b > 0 else 1.0
 
 
@@ -256,7 +257,9 @@ def composed_result(plan: ProxyPlan, raw: TrialResult, gpu: GPUSpec, seq_len: in
     out.memory_gib = {k: v for part in composed.memory_gib.values() for k, v in part.items()}
     out.extra["composed"] = composed.to_dict()
     out.extra["proxy_measured"] = {k: getattr(raw, k) for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
-                                                                "step_time_s", "peak_memory_gib")}
+                                                                "step_time_s", "peak_memory_gib", "applied")}
+    # what was in effect is the proxy's (judged against the proxy's layout): the full layout never ran
+    out.applied = {}
     return out
 
 

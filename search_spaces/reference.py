@@ -13,16 +13,18 @@ Files (search_spaces/reference/, copies of ../shared/reference; README there say
   whole attention square (12 S/h per layer and token) where Bridge counts the causal half: they are converted
   to Bridge's count (`nemo_to_bridge`), with the same tokens/s. cp_comm_type as run: p2p (NeMo's default then).
 
-Every row is a `Measurement` in Bridge's FLOP accounting (`search_spaces.flops`). Pure Python.
+Every row is a `Measurement` in Bridge's FLOP accounting (`search_spaces.flops`). MoE rows say their routing:
+forced_balance (the benchmarks' `moe_router_force_load_balancing`, what the cost model's constants are fitted on)
+unless the row says otherwise (the skill card's `routing` column); the summary's "(dropless)" and "(tokendrop)"
+rows name no catalog model and are left out. Pure Python.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 from pathlib import Path
 
-from search_spaces.calibration import Measurement
+from search_spaces.calibration import Measurement, model_spec
 from search_spaces.errors import SpecError
 from search_spaces.flops import flops_per_token
 from search_spaces.hardware import load_gpu
@@ -71,13 +73,6 @@ RECIPE_SETTINGS = {
 NEMO_VOCAB = {"llama2-7b": 32000, "llama3-8b": 128256}
 
 
-def model_spec(name: str) -> ModelSpec:
-    """A catalog model; `deepseek-v3-no-mtp` is DeepSeek-V3 without its MTP layer (published as such)."""
-    if name == "deepseek-v3-no-mtp":
-        return dataclasses.replace(load_model("deepseek-v3"), name=name, mtp_layers=0)
-    return load_model(name)
-
-
 def _int(text: str | None, default: int = 1) -> int:
     text = (text or "").strip()
     if not text or text.lower() in ("n/a", "no"):
@@ -95,6 +90,11 @@ def _recipe_settings(model: str, gpu: str, precision: str, release: str):
     return RECIPE_SETTINGS.get(era, {}).get((model.replace("-no-mtp", ""), gpu, precision))
 
 
+def _routing(r: dict, moe: bool) -> str:
+    """A row's routing: its own column where it has one, else forced balance for MoE rows (dense: none)."""
+    return (r.get("routing") or "").strip() or ("forced_balance" if moe else "dropless")
+
+
 def _default_dispatcher(gpu: str) -> str:
     return "hybridep" if load_gpu(gpu).nvlink_domain > 8 else "deepep"
 
@@ -108,7 +108,8 @@ def _summary_row(r: dict) -> Measurement | None:
         spec = model_spec(model)
         layout = Layout(tp=_int(r["tp"]), cp=_int(r["cp"]), pp=_int(r["pp"]), vpp=_int(r["vp"]),
                         ep=_int(r["ep"]) if spec.is_moe else 1, mbs=int(r["mbs"]), gbs=int(r["gbs"]),
-                        precision=precision, dispatcher=_default_dispatcher(gpu) if spec.is_moe else "alltoall")
+                        precision=precision, dispatcher=_default_dispatcher(gpu) if spec.is_moe else "alltoall",
+                        routing=_routing(r, spec.is_moe))
         tflops = float(r["tflops_per_gpu"].split()[0])
         if not load_gpu(gpu).supports(precision):
             return None
@@ -142,13 +143,14 @@ def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") 
 
 def _card_layout(r: dict, precision: str) -> Layout:
     rc = (r.get("recompute") or "").strip() or "none"
+    moe = model_spec(MODELS.get(r["model"], r["model"])).is_moe
     return Layout.from_dict(dict(
         tp=_int(r["tp"]), cp=_int(r["cp"]), pp=_int(r["pp"]), vpp=_int(r["vpp"]), ep=_int(r["ep"]),
         etp=_int(r["etp"]), mbs=_int(r["mbs"]), gbs=int(r["gbs"]), precision=precision,
         dispatcher=r["dispatcher"] or "alltoall", recompute=rc.replace(";", ","),
         cuda_graphs=(r["cuda_graphs"] or "none").replace(";", ","),
         optimizer_offload=float(_int(r.get("optimizer_offload"), 0)),
-        cp_comm_type=(r.get("cp_comm_type") or "p2p").strip() or "p2p"))
+        cp_comm_type=(r.get("cp_comm_type") or "p2p").strip() or "p2p", routing=_routing(r, moe)))
 
 
 def skill_card_rows(path: Path = DATA / "skill_card_measurements.csv") -> list[Measurement]:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 from search_spaces.hardware import GPUSpec
 from search_spaces.models import ModelSpec
-from search_spaces.layout import FIELD_NAMES, Layout
+from search_spaces.layout import BY_NAME, FIELD_NAMES, Layout
 from search_spaces.pipeline import placement
 
 # Features that need a GPU (CUDA kernels, NVSHMEM, host pinned-memory offload). On `cpu` the trainer runs gloo
@@ -258,6 +258,34 @@ def _graph_recompute_conflict(s: Situation) -> list[str]:
     if L.optimizer_offload > 0 and "full_iteration" in graphs:
         out.append("optimizer CPU offload conflicts with full_iteration graphs")
     return out
+
+
+# ---- the router's mode, as Megatron-Core 0.19.2 validates it (TransformerConfig.__post_init__) -------------------
+@rule("routing_needs_experts", reads=("routing",), why="a dense model has no router: its routing stays dropless")
+def _routing_needs_experts(s: Situation) -> str | None:
+    if not s.model.is_moe and s.layout.routing != "dropless":
+        return f"{s.model.name} has no experts to route: routing {s.layout.routing} needs a MoE model"
+    return None
+
+
+@rule("routing_dispatcher", reads=("routing", "dispatcher"),
+      why="capacity routing pads every expert's input to its capacity (moe_pad_expert_input_to_capacity), which "
+          "Megatron-Core's flex dispatcher refuses with the DeepEP backend; alltoall, allgather and HybridEP pad")
+def _routing_dispatcher(s: Situation) -> str | None:
+    L = s.layout
+    if s.model.is_moe and BY_NAME["routing"].mode(L.routing) == "capacity" and L.dispatcher == "deepep":
+        return f"routing {L.routing} pads expert inputs to capacity, which the DeepEP dispatcher does not support"
+    return None
+
+
+@rule("routing_moe_graph", reads=("routing", "cuda_graphs"),
+      why="Megatron-Core captures the moe CUDA-graph scope only with drop-and-pad routing (capacity:F): under "
+          "dropless and forced-balance routing the experts' inputs change shape every step")
+def _routing_moe_graph(s: Situation) -> str | None:
+    L = s.layout
+    if s.model.is_moe and "moe" in L.cuda_graphs and BY_NAME["routing"].mode(L.routing) != "capacity":
+        return f"the moe CUDA-graph scope needs capacity routing (static expert shapes), not {L.routing}"
+    return None
 
 
 @rule("offload_needs_distopt", reads=("optimizer_offload", "distributed_optimizer"),

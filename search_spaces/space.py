@@ -1,8 +1,10 @@
 """The layout space: every combination of the dimensions below, its legal members, and a quick exploration.
 
 Dimensions (per model / GPU): PP, VPP, TP, CP, EP, ETP, MBS (the parallel *grid*), then the *features*:
-precision, recompute, CUDA graphs, dispatcher, cp_comm_type, optimizer offload. GBS is fixed per space
+precision, recompute, CUDA graphs, dispatcher, routing, cp_comm_type, optimizer offload. GBS is fixed per space
 (given, or ~16M tokens per step rounded to a power of two sequences) so layouts compare at the same batch.
+An opt-in dimension (routing: token dropping changes what is trained) keeps its default unless `free` names it
+or `fixed` sets it; a benchmark-only value (forced balance) is never a member unless fixed.
 
 Enumeration is nested and prunes early: a partial grid that breaks a rule (e.g. TP*CP*PP does not divide
 the world) is counted once, times the size of the subtree it cuts, under that rule's name. Feature legality
@@ -17,15 +19,16 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
+from search_spaces.breakdown import GIB
+from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import Estimate, estimate
-from search_spaces.extra_memory import cp_attention_buffers
-from search_spaces.memory import GIB
 from search_spaces.errors import SpecError
+from search_spaces.extra_memory import cp_attention_buffers
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
-from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
+from search_spaces.layout import BY_NAME, DIMENSIONS, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
 from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation, level_reads,
                                   level_rules)
@@ -33,6 +36,12 @@ from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MBS_CHOICES = (1, 2, 4)
+# the figures of each layout `explore` lists (Estimate's fields)
+TOP_PREDICTION = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "step_time_s", "peak_memory_gib", "fits")
+# the router's production modes: dropless, and token dropping at the balanced share (a larger factor only costs
+# more in the cost model, which does not see what dropping does to training: a user who wants one fixes it)
+ROUTING_CHOICES = ("dropless", "capacity:1.0")
+OPT_IN = tuple(d.name for d in DIMENSIONS if d.opt_in)
 # the parallel grid (enumerated nested, pruned by rule) and the features tried on each legal grid
 GRID_FIELDS = PARALLEL_SIZES + ("mbs",)
 FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + ("distributed_optimizer",)
@@ -79,8 +88,8 @@ class Dimensions:
 
 
 def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
-               fixed: dict | None = None, gbs: int | None = None) -> Dimensions:
-    """The raw (unfiltered) value lists of the space."""
+               fixed: dict | None = None, gbs: int | None = None, free: Iterable[str] = ()) -> Dimensions:
+    """The raw (unfiltered) value lists of the space; the opt-in dimensions vary only when `free` names them."""
     cpu = gpu.is_cpu
     units = model.num_layers + model.mtp_layers + 2
     v: dict[str, list[Any]] = {}
@@ -111,6 +120,10 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
         v["dispatcher"] = ["alltoall", "allgather"] if cpu else ["alltoall", "deepep", "hybridep"]
     else:
         v["dispatcher"] = ["alltoall"]
+    v["routing"] = list(ROUTING_CHOICES) if model.is_moe else ["dropless"]
+    for name in OPT_IN:
+        if name not in free:
+            v[name] = [BY_NAME[name].default]
     v["cp_comm_type"] = ["p2p"] if cpu else ["p2p", "a2a", "allgather", "a2a+p2p"]
     # a2a+p2p's (a2a size, p2p size) for every CP of the space (the rules keep those whose product is the CP)
     v["hierarchical_cp"] = [()] if cpu else [()] + hierarchical_options(v["cp"])
@@ -296,13 +309,14 @@ def _resolve(model, gpu, num_gpus, seq_len):
 
 
 def candidate_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int,
-                      fixed: dict | None = None, gbs: int | None = None, limit: int | None = None) -> list[Layout]:
+                      fixed: dict | None = None, gbs: int | None = None, limit: int | None = None,
+                      free: Iterable[str] = ()) -> list[Layout]:
     """Every legal layout of the space (honouring `fixed` field values), grid-major order.
 
     For large GPU clusters the space has millions of members: pass `limit` (or fix some fields) there.
     """
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
-    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
     table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
     out: list[Layout] = []
     for grid in iter_grids(model, gpu, num_gpus, seq_len, dims):
@@ -313,9 +327,9 @@ def candidate_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int,
     return out
 
 
-def count_space(model, gpu, num_gpus, seq_len, fixed=None, gbs=None) -> SpaceCount:
+def count_space(model, gpu, num_gpus, seq_len, fixed=None, gbs=None, free: Iterable[str] = ()) -> SpaceCount:
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
-    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
     return _count(model, gpu, num_gpus, seq_len, dims)[0]
 
 
@@ -371,19 +385,20 @@ class Exploration:
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
             gbs: int | None = None, top: int = 10, budget_s: float = 30.0,
-            max_grids: int | None = 1200, cal: dict | None = None) -> Exploration:
+            max_grids: int | None = 1200, cal: Calibration | None = None, free: Iterable[str] = ()) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
     Ranking is greedy per grid: the fastest precision and the rule of thumb's dispatcher are tried with every
-    CP communication (cp_comm_type and hierarchy) of the grid, each with the lightest recompute and offload that
-    fit; `cal` is the calibration the cost model uses (default: the packaged one); `fitting_count` counts the layouts estimated to fit (a lower bound
+    CP communication (cp_comm_type and hierarchy) and routing of the grid, each with the lightest recompute and
+    offload that fit; `cal` is the calibration the cost model uses (default: the packaged one); `free` names the
+    opt-in dimensions it varies; `fitting_count` counts the layouts estimated to fit (a lower bound
     of all fitting members: the full space is counted, not fully estimated). Estimates the first `max_grids`
     grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed), with
     budget_s as a safety net.
     """
     started = time.perf_counter()
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
-    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs)
+    dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
     count, grids = _count(model, gpu, num_gpus, seq_len, dims)
     table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
     # cheap ordering: fewest hopeless first; prefer grids whose static floor fits, then more DP (rule of thumb 2)
@@ -418,10 +433,8 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     results.sort(key=lambda e: -(e.tokens_per_sec_per_gpu or 0))
     top_rows = []
     for est in results[:top]:
-        d = est.to_dict()
-        top_rows.append({"layout": d["layout"], "key": Layout.from_dict(d["layout"]).key(),
-                         "prediction": {k: d[k] for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu",
-                                                          "step_time_s", "peak_memory_gib", "fits")}})
+        top_rows.append({"layout": dict(est.layout), "key": Layout.from_dict(est.layout).key(),
+                         "prediction": {k: getattr(est, k) for k in TOP_PREDICTION}})
     return Exploration(legal_count=count.legal, fitting_count=fitting, rejected_by_rule=count.rejected_by_rule,
                        total=count.total, top=top_rows, grids=len(grids), estimated=estimated,
                        seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0])
@@ -431,7 +444,7 @@ class _PeakProbe:
     """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.extra_memory), so
     the rest of the peak is estimated once per layout-but-its-CP-communication."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: dict | None):
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: Calibration | None):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
         self._rest: dict[Layout, float] = {}
 
@@ -455,24 +468,28 @@ def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: i
 
 
 def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSpec) -> Iterator[list[dict]]:
-    """Feature combos to try on one grid, one group per CP communication (cp_comm_type and hierarchy) of the
-    grid: fastest precision, the dispatcher the rules of thumb name, lightest recompute first and no offload
-    before offload within a group (the caller stops a group at the first that fits)."""
+    """Feature combos to try on one grid, one group per routing and CP communication (cp_comm_type and hierarchy)
+    of the grid: fastest precision, the dispatcher the rules of thumb name (among those the routing allows),
+    lightest recompute first and no offload before offload within a group (the caller stops a group at the first
+    that fits)."""
     v = dims.values
     prec = v["precision"][-1]  # bf16 < fp8 family; fp32 < bf16 on cpu
     rc_order = {r: i for i, r in enumerate(v["recompute"])}
     pool = [f for f in legal if f["precision"] == prec] or legal
     wide = gpu.nvlink_domain > 8
-    disp = _pick(pool, "dispatcher", ("hybridep", "deepep", "alltoall") if wide else ("deepep", "hybridep", "alltoall"))
-    options = dict.fromkeys((f["cp_comm_type"], f.get("hierarchical_cp", ())) for f in pool)
-    for cpc, sizes in options:
-        candidates = [f for f in pool if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
-                      and f.get("hierarchical_cp", ()) == sizes and f["recompute"] != "core_attn"]
-        # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
-        candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99),
-                                       not f["cuda_graphs"]))
-        if candidates:
-            yield candidates
+    for routing in dict.fromkeys(f["routing"] for f in pool):
+        routed = [f for f in pool if f["routing"] == routing]
+        disp = _pick(routed, "dispatcher", ("hybridep", "deepep", "alltoall") if wide else
+                     ("deepep", "hybridep", "alltoall"))
+        options = dict.fromkeys((f["cp_comm_type"], f.get("hierarchical_cp", ())) for f in routed)
+        for cpc, sizes in options:
+            candidates = [f for f in routed if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
+                          and f.get("hierarchical_cp", ()) == sizes and f["recompute"] != "core_attn"]
+            # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
+            candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99),
+                                           not f["cuda_graphs"]))
+            if candidates:
+                yield candidates
 
 
 def _pick(pool: list[dict], field_name: str, preference: tuple) -> Any:

@@ -27,72 +27,35 @@ host_contention = cpu only: ranks beyond the host's cores wait for one
 pp_comm     = activations sent between stages; bubble = (PP-1)/(VPP*m) of the time per microbatch
 dp_comm     = gradient reduce-scatter + parameter all-gather over DP*CP (dense) and EDP (experts), overlapped
 optimizer   = Adam step over the local shard (HBM bound); offload = offloaded share over the host link + CPU Adam
+Where the hardware families differ (attention at length and head width, GEMM shapes, the element-wise passes,
+the dispatcher's all-to-all, launch overhead, gloo latency, host contention), the terms are the family's own:
+search_spaces/gpu_terms.py (Hopper, Blackwell) and search_spaces/host_terms.py (the CPU host), chosen once per
+job by the accelerator's declared family (`TERMS`, `job_for`). Everything in this module is shared by all.
 The few efficiency constants are fitted on ../shared/reference (search_spaces/calibration.json, CALIBRATION.md);
-the physical and assumed ones are the named constants below, each with where it comes from.
+the physical and assumed ones are the named constants below and in the terms' modules, each with its source.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, NamedTuple
 
+from search_spaces.breakdown import StepTime
+from search_spaces.calibration_file import Calibration, calibration
 from search_spaces.flops import _attention_core_per_token, _attention_proj_per_token, padded_vocab_size
+from search_spaces.gpu_terms import GPU_TERMS
 from search_spaces.hardware import GPUSpec
+from search_spaces.host_terms import HOST_TERMS
 from search_spaces.layout import Layout
-from search_spaces.memory import RankParams, act_bytes, chunk_activations, grad_bytes, rank_params, weight_bytes
+from search_spaces.memory import RankParams, grad_bytes, rank_params, weight_bytes
 from search_spaces.models import ModelSpec
-from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, model_units, placement
+from search_spaces.pipeline import EMBEDDING, LOSS, Unit, model_units
+from search_spaces.step_job import (FP8_BYTES, SP_COLLECTIVES_PER_LAYER, Job, RankCompute, StepTimeTerms,
+                                    moe_layers, precision_class)
 
-# ---- fitted or hand-set constants (re-fit with bench/fit_calibration.py; see CALIBRATION.md) ----------------
-# eager PyTorch/autograd time per layer per microbatch on cpu (fwd+bwd): the hand-set starting point that
-# bench/cpu_calibration.py replaces with the value fitted on the trainer's own measurements (calibration.json)
-CPU_OVERHEAD_PER_LAYER_S = 0.01
+# the cost terms of each accelerator family (hardware.FAMILIES)
+TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_TERMS) for family in terms.families}
 
-CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
-DEFAULT_CALIBRATION = {
-    # per GPU (h200 uses h100's: same chip) and precision class; per family as the fallback
-    "gemm_efficiency": {"hopper": {"bf16": 0.62, "fp8": 0.45}, "blackwell": {"bf16": 0.60, "fp8": 0.45},
-                        "cpu": {"fp32": 0.5, "bf16": 0.5}},
-    "grouped_gemm_efficiency": {"hopper": 0.8, "blackwell": 0.8, "cpu": 0.8},  # relative to dense GEMMs
-    # flash attention's achieved / BF16 peak for 128-wide heads as the kernel length grows without bound (a causal
-    # kernel over L query tokens runs at shard_length_factor(L) of it), forward and backward apart (the backward's
-    # own FLOPs: 2.5x the forward's). Today's kernels, not fitted (older software: attention_release_factor):
-    # Blackwell: FlashAttention-4 on B200, BF16 of 2250 TF/s -- forward 1882 TF/s non-causal at 16K (its causal
-    # rates run towards it), backward 1118-1209 causal at 8K (Dao-AILab/flash-attention PRs #2605, #2280);
-    # Hopper: FlashAttention-3 on H100 SXM5 "up to 740 TF/s, 75% utilization" forward (Shah et al. 2024), the
-    # backward at FlashAttention-4's backward/forward ratio (0.71; assumed)
-    "attention_fwd_efficiency": {"hopper": 0.75, "blackwell": 0.84, "cpu": 0.3},
-    "attention_bwd_efficiency": {"hopper": 0.53, "blackwell": 0.6, "cpu": 0.3},
-    # measurements taken with older software, by release: their attention ran at this share of today's rate
-    "attention_release_factor": {},
-    # gated delta-net's chunked kernels (convolution, state update): achieved / BF16 peak (fitted)
-    "linear_attention_efficiency": 0.2,
-    "elementwise_passes": 8.0,  # reads+writes of the saved activations, fwd+bwd
-    "sustained_rate": {},  # per GPU: achieved rate relative to the family's (Blackwell Ultra > 1)
-    "routed_passes": 2.0,  # HBM passes over each routed token copy (permute, activation, unpermute), fwd+bwd
-    "fp8_cast_bytes": 4.0,  # HBM bytes per GEMM-input element to cast it to fp8 (read 2, write 1, transposed copy 1)
-    "ep_exposed": 0.5,  # fraction of the EP all-to-all not hidden by overlap
-    "tp_exposed": 0.5,
-    "dp_exposed": 0.2,
-    # host time per MoE layer per microbatch that the GPU waits for (dropless routing reads the token counts back
-    # every layer, so the host cannot launch ahead), removed by CUDA graphs as they cover it
-    "launch_overhead_s": 2.0e-4,
-    # the same for a dense layer: launches run ahead of the GPU, little shows
-    "dense_launch_overhead_s": 5.0e-5,
-    "cpu_overhead_per_layer_s": CPU_OVERHEAD_PER_LAYER_S,  # replaces launch_overhead_s on cpu (no graphs there)
-    # gloo on one host: one collective's fixed cost (sync, TCP round trips, Python) whatever its few bytes
-    "cpu_collective_latency_s": 5e-4,
-    # the CPU trainer's resident set beside its tensors (Python, torch, Megatron-Core; trainers/README.md: ~0.8 GiB)
-    "cpu_process_baseline_gib": 0.75,
-    # cores the ranks of a cpu run share (this host's: os.cpu_count()); ranks beyond them queue for the cores
-    "cpu_cores": float(os.cpu_count() or 1),
-    "comm_efficiency": 0.7,  # achieved / datasheet bandwidth
-    "dispatcher_efficiency": {"alltoall": 0.6, "allgather": 0.6, "deepep": 0.85, "hybridep": 0.9},
-}
+# GPUs whose GEMM efficiencies are another's (the same chip)
 CALIBRATION_ALIASES = {"h200": "h100"}
 
 # ---- physical, derived and assumed constants (not fitted) -----------------------------------------------------
@@ -100,53 +63,14 @@ FWD_BWD_FLOPS_PER_MAC = 6.0  # 2 FLOPs per multiply-add x 3 GEMMs (forward, data
 FWD_FLOPS_PER_MAC = 2.0  # the forward alone
 GEMMS_PER_FWD_BWD = 3  # recomputing the forward repeats one GEMM of the three
 FWD_AND_BWD = 2  # a transfer made in the forward is mirrored by one in the backward
-FP8_BYTES = 1
 # the rate used for a precision class the calibration has no entry for
 UNCALIBRATED_GEMM_EFFICIENCY = 0.5
 # beyond 4 pipeline ranks only the first (embedding, most in flight), second, middle, last two (output head) are
 # timed: the slowest of them sets the pace
 ALL_RANKS_UP_TO_PP = 4
-# every GEMM input is cast to fp8 twice: the activation in the forward, the output gradient in the backward
-FP8_CASTS_PER_GEMM_INPUT = 2
-# sequence parallel: all-gather before and reduce-scatter after attention and MLP in the forward (4 per layer),
-# mirrored in the backward (4)
-SP_COLLECTIVES_PER_LAYER = 8
-# ---- attention at length and context parallelism (the attention terms of CALIBRATION.md) ---------------------------
-# Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
-# FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
-# forward rates on H100 for head widths 64 : 128 : 256 (~0.75 : 1 : 1.2; Shah et al. 2024, fig. 5)
-ATTENTION_SOFTMAX_FLOPS_PER_SCORE = 128.0
-# the head width the attention efficiencies of the calibration are stated for (d_qk = d_v = 128)
-ATTENTION_REFERENCE_DIMS = (128, 128)
-# the backward of heads wider than 128 (MLA's d_qk = 192) keeps wider dQ/dK accumulators, so its tiles shrink:
-# FlashAttention-4 on B200, causal 8K, runs the 192/128 backward at 971 TF/s against 1118-1209 for 128/128
-# (Dao-AILab/flash-attention PRs #2270 and #2280, 2026) -- 0.83, i.e. this much below the softmax share's 1.07
-WIDE_HEAD_BACKWARD_FACTOR = 0.78
-WIDE_HEAD_DIM = 128
-# a causal kernel over L query tokens reaches L / (L + this) of its long-sequence rate (the diagonal blocks' waste,
-# tile and wave quantisation): FlashAttention-4's causal head-128 forward on B200 at 1K, 2K and 4K tokens (829, 1172,
-# 1431 TF/s, PR #2605) follows L / (L + 1300) of its non-causal rate (1882) within 2%
-ATTENTION_HALF_RATE_TOKENS = 1300
+# ---- context parallelism (the attention terms of CALIBRATION.md) ----------------------------------------------------
 # fixed cost of one ring transfer (send/recv launch and handshake, ~20 us; assumed)
 RING_TRANSFER_LATENCY_S = 2e-5
-# gloo collectives a cpu trainer rank makes per microbatch (trainers/: Megatron-Core on gloo), forward + backward
-# (forward alone): sequence-parallel all-gather / reduce-scatter, SP_COLLECTIVES_PER_LAYER (4) per layer; CP's
-# all-gathers of K and V and the reduce-scatters of their gradients (trainers/cp_attention.py), 4 (2); the
-# alltoall dispatcher's token-count exchange, dispatch and combine forward and their mirrors backward, 5 (3);
-# per virtual stage a send forward and one backward; per step the DP gradient reduce and parameter gather.
-# gloo runs a collective over n ranks as n-1 pairwise exchanges: each costs cpu_collective_latency_s. A
-# recomputed forward repeats its collectives.
-CPU_CP_COLLECTIVES_PER_LAYER = (4, 2)
-CPU_EP_COLLECTIVES_PER_MOE_LAYER = (5, 3)
-CPU_SP_FORWARD_COLLECTIVES_PER_LAYER = 4
-CPU_PP_COLLECTIVES_PER_STAGE = 2
-CPU_DP_COLLECTIVES_PER_STEP = 2
-# gloo's all-to-all between processes on one host, whatever the dispatcher (assumed; no fused kernels on cpu)
-CPU_DISPATCHER_EFFICIENCY = 0.5
-# share of a layer's host launches each CUDA-graph scope captures (assumed from the share of the layer's kernels
-# it holds; not fitted); full_iteration captures all of them
-GRAPH_COVERAGE = {"attn": 0.35, "mlp": 0.3, "moe": 0.4, "moe_router": 0.1, "moe_preprocess": 0.1,
-                  "full_iteration": 1.0}
 # per virtual stage and microbatch: the activation sent forward and its gradient sent back
 PP_TRANSFERS_PER_MICROBATCH = 2
 # share of the pipeline send/recv not hidden behind the other chunks' compute (assumed)
@@ -161,35 +85,22 @@ OFFLOAD_HOST_BYTES_PER_PARAM = 6
 CPU_ADAM_PARAMS_PER_S = {"hopper": 0.6e9, "blackwell": 1.0e9, "grace": 2.5e9, "cpu": 0.2e9}
 
 
-@lru_cache(maxsize=1)
-def calibration() -> dict:
-    cal = json.loads(json.dumps(DEFAULT_CALIBRATION))
-    if CALIBRATION_PATH.is_file():
-        stored = json.loads(CALIBRATION_PATH.read_text())
-        cal.update({k: v for k, v in stored.items() if k in cal})
-    return cal
+def terms_for(gpu: GPUSpec) -> StepTimeTerms:
+    """The cost terms of the accelerator's family."""
+    return TERMS[gpu.family]
 
 
-def gpu_family(gpu: GPUSpec) -> str:
-    return gpu.family
+def job_for(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+            cal: Calibration | None = None) -> Job:
+    """The step-time question, with the family's terms (and the packaged calibration unless one is given)."""
+    return Job(model, gpu, num_gpus, seq_len, layout, cal or calibration(), terms_for(gpu))
 
 
-def precision_class(precision: str) -> str:
-    return "fp8" if precision.startswith("fp8") or precision == "mxfp8" else precision
-
-
-def sustained_factor(gpu: GPUSpec, cal: dict) -> float:
-    """Blackwell Ultra (B300, GB300) runs faster than its datasheet twin at the same dense peak: a higher power
-    limit keeps the tensor cores at higher clocks, and its doubled SFU rate speeds up softmax. Measured on the
-    reference rows that ran the same layout and release on both chips (see CALIBRATION.md)."""
-    return cal["sustained_rate"].get(gpu.name, 1.0)
-
-
-def gemm_rate(gpu: GPUSpec, precision: str, cal: dict) -> float:
-    table = cal["gemm_efficiency"]
-    per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu_family(gpu)]
+def gemm_rate(gpu: GPUSpec, precision: str, cal: Calibration) -> float:
+    table = cal.gemm_efficiency
+    per = table.get(CALIBRATION_ALIASES.get(gpu.name, gpu.name)) or table[gpu.family]
     eff = per.get(precision_class(precision), UNCALIBRATED_GEMM_EFFICIENCY)
-    return gpu.peak(precision) * 1e12 * eff * sustained_factor(gpu, cal)
+    return gpu.peak(precision) * 1e12 * eff * cal.sustained_factor(gpu)
 
 
 def attention_dims(model: ModelSpec) -> tuple[int, int]:
@@ -203,108 +114,18 @@ def attention_backward_ratio(d_qk: int, d_v: int) -> float:
     return (3 * d_qk + 2 * d_v) / (d_qk + d_v)
 
 
-def head_width_factor(d_qk: int, d_v: int, backward: bool = False) -> float:
-    """Efficiency of these head widths relative to 128/128: the tensor-core share of the work per score element,
-    2 (d_qk + d_v) FLOPs beside the softmax's fixed ATTENTION_SOFTMAX_FLOPS_PER_SCORE (64: 0.75, MLA: 1.07);
-    the backward of heads wider than 128 loses WIDE_HEAD_BACKWARD_FACTOR more (MLA backward: 0.83)."""
-    def share(width: float) -> float:
-        return width / (width + ATTENTION_SOFTMAX_FLOPS_PER_SCORE)
-    factor = share(d_qk + d_v) / share(sum(ATTENTION_REFERENCE_DIMS))
-    return factor * (WIDE_HEAD_BACKWARD_FACTOR if backward and d_qk > WIDE_HEAD_DIM else 1.0)
-
-
-def shard_length_factor(length: float) -> float:
-    """A kernel over `length` query tokens runs at length / (length + ATTENTION_HALF_RATE_TOKENS) of its rate."""
-    return length / (length + ATTENTION_HALF_RATE_TOKENS)
-
-
-def attention_rates(gpu: GPUSpec, precision: str, cal: dict, dims: tuple[int, int], length: float
-                    ) -> tuple[float, float]:
-    """Achieved FLOP/s of flash attention (bf16; fp32 on cpu), forward and backward, for these head widths and a
-    kernel over `length` query tokens."""
-    base = "fp32" if precision == "fp32" else "bf16"
-    family = gpu_family(gpu)
-    scale = gpu.peak(base) * 1e12 * sustained_factor(gpu, cal)
-    fwd = bwd = 1.0
-    if not gpu.is_cpu:
-        scale *= shard_length_factor(length)
-        fwd, bwd = head_width_factor(*dims), head_width_factor(*dims, backward=True)
-    return (scale * fwd * cal["attention_fwd_efficiency"][family],
-            scale * bwd * cal["attention_bwd_efficiency"][family])
-
-
-def _bw(gpu: GPUSpec, span: int, cal: dict) -> float:
+def _bw(gpu: GPUSpec, span: int, cal: Calibration) -> float:
     """Bytes/s per GPU for a group of `span` consecutive ranks: NVLink inside a domain, else scale-out."""
     gbps = gpu.nvlink_gbps if span <= gpu.nvlink_domain else gpu.scaleout_gbps
-    return gbps * 1e9 * cal["comm_efficiency"]
+    return gbps * 1e9 * cal.comm_efficiency
 
 
-def _nvlink_bw(gpu: GPUSpec, cal: dict) -> float:
+def _nvlink_bw(gpu: GPUSpec, cal: Calibration) -> float:
     return _bw(gpu, 1, cal)
 
 
-def _scaleout_bw(gpu: GPUSpec, cal: dict) -> float:
+def _scaleout_bw(gpu: GPUSpec, cal: Calibration) -> float:
     return _bw(gpu, gpu.nvlink_domain + 1, cal)
-
-
-def _element_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else (FP8_BYTES if precision_class(precision) == "fp8" else 2)
-
-
-def _shape_factor(m: float, k: float, n: float, precision: str, rate: float, hbm: float, cpu: bool) -> float:
-    """Share of the GEMM rate left once the operand traffic is added: 1 / (1 + rate / (HBM x intensity)).
-
-    Intensity = 2mkn / (bytes x (mk + kn + mn)): small experts (Qwen3-30B's 768-wide FFN), few tokens per expert
-    or a narrow TP slice make a GEMM memory-bound; big square GEMMs lose a few per cent.
-    """
-    if cpu or min(m, k, n) <= 0:
-        return 1.0
-    b = _element_bytes(precision)
-    intensity = 2 * m * k * n / (b * (m * k + k * n + m * n))
-    return 1.0 / (1.0 + rate / (hbm * intensity))
-
-
-@dataclass(frozen=True)
-class Job:
-    """One step-time question: model, hardware, world size, sequence length, layout, and the calibration."""
-    model: ModelSpec
-    gpu: GPUSpec
-    num_gpus: int
-    seq_len: int
-    layout: Layout
-    cal: dict
-
-    @property
-    def place(self) -> Placement:
-        place = placement(self.model, self.layout.pp, self.layout.vpp)
-        assert place is not None, "step_time needs a legal layout (rules.check)"
-        return place
-
-    @property
-    def tokens_mb(self) -> int:
-        """Tokens of one microbatch (whole sequences)."""
-        return self.layout.mbs * self.seq_len
-
-    @property
-    def tokens_rank(self) -> float:
-        """Tokens of one microbatch on a CP rank (what the dense GEMMs see after the SP all-gather)."""
-        return self.tokens_mb / self.layout.cp
-
-    @property
-    def act_bytes(self) -> int:
-        return act_bytes(self.layout)
-
-    @property
-    def hbm(self) -> float:
-        return self.gpu.hbm_tbps * 1e12
-
-    @property
-    def dp(self) -> int:
-        return max(self.layout.dp(self.num_gpus), 1)
-
-    @property
-    def edp(self) -> int:
-        return max(self.layout.edp(self.num_gpus), 1)
 
 
 # ---- FLOPs per token of one pipeline unit ----------------------------------------------------------------------
@@ -354,7 +175,7 @@ def linear_attention_time(job: Job, units: list[Unit]) -> float:
     L = job.layout
     flops = FWD_BWD_FLOPS_PER_MAC * linear_attention_core_per_token(job.model, "linear") * job.tokens_mb / (L.tp * L.cp)
     base = "fp32" if L.precision == "fp32" else "bf16"
-    rate = job.gpu.peak(base) * 1e12 * job.cal["linear_attention_efficiency"] * sustained_factor(job.gpu, job.cal)
+    rate = job.gpu.peak(base) * 1e12 * job.cal.linear_attention_efficiency * job.cal.sustained_factor(job.gpu)
     return layers * flops / rate
 
 
@@ -382,45 +203,26 @@ def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, 
     return rc
 
 
-def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout) -> UnitFlops:
-    """Per-token forward+backward FLOPs of one pipeline unit."""
+def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expert_load: float = 1.0) -> UnitFlops:
+    """Per-token forward+backward FLOPs of one pipeline unit; `expert_load` scales the experts' (a rank's routed
+    copies over the balanced share: search_spaces.routing)."""
     if unit == EMBEDDING:
         return UnitFlops(0.0, 0.0, 0.0, 0.0)
     if unit == LOSS:
         logits = FWD_BWD_FLOPS_PER_MAC * model.hidden_size * padded_vocab_size(model.vocab_size)
         return UnitFlops(logits * (1 + model.mtp_layers), 0.0, 0.0, 0.0)
     proj, core, expert, mlp = _layer_flops(model, seq_len, unit)
+    expert *= expert_load
     return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, core, expert, mlp))
 
 
-def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout) -> UnitFlops:
+def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
+                ) -> UnitFlops:
     dense = expert = core = rc = 0.0
     for u in units:
-        f = _unit_flops(model, seq_len, u, layout)
+        f = _unit_flops(model, seq_len, u, layout, expert_load)
         dense, expert, core, rc = dense + f.dense, expert + f.expert, core + f.core, rc + f.recompute
     return UnitFlops(dense, expert, core, rc)
-
-
-def _gemm_input_width(model: ModelSpec, units) -> float:
-    """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts)."""
-    h = model.hidden_size
-    total = 0.0
-    for u in units:
-        if not u.is_layer:
-            continue
-        q = model.num_attention_heads * (model.value_head_dim if model.is_mla else model.head_dim)
-        total += h + q  # QKV projection and output projection inputs
-        if model.layer_is_moe(u.layer):
-            total += model.topk * (h + model.moe_ffn_hidden_size)
-            if model.shared_expert_ffn_hidden_size:
-                total += h + model.shared_expert_ffn_hidden_size
-        else:
-            total += h + model.ffn_hidden_size
-    return total
-
-
-def _moe_layers(model: ModelSpec, units) -> int:
-    return sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer))
 
 
 # ---- compute per microbatch on one pipeline rank --------------------------------------------------------------
@@ -437,42 +239,13 @@ def gemm_rates(job: Job) -> GemmRates:
     t_rank = job.tokens_rank
     n_dense = (model.ffn_hidden_size if not model.is_moe else
                model.num_attention_heads * (model.q_head_dim if model.is_mla else model.head_dim)) / L.tp
-    dense_shape = _shape_factor(t_rank, h, n_dense, L.precision, peak_rate, job.hbm, gpu.is_cpu)
+    dense_shape = job.terms.gemm_shape_factor(job, t_rank, h, n_dense, peak_rate)
     if not model.is_moe:
         return GemmRates(peak_rate * dense_shape, 1.0)
     m_expert = t_rank / (L.tp if L.sp else 1) * L.ep * model.topk / model.num_experts
-    expert_shape = _shape_factor(m_expert, h, model.moe_ffn_hidden_size / L.etp, L.precision, peak_rate, job.hbm,
-                                 gpu.is_cpu)
-    grouped = job.cal["grouped_gemm_efficiency"][gpu_family(gpu)] * expert_shape / dense_shape
+    expert_shape = job.terms.gemm_shape_factor(job, m_expert, h, model.moe_ffn_hidden_size / L.etp, peak_rate)
+    grouped = job.cal.grouped_gemm_efficiency[gpu.family] * expert_shape / dense_shape
     return GemmRates(peak_rate * dense_shape, grouped)
-
-
-def activation_passes_time(job: Job, rank: int) -> float:
-    """Norms, RoPE, residuals, casts: passes over every activation the rank's chunks produce (before recompute)."""
-    plain = job.layout.replace(recompute="none")
-    acts = sum(chunk_activations(job.model, plain, job.seq_len, c, job.gpu.is_cpu)
-               for c in job.place.rank_stages(rank))
-    return job.cal["elementwise_passes"] * acts / job.hbm
-
-
-def routed_passes_time(job: Job, units: list[Unit], per_gpu: float) -> float:
-    """Every routed copy of a token is permuted, scattered, put through the activation and the probability
-    scaling and un-permuted (fwd and bwd): passes over topk x (hidden + intermediate)."""
-    model, L = job.model, job.layout
-    n_moe = _moe_layers(model, units)
-    if not n_moe or job.gpu.is_cpu:
-        return 0.0
-    glu = 2 if model.gated_mlp else 1
-    routed = model.topk * (2 * model.hidden_size + (glu + 1) * model.moe_ffn_hidden_size / L.etp)
-    return job.cal["routed_passes"] * n_moe * per_gpu * routed * job.act_bytes / job.hbm
-
-
-def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
-    """fp8 recipes cast every GEMM input to fp8 first (plus a transposed copy for the weight gradient)."""
-    if precision_class(job.layout.precision) != "fp8" or job.gpu.is_cpu:
-        return 0.0
-    width = _gemm_input_width(job.model, units)
-    return per_gpu * width * FP8_CASTS_PER_GEMM_INPUT * job.cal["fp8_cast_bytes"] / job.hbm
 
 
 class AttentionTime(NamedTuple):
@@ -498,7 +271,7 @@ def attention_layer_time(job: Job, kind: str) -> AttentionTime:
         return AttentionTime(0.0, 0.0)
     dims = attention_dims(model)
     flops = 2 * _attention_core_per_token(model, kind, job.seq_len) * job.tokens_mb / (L.tp * L.cp)
-    fwd_rate, bwd_rate = attention_rates(job.gpu, L.precision, job.cal, dims, attention_kernel_length(job, kind))
+    fwd_rate, bwd_rate = job.terms.attention_rates(job, dims, attention_kernel_length(job, kind))
     return AttentionTime(flops / fwd_rate, flops * attention_backward_ratio(*dims) / bwd_rate)
 
 
@@ -515,21 +288,10 @@ def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
     return total, again
 
 
-class RankCompute(NamedTuple):
-    """Seconds per microbatch of one pipeline rank's own work."""
-    rank: int
-    units: list[Unit]
-    total: float  # everything below: what the pace is set by
-    gemm: float  # the model's GEMMs
-    recompute: float  # the GEMMs and attention forwards recompute repeats
-    attention: float
-    elementwise: float
-
-
 def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     L = job.layout
     units = job.place.rank_units(rank)
-    flops = _rank_flops(job.model, job.seq_len, units, L)
+    flops = _rank_flops(job.model, job.seq_len, units, L, job.expert_load)
     per_gpu = job.tokens_mb / (L.tp * L.cp)  # tokens of the microbatch per GPU sharing its dense work
     # recomputed forwards run at the dense GEMM rate (recomputed experts too), in one pass with the model's GEMMs
     gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense \
@@ -537,8 +299,7 @@ def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     attention, attention_again = _rank_attention(job, units)
     attention += linear_attention_time(job, units)
     recompute = per_gpu * flops.recompute / rates.dense + attention_again
-    elementwise = (activation_passes_time(job, rank) + routed_passes_time(job, units, per_gpu)
-                   + fp8_cast_time(job, units, per_gpu))
+    elementwise = job.terms.elementwise_time(job, rank, units, per_gpu)
     total = gemm_all + attention_again + attention + elementwise
     return RankCompute(rank, units, total, gemm_all - per_gpu * flops.recompute / rates.dense, recompute, attention,
                        elementwise)
@@ -566,7 +327,7 @@ def tp_comm_time(job: Job, layers: int) -> float:
         return 0.0
     vol = SP_COLLECTIVES_PER_LAYER * layers * job.tokens_rank * job.model.hidden_size * job.act_bytes \
         * (L.tp - 1) / L.tp
-    return job.cal["tp_exposed"] * vol / _bw(job.gpu, L.tp, job.cal)
+    return job.cal.tp_exposed * vol / _bw(job.gpu, L.tp, job.cal)
 
 
 class CpGeometry(NamedTuple):
@@ -725,7 +486,9 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
 
 
 def _ep_volume(job: Job) -> float:
-    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd."""
+    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd; the busiest rank
+    receives `expert_load` x the balanced share (the all-gather dispatcher gathers every token whatever the
+    routing)."""
     model, L, e = job.model, job.layout, job.act_bytes
     h = model.hidden_size
     tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
@@ -733,48 +496,21 @@ def _ep_volume(job: Job) -> float:
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
         return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2
     fp8_dispatch = precision_class(L.precision) == "fp8" and L.dispatcher in ("deepep", "hybridep")
-    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep
+    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep * job.expert_load
     return FWD_AND_BWD * per_dir * ((FP8_BYTES if fp8_dispatch else e) + e)
 
 
-def ep_comm_time(job: Job, moe_layers: int) -> float:
+def ep_comm_time(job: Job, moe: int) -> float:
     """Expert-parallel all-to-all, split into NVLink-domain and scale-out traffic, partly overlapped."""
     model, L, gpu = job.model, job.layout, job.gpu
-    if not (model.is_moe and L.ep > 1 and moe_layers):
+    if not (model.is_moe and L.ep > 1 and moe):
         return 0.0
     span = L.ep * L.etp * L.tp  # EP ranks are strided by TP-sized blocks in the folded grid
     inter = max(0.0, 1.0 - gpu.nvlink_domain / span)
-    eff = CPU_DISPATCHER_EFFICIENCY if gpu.is_cpu else job.cal["dispatcher_efficiency"][L.dispatcher]
+    eff = job.terms.dispatcher_efficiency(job)
     # the dispatchers' own efficiency stands in for comm_efficiency here
     t_a2a = _split_traffic_time(_ep_volume(job), inter, gpu.nvlink_gbps * 1e9, gpu.scaleout_gbps * 1e9) / eff
-    return job.cal["ep_exposed"] * t_a2a * moe_layers
-
-
-def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe_layers: int) -> int:
-    """Pairwise gloo exchanges a cpu rank makes per microbatch: each collective over n ranks counts n-1 (the
-    CPU_*_COLLECTIVES constants), forward collectives twice where recompute repeats them."""
-    L = job.layout
-    full = L.recompute_granularity == "full"
-    again_attention = full or "core_attn" in L.recompute_modules
-    again_moe = full or "moe" in L.recompute_modules
-    sp = SP_COLLECTIVES_PER_LAYER + (CPU_SP_FORWARD_COLLECTIVES_PER_LAYER if full else 0)
-    cp = CPU_CP_COLLECTIVES_PER_LAYER[0] + (CPU_CP_COLLECTIVES_PER_LAYER[1] if again_attention else 0)
-    ep = CPU_EP_COLLECTIVES_PER_MOE_LAYER[0] + (CPU_EP_COLLECTIVES_PER_MOE_LAYER[1] if again_moe else 0)
-    n = sp * layers * (L.tp - 1) + cp * softmax_layers * (L.cp - 1) + ep * moe_layers * (L.ep - 1)
-    return n + (CPU_PP_COLLECTIVES_PER_STAGE * L.vpp if L.pp > 1 else 0)
-
-
-def launch_overhead_time(job: Job, units: list[Unit]) -> float:
-    """Host launch/sync time per layer, removed by the CUDA-graph scopes that cover it. On cpu: eager autograd
-    per layer and the fixed cost of each gloo collective."""
-    layers = sum(1 for u in units if u.is_layer)
-    if job.gpu.is_cpu:
-        softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")
-        n = cpu_collectives(job, layers, softmax, _moe_layers(job.model, units))
-        return job.cal["cpu_overhead_per_layer_s"] * layers + job.cal["cpu_collective_latency_s"] * n
-    coverage = min(1.0, sum(GRAPH_COVERAGE.get(s, 0.0) for s in job.layout.cuda_graphs))
-    moe = _moe_layers(job.model, units)
-    return (job.cal["launch_overhead_s"] * moe + job.cal["dense_launch_overhead_s"] * (layers - moe)) * (1 - coverage)
+    return job.cal.ep_exposed * t_a2a * moe
 
 
 def pp_comm_time(job: Job) -> float:
@@ -804,9 +540,8 @@ def dp_comm_time(job: Job, params: RankParams) -> float:
         return 0.0
     per_param = grad_bytes(L) + weight_bytes(L)
     vol = params.dense * per_param * (dpcp - 1) / dpcp + params.expert * per_param * (edp - 1) / edp
-    latency = job.cal["cpu_collective_latency_s"] * CPU_DP_COLLECTIVES_PER_STEP * (max(dpcp, edp) - 1) \
-        if job.gpu.is_cpu else 0.0
-    return job.cal["dp_exposed"] * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal) + latency
+    return job.cal.dp_exposed * vol / _bw(job.gpu, job.num_gpus if dpcp > 1 else 1, job.cal) \
+        + job.terms.dp_latency(job, max(dpcp, edp))
 
 
 def _optimizer_shard(job: Job, params: RankParams) -> float:
@@ -833,61 +568,34 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 
 
-def host_slowdown(ranks: int, cores: float) -> float:
-    """cpu only: ranks sharing a host's cores each take max(1, ranks / cores) times as long."""
-    return max(1.0, ranks / cores)
-
-
-def host_contention_time(job: Job, rank: RankCompute) -> float:
-    """cpu only, per microbatch: the run's ranks share the host's `cpu_cores`; with more ranks than cores each
-    rank's own work (compute and eager overhead) takes host_slowdown times as long. On GPUs: 0."""
-    if not job.gpu.is_cpu:
-        return 0.0
-    slowdown = host_slowdown(job.num_gpus, job.cal["cpu_cores"])
-    layers = sum(1 for u in rank.units if u.is_layer)
-    return (slowdown - 1.0) * (rank.total + job.cal["cpu_overhead_per_layer_s"] * layers)
-
-
 def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-              cal: dict | None = None) -> dict[str, float]:
-    """Seconds per optimizer step, by component (the module docstring's formula); key 'step' is the total.
+              cal: Calibration | None = None) -> StepTime:
+    """Seconds per optimizer step, by component (the module docstring's formula); `step` is the total.
 
-    Per step: `compute` (= gemm + attention + elementwise) and `recompute` are apart; the components sum to 'step'.
+    Per step: `compute` (= gemm + attention + elementwise) and `recompute` are apart; the components sum to `step`.
     """
-    job = Job(model, gpu, num_gpus, seq_len, layout, cal or calibration())
+    job = job_for(model, gpu, num_gpus, seq_len, layout, cal)
     m = layout.grad_accum(num_gpus) or 1
     rank = slowest_rank_compute(job)
     layers = sum(1 for u in rank.units if u.is_layer)
     tp = tp_comm_time(job, layers)
     cp = cp_comm_time(job, rank)
-    ep = ep_comm_time(job, _moe_layers(model, rank.units))
-    launch = launch_overhead_time(job, rank.units)
+    ep = ep_comm_time(job, moe_layers(model, rank.units))
+    launch = job.terms.launch_overhead_time(job, rank.units)
     pp = pp_comm_time(job)
-    contention = host_contention_time(job, rank)
+    contention = job.terms.host_contention_time(job, rank)
     per_mb = rank.total + tp + cp + ep + launch + pp + contention  # rank.total: compute + recompute
     bubble = pipeline_bubble_time(layout, per_mb, m)
     params = rank_params(model, layout, rank.units)
     dp = dp_comm_time(job, params)
     optimizer = optimizer_time(job, params)
     offload = optimizer_offload_time(job, params)
-    return {
-        "compute": (rank.total - rank.recompute) * m,
-        "gemm": rank.gemm * m,
-        "attention": rank.attention * m,
-        "elementwise": rank.elementwise * m,
-        "recompute": rank.recompute * m,
-        "tp_comm": tp * m,
-        "cp_comm": cp * m,
-        "ep_comm": ep * m,
-        "pp_comm": pp * m,
-        "launch_overhead": launch * m,
-        "pipeline_bubble": bubble,
-        "dp_comm": dp,
-        "optimizer": optimizer,
-        "optimizer_offload": offload,
-        "host_contention": contention * m,
-        "step": per_mb * m + bubble + dp + optimizer + offload,
-    }
+    return StepTime(
+        compute=(rank.total - rank.recompute) * m, gemm=rank.gemm * m, attention=rank.attention * m,
+        elementwise=rank.elementwise * m, recompute=rank.recompute * m, tp_comm=tp * m, cp_comm=cp * m,
+        ep_comm=ep * m, pp_comm=pp * m, launch_overhead=launch * m, pipeline_bubble=bubble, dp_comm=dp,
+        optimizer=optimizer, optimizer_offload=offload, host_contention=contention * m,
+        step=per_mb * m + bubble + dp + optimizer + offload)
 
 
 def recompute_flops_per_step(model: ModelSpec, seq_len: int, layout: Layout) -> float:

@@ -8,7 +8,7 @@ while exiting cleanly:
 - more TF/s than the chip can do at the layout's precision, directly or as tokens/s times the FLOPs of a token
   (a FLOP count or timing bug), an MFU above 1, a peak memory above the device's capacity;
 - tokens/s that disagree with the step time and the tokens of a step;
-- a parallel size or MoE dispatcher that the trainer reports was not in effect (CP silently off);
+- a parallel size, MoE dispatcher or routing that the trainer reports was not in effect (CP silently off);
 - a loss that is not finite (the numbers were measured on a diverged run).
 
 Pure function of (result, requested layout, GPU, and optionally the model, length and GPU count it ran at):
@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import PARALLEL_SIZES, Layout
+from search_spaces.layout import BY_NAME, PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 
 # Layout.dispatcher -> Megatron-Core token dispatcher class (deepep/hybridep are the flex dispatcher).
@@ -234,7 +234,18 @@ def _not_in_effect(result: TrialResult, layout: Layout) -> list[str]:
         wanted = {layout.dispatcher, DISPATCHER_CLASSES.get(layout.dispatcher, layout.dispatcher)}
         if not names & wanted or names - wanted:
             out.append(f"dispatcher {layout.dispatcher} was requested but {', '.join(sorted(names))} was in effect")
+    routing = applied.get("routing")
+    if routing and _routing_value(routing) != layout.routing:  # dense models have no router: nothing to check
+        out.append(f"routing {layout.routing} was requested but {_short(routing)} was in effect")
     return out
+
+
+def _routing_value(reported: Any) -> Any:
+    """The canonical routing a trainer reported (its own spelling otherwise: it differs from any request)."""
+    try:
+        return BY_NAME["routing"].parse(reported)
+    except SpecError:
+        return reported
 
 
 def _non_finite_loss(result: TrialResult) -> list[str]:

@@ -34,8 +34,11 @@ def main(argv=None) -> int:
         TrialResult(status="oom", error="fake OOM", layout=layout, peak_memory_gib=99.0).write(args.result)
         return 0
     tokens = 1000.0 * args.mbs / (args.tp * (1 + 0.1 * args.pp) * (1.2 if args.recompute == "full" else 1.0))
+    # the step time that these tokens/s take on the trial's GPUs (the sweep checks that they agree)
+    world = int(os.environ.get("MOE_AUTOTUNE_TRIAL_GPUS", "1"))
+    step = args.gbs * args.seq_len / tokens / world
     TrialResult(status="ok", tokens_per_sec_per_gpu=tokens, tflops_per_gpu=tokens / 100, mfu=0.1,
-                step_time_s=0.5, step_times_s=[0.6, 0.5, 0.5], loss=[5.0, 4.9, 4.8],
+                step_time_s=step, step_times_s=[1.2 * step, step, step], loss=[5.0, 4.9, 4.8],
                 peak_memory_gib=1.0 + args.mbs / args.tp, layout=layout).write(args.result)
     print("fake trainer done", file=sys.stderr)
     return 0

@@ -8,24 +8,21 @@ import pytest
 
 from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
 from orchestrator.cli import main
-from search_spaces.calibration import (Measurement, fit, get_value, load_calibration, log_loss, nelder_mead,
-                                       parameters_for, predict_tokens)
+from search_spaces.calibration import (FAMILY_PARAMETERS, Calibration, Measurement, fit, load_calibration, log_loss,
+                                       nelder_mead, parameters_for, predict_tokens)
+from search_spaces.calibration_file import calibration
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
-from search_spaces.throughput import calibration
 
 H100_LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]
 
 
-def _truth(gemm=0.5, fwd=0.4, bwd=0.3) -> dict:
-    cal = json.loads(json.dumps(calibration()))
-    cal["gemm_efficiency"]["hopper"] = {"bf16": gemm, "fp8": gemm}
-    cal["attention_fwd_efficiency"]["hopper"] = fwd
-    cal["attention_bwd_efficiency"]["hopper"] = bwd
-    return cal
+def _truth(gemm=0.5, fwd=0.4, bwd=0.3) -> Calibration:
+    return calibration().updated({"gemm_efficiency": {"hopper": {"bf16": gemm, "fp8": gemm}},
+                                  "attention_fwd_efficiency": {"hopper": fwd}, "attention_bwd_efficiency": {"hopper": bwd}})
 
 
-def _measured(truth: dict, seqs=(8192, 32768)) -> list[Measurement]:
+def _measured(truth: Calibration, seqs=(8192, 32768)) -> list[Measurement]:
     """What a Llama3-8B sweep on 16 H100 would measure if the truth were `truth` (the model's own shape)."""
     out = []
     for seq in seqs:
@@ -47,7 +44,10 @@ def test_fit_recovers_the_constants_that_made_the_measurements():
     assert log_loss(ms, start) > 0.1
     cal, summary = fit(ms, parameters_for(["hopper"]))
     assert summary["loss_after"] < 0.01 < summary["loss_before"]
-    assert get_value(cal, ("gemm_efficiency", "hopper", "*")) == pytest.approx(0.5, rel=0.05)
+    gemm = FAMILY_PARAMETERS["hopper"][0]
+    assert gemm.name == "gemm_efficiency.hopper" and summary["fitted"][0] == gemm.name
+    assert gemm.value(cal) == pytest.approx(0.5, rel=0.05)
+    assert cal.gemm_efficiency["hopper"] == {"bf16": gemm.value(cal), "fp8": gemm.value(cal)}  # one rate for both
 
 
 def _write_table(path, ms: list[Measurement]) -> None:
@@ -94,6 +94,13 @@ def test_calibrate_command_learns_from_tables_and_estimate_uses_the_file(tmp_pat
     ("{not json", "not JSON"),
     ('{"gemm_efficiency": {"hopper": {"bf16": -1}}}', "must be a positive number"),
     ('{"warp_drive": 2}', "unknown constant 'warp_drive'"),
+    ('{"ep_exposed": true}', "constant ep_exposed"),
+    ('{"ep_exposed": NaN}', "must be a positive number"),
+    ('{"ep_exposed": {"hopper": 0.5}}', "constant ep_exposed"),
+    ('{"gemm_efficiency": {"ampere": {"bf16": 0.5}}}', "'ampere'"),
+    ('[0.5]', "mapping"),
+    ('{"format": "moe-autotune calibration", "version": "one", "constants": {}}', "field version"),
+    ('{"format": "moe-autotune calibration", "constants": {"routed_passes": -2}}', "constant routed_passes"),
 ])
 def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, content, needle, capsys):
     bad = tmp_path / "bad.json"

@@ -108,3 +108,22 @@ def test_batch_that_is_not_a_multiple_of_mbs_is_one_line(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "multiple of mbs (3)" in err and err.count("\n") == 1
+
+
+def test_routing_flag_estimates_each_mode_and_refuses_what_megatron_refuses(capsys):
+    base = ["estimate", "--model", "qwen3-235b-a22b", "--gpu", "h100", "--num-gpus", "256", "--seq-len", "16384",
+            "--tp", "4", "--ep", "8", "--pp", "8", "--vpp", "4", "--gbs", "256", "--precision", "bf16",
+            "--recompute", "layernorm,moe", "--json"]
+    tflops = {}
+    for routing, dispatcher in (("forced_balance", "deepep"), ("dropless", "deepep"), ("capacity:1.0", "hybridep")):
+        assert main(base + ["--routing", routing, "--dispatcher", dispatcher]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["layout"]["routing"] == routing
+        tflops[routing] = out["tflops_per_gpu"]
+    assert tflops["dropless"] < tflops["forced_balance"]  # the busiest EP rank sets the pace
+    assert main(base + ["--routing", "capacity:1.0", "--dispatcher", "deepep"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "routing_dispatcher" in err and err.count("\n") == 1
+    assert main([*base, "--routing", "capacity"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "capacity:F" in err and err.count("\n") == 1

@@ -69,6 +69,7 @@ def test_every_search_keeps_the_contract(tmp_path, search):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("search", list(SEARCH_KINDS))
 def test_every_search_is_reproducible_from_its_seed(tmp_path, search):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     first = _sweep(_spec(tmp_path / "a", "again", search=search))[1]
     second = _sweep(_spec(tmp_path / "b", "again", search=search))[1]
     assert _keys(first) == _keys(second)

@@ -29,9 +29,10 @@ LAYOUTS = [
                           cp_comm_type="a2a", optimizer_offload=0.5)),
     Layout.from_dict(dict(tp=4, ep=2, etp=2, pp=4, mbs=2, gbs=64, recompute="full", recompute_method="block",
                           recompute_num_layers=2, precision="fp8-delayed", dispatcher="hybridep",
-                          distributed_optimizer=False, sequence_parallel=False)),
+                          distributed_optimizer=False, sequence_parallel=False, routing="capacity:1.25")),
     Layout.from_dict(dict(cp=4, gbs=4, cuda_graphs="full_iteration", precision="fp32", dispatcher="allgather",
-                          cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=1.0)),
+                          cp_comm_type="a2a+p2p", hierarchical_cp="2,2", optimizer_offload=1.0,
+                          routing="forced_balance")),
     Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
     Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
 ]
@@ -127,6 +128,11 @@ def test_every_flag_is_accepted_by_megatron_lm(model_name, megatron_parser):
             assert ns.moe_layer_freq == [0] * model.first_k_dense + [1] * (model.num_layers - model.first_k_dense)
         assert ns.multi_latent_attention == model.is_mla
         assert ns.position_embedding_type == "rope"
+        routing = {"dropless": (None, False, False), "capacity:1.25": (1.25, True, False),
+                   "forced_balance": (None, False, True)}[layout.routing]
+        assert (ns.moe_expert_capacity_factor, ns.moe_pad_expert_input_to_capacity,
+                ns.moe_router_force_load_balancing) == routing
+        assert ns.moe_token_drop_policy == "probs"
         _assert_layer_kinds(ns, model)
 
 
@@ -194,7 +200,9 @@ def test_every_flag_names_a_megatron_core_field(mcore):
                  "recompute-method", "recompute-num-layers", "cuda-graph-impl", "cuda-graph-modules", "fp8-format",
                  "fp8-recipe", "moe-token-dispatcher-type", "moe-flex-dispatcher-backend", "cp-comm-type",
                  "optimizer-cpu-offload", "optimizer-offload-fraction", "use-distributed-optimizer",
-                 "sequence-parallel", "seq-length", "bf16", "hierarchical-context-parallel-sizes"):
+                 "sequence-parallel", "seq-length", "bf16", "hierarchical-context-parallel-sizes",
+                 "moe-expert-capacity-factor", "moe-pad-expert-input-to-capacity", "moe-token-drop-policy",
+                 "moe-router-force-load-balancing"):
         assert flag in seen
 
 
@@ -220,9 +228,29 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
     hints = {f.name: f.type for f in dataclasses.fields(mcore["TransformerConfig"])}
     for layout in LAYOUTS:
         model = export.bridge_overrides(layout, 4096)["model"]
-        for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe"):
+        for key in ("cuda_graph_impl", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "fp8_recipe",
+                    "moe_token_drop_policy"):
             if key in model:
                 assert repr(model[key]) in str(hints[key]) or f"'{model[key]}'" in str(hints[key])
+
+
+@pytest.mark.parametrize("routing", ["dropless", "capacity:1.25", "forced_balance"])
+def test_routing_exports_are_what_megatron_core_validates_and_reads_back(mcore, megatron_parser, routing):
+    """The router fields of both exports: TransformerConfig accepts them (its __post_init__ checks the capacity
+    factor against the load balancing and padding) and they spell the same routing back."""
+    from search_spaces.layout import BY_NAME
+
+    layout = Layout(ep=2, gbs=2, routing=routing)
+    dim = BY_NAME["routing"]
+    bridge = {k: v for k, v in export.bridge_overrides(layout, 4096)["model"].items() if k in dim.megatron_field_names()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = mcore["TransformerConfig"](num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4,
+                                         moe_router_topk=2, moe_router_load_balancing_type="aux_loss", **bridge)
+    assert dim.from_megatron({k: getattr(cfg, k) for k in dim.megatron_field_names()}) == routing
+    ns = megatron_parser.parse_args(export.megatron_args(layout, load_model("tiny-moe"), 4096))
+    assert dim.from_megatron({k: getattr(ns, k) for k in dim.megatron_field_names()}) == routing
+    assert export.layout_from_megatron_args(export.layout_args(layout)).routing == routing
 
 
 @pytest.mark.parametrize("model_name", ["tiny-qwen3-next", "qwen3-next-80b-a3b", "tiny-gpt-oss", "gpt-oss-120b"])
@@ -291,6 +319,12 @@ def test_bad_megatron_args_are_one_line_errors():
         export.layout_from_megatron_args("--global-batch-size 8 --cp-comm-type allgather")
     with pytest.raises(SpecError):
         export.layout_args(Layout(cuda_graphs=("full_iteration", "attn")))
+    # token dropping without padding to capacity, or by position, is not a routing of the layout space
+    with pytest.raises(SpecError, match="no routing is spelled"):
+        export.layout_from_megatron_args("--global-batch-size 8 --moe-expert-capacity-factor 1.25")
+    with pytest.raises(SpecError, match="no routing is spelled"):
+        export.layout_from_megatron_args("--global-batch-size 8 --moe-expert-capacity-factor 1.25 "
+                                         "--moe-pad-expert-input-to-capacity --moe-token-drop-policy position")
     assert shlex.split(export.megatron_args_text(Layout(), load_model("tiny-moe"), 4096))
 
 
@@ -303,7 +337,8 @@ def test_every_layout_dimension_reaches_both_exports():
     other = {"tp": 4, "cp": 2, "ep": 2, "etp": 2, "pp": 4, "vpp": 2, "mbs": 2, "gbs": 16, "precision": "fp8",
              "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
              "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
-             "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2"}
+             "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2",
+             "routing": "capacity:1.5"}
     assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
     for name, value in other.items():
         changed = base.replace(**{name: value})

@@ -114,14 +114,8 @@ def test_the_walk_sees_the_imports_it_judges():
         [["a", "b", "c"]]
 
 
-# The one circle left is the cost model's (its calibration reads the published rows, which are Measurements):
-# the cost-model side of issue 22 (a typed calibration) takes it apart. Named here so that no other comes in;
-# delete the entry when it is gone.
-KNOWN_CIRCLES = [["search_spaces.calibration", "search_spaces.reference"]]
-
-
 def test_no_import_circle_among_our_modules():
-    assert [c for c in _cycles(graph()) if c not in KNOWN_CIRCLES] == []
+    assert _cycles(graph()) == []
 
 
 def _imports_of(prefix: str) -> dict[str, set[str]]:

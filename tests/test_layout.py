@@ -47,7 +47,7 @@ def test_every_dimension_round_trips_through_its_encoding():
     layout = Layout.from_dict(dict(tp=2, cp=4, ep=8, etp=2, pp=4, vpp=2, mbs=2, gbs=64, recompute="moe_act,norm",
                                    cuda_graphs="attn,moe_router", precision="fp8", dispatcher="deepep",
                                    cp_comm_type="a2a+p2p", optimizer_offload=0.5, distributed_optimizer=False,
-                                   sequence_parallel=False))
+                                   sequence_parallel=False, routing="capacity:1.25"))
     params = layout.params()
     assert set(params) == {d.name for d in DIMENSIONS}
     assert all(isinstance(v, (int, float, str, bool)) for v in params.values())
@@ -57,6 +57,28 @@ def test_every_dimension_round_trips_through_its_encoding():
     assert BY_NAME["sequence_parallel"].decode("auto") is None
     with pytest.raises(SpecError, match="tp"):
         Layout.from_params({"tp": "1.7"})
+
+
+def test_routing_is_a_mode_with_an_optional_factor():
+    from search_spaces.layout import BY_NAME, DEFAULT_FREE, SEARCH_DIMENSIONS
+
+    dim = BY_NAME["routing"]
+    assert Layout().routing == "dropless"  # Megatron-Core's default: no token dropped
+    assert Layout(routing="Capacity:1.25").routing == "capacity:1.25" and Layout(routing="capacity:1").routing == \
+        "capacity:1.0"
+    assert Layout(routing="force_balance").routing == "forced_balance"  # the skill cards' spelling
+    assert (dim.mode("capacity:1.25"), dim.parameter("capacity:1.25")) == ("capacity", 1.25)
+    assert dim.values_text() == "dropless | capacity:F | forced_balance"
+    for bad, words in (("capacity", "needs a number"), ("capacity:0", "needs F in"), ("capacity:inf", "needs F in"),
+                       ("dropless:2", "takes no number"), ("balanced", "unknown routing")):
+        with pytest.raises(SpecError, match=words):
+            Layout(routing=bad)
+    # searchable but opt-in: a sweep varies it only when asked; keys stay as they were at the default
+    assert "routing" in SEARCH_DIMENSIONS and "routing" not in DEFAULT_FREE
+    assert "routing" not in Layout().key() and "routing=capacity:1.25" in Layout(routing="capacity:1.25").key()
+    # forced balance is for benchmarks only
+    assert Layout(routing="forced_balance").benchmark_only() == ["routing=forced_balance"]
+    assert Layout(routing="capacity:1.0").benchmark_only() == Layout().benchmark_only() == []
 
 
 def test_sequence_parallel_follows_tp():

@@ -2,13 +2,16 @@
 
 import pytest
 
+from search_spaces.breakdown import GIB
+from search_spaces.calibration_file import calibration
 from search_spaces.costmodel import estimate
+from search_spaces.gpu_terms import head_width_factor, shard_length_factor
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.space import explore
-from search_spaces.throughput import (RING_TRANSFER_LATENCY_S, Job, RingStep, attention_layer_time, calibration,
-                                      cp_geometry, head_width_factor, ring_exposed_time, shard_length_factor)
+from search_spaces.throughput import (RING_TRANSFER_LATENCY_S, RingStep, attention_layer_time, cp_geometry, job_for,
+                                      ring_exposed_time)
 
 # DeepSeek-V3's published long-context layout on 256 H100 (notes/long-context-moe.md): CP = seq / 4096
 DSV3 = dict(tp=1, ep=32, etp=1, pp=8, vpp=4, mbs=1, precision="fp8-blockwise", dispatcher="deepep",
@@ -35,8 +38,7 @@ def test_ring_exposure_counts_each_step():
 
 
 def _job(seq, **fields):
-    return Job(load_model("deepseek-v3"), load_gpu("h100"), 256, seq, Layout.from_dict({**DSV3, **fields}),
-               calibration())
+    return job_for(load_model("deepseek-v3"), load_gpu("h100"), 256, seq, Layout.from_dict({**DSV3, **fields}))
 
 
 def test_a2a_level_lets_attention_hide_the_cross_node_ring():
@@ -58,7 +60,7 @@ def test_a2a_level_lets_attention_hide_the_cross_node_ring():
     assert exposed < 0.05 * ring_exposed_time(g.ring, transfer, RingStep(att.fwd / 32, att.bwd / 32))
     a = estimate("deepseek-v3", "h100", 256, 131072, hier.layout)
     b = estimate("deepseek-v3", "h100", 256, 131072, p2p.layout)
-    assert a.breakdown["time_s"]["cp_comm"] < 0.05 * b.breakdown["time_s"]["cp_comm"]
+    assert a.time.cp_comm < 0.05 * b.time.cp_comm
 
 
 def test_ring_inside_the_nvlink_domain_is_hidden():
@@ -84,14 +86,14 @@ def test_attention_efficiency_depends_on_head_widths_and_shard_length():
 def test_cp_attention_buffers_per_type():
     def buffers(**fields):
         est = estimate("deepseek-v3", "h100", 256, 131072, Layout.from_dict({**DSV3, "gbs": 128, **fields}))
-        return est.breakdown["memory_gib"]["cp_attention_buffers"]
+        return est.memory.cp_attention_buffers / GIB
 
     p2p = buffers(cp=32)
     gathered = buffers(cp=32, cp_comm_type="allgather")
     assert gathered == pytest.approx(2 * 32 / 4 * p2p)  # 2 x CP shards against the ring's 4
     assert buffers(cp=32, cp_comm_type="a2a+p2p", hierarchical_cp=(8, 4)) > p2p
     assert estimate("deepseek-v3", "h100", 256, 4096, Layout.from_dict({**DSV3, "cp": 1, "gbs": 4096})
-                    ).breakdown["memory_gib"]["cp_attention_buffers"] == 0
+                    ).memory.cp_attention_buffers == 0
 
 
 def test_deepseek_v3_long_context_band():
@@ -112,15 +114,16 @@ def test_deepseek_v3_long_context_band():
 
 
 def test_cpu_pays_collectives_and_shares_the_cores():
-    from search_spaces.throughput import cpu_collectives, step_time
+    from search_spaces.host_terms import cpu_collectives
+    from search_spaces.throughput import step_time
 
     spec, cpu = load_model("tiny-moe"), load_gpu("cpu")
-    cal = {**calibration(), "cpu_cores": 2.0}
-    job = Job(spec, cpu, 4, 256, Layout(tp=2, cp=2, gbs=8, precision="fp32"), cal)
+    cal = calibration().updated({"cpu_cores": 2.0})
+    job = job_for(spec, cpu, 4, 256, Layout(tp=2, cp=2, gbs=8, precision="fp32"), cal)
     # 4 layers: 8 SP collectives each (TP), 4 for CP's K/V gather and its gradient's reduce-scatter
     assert cpu_collectives(job, 4, 4, 4) == 4 * 8 + 4 * 4  # TP2 and CP2: one exchange per collective
     four = step_time(spec, cpu, 4, 256, Layout(gbs=8, precision="fp32"), cal)
     two = step_time(spec, cpu, 2, 256, Layout(gbs=8, precision="fp32"), cal)
-    assert four["host_contention"] > 0 and two["host_contention"] == 0  # 4 ranks on 2 cores wait for a core
+    assert four.host_contention > 0 and two.host_contention == 0  # 4 ranks on 2 cores wait for a core
     gpu = step_time(load_model("llama3-8b"), load_gpu("h100"), 8, 4096, Layout(gbs=8))
-    assert gpu["host_contention"] == 0
+    assert gpu.host_contention == 0

@@ -2,10 +2,11 @@
 
 import pytest
 
+from search_spaces.breakdown import GIB
 from search_spaces.costmodel import estimate
-from search_spaces.layout import Layout
-from search_spaces.memory import GIB, inflight_per_chunk, memory_breakdown
 from search_spaces.hardware import load_gpu
+from search_spaces.layout import Layout
+from search_spaces.memory import inflight_per_chunk, memory_breakdown
 from search_spaces.models import load_model
 
 TINY = load_model("tiny-moe")
@@ -25,24 +26,24 @@ def mem(world, seq, **fields):
 def test_static_state_fp32_distributed_optimizer():
     m = mem(4, 512, ep=2, gbs=4)  # DP 4, EDP 2
     params = DENSE + 4 * EXPERTS_LAYER / 2
-    assert m["weights"] == pytest.approx(4 * params)
-    assert m["gradients"] == pytest.approx(4 * params)  # fp32 main_grad buffers, not sharded
+    assert m.weights == pytest.approx(4 * params)
+    assert m.gradients == pytest.approx(4 * params)  # fp32 main_grad buffers, not sharded
     # Adam exp_avg + exp_avg_sq, no master copy with fp32 params; dense sharded over DP*CP, experts over EDP
-    assert m["optimizer_states"] == pytest.approx(8 * (DENSE / 4 + 4 * EXPERTS_LAYER / 2 / 2))
+    assert m.optimizer_states == pytest.approx(8 * (DENSE / 4 + 4 * EXPERTS_LAYER / 2 / 2))
 
 
 def test_bf16_adds_a_master_copy_and_no_distopt_does_not_shard():
     m = mem(2, 512, gbs=2, precision="bf16", distributed_optimizer=False)
     params = DENSE + 4 * EXPERTS_LAYER
-    assert m["weights"] == pytest.approx(2 * params) and m["gradients"] == pytest.approx(2 * params)
-    assert m["optimizer_states"] == pytest.approx(12 * params)
+    assert m.weights == pytest.approx(2 * params) and m.gradients == pytest.approx(2 * params)
+    assert m.optimizer_states == pytest.approx(12 * params)
 
 
 def test_tp_shards_the_dense_part():
     m1, m2 = mem(1, 512), mem(2, 512, tp=2)
     norms_router = 4 * (2 * H + H * E) + H  # not sharded by TP
-    assert m2["weights"] == pytest.approx(4 * ((DENSE - norms_router) / 2 + norms_router + 4 * EXPERTS_LAYER))
-    assert m2["weights"] < m1["weights"]
+    assert m2.weights == pytest.approx(4 * ((DENSE - norms_router) / 2 + norms_router + 4 * EXPERTS_LAYER))
+    assert m2.weights < m1.weights
 
 
 def test_activations_per_microbatch_hand_computed():
@@ -61,26 +62,26 @@ def test_activations_per_microbatch_hand_computed():
     head = T * (3 * H + 1) * 4 + T * V * 4 + T * 9      # final norm, output-layer input, fp32 softmax, labels/mask
     embedding = T * 8                                   # token ids
     m = mem(1, T)
-    assert m["activations_per_microbatch"] == pytest.approx(4 * per_layer + head + embedding)
-    assert m["activations"] == pytest.approx(m["activations_per_microbatch"])  # PP=1: one microbatch in flight
-    assert m["embedding_logits"] == pytest.approx(head)
+    assert m.activations_per_microbatch == pytest.approx(4 * per_layer + head + embedding)
+    assert m.activations == pytest.approx(m.activations_per_microbatch)  # PP=1: one microbatch in flight
+    assert m.embedding_logits == pytest.approx(head)
 
 
 def test_selective_recompute_frees_exactly_its_tensors():
     T = 512
-    base = mem(1, T)["activations_per_microbatch"]
+    base = mem(1, T).activations_per_microbatch
     # layernorm: per norm the normalised copy, rsqrt and the output the next module keeps
-    assert base - mem(1, T, recompute="layernorm")["activations_per_microbatch"] == \
+    assert base - mem(1, T, recompute="layernorm").activations_per_microbatch == \
         pytest.approx(4 * 2 * (2 * T * H * 4 + T * 4))
     # moe_act: silu output, the linear half's copy, the product and fc2's input (4 token-copy x ffn tensors)
-    assert base - mem(1, T, recompute="moe_act")["activations_per_microbatch"] == pytest.approx(4 * 4 * T * K * F * 4)
+    assert base - mem(1, T, recompute="moe_act").activations_per_microbatch == pytest.approx(4 * 4 * T * K * F * 4)
     full = mem(1, T, recompute="full")
-    assert full["activations_per_microbatch"] < 0.2 * base
+    assert full.activations_per_microbatch < 0.2 * base
 
 
 def test_context_parallel_shrinks_the_per_rank_sequence():
-    a1 = mem(2, 1024, gbs=2)["activations_per_microbatch"]
-    a2 = mem(2, 1024, cp=2, gbs=1)["activations_per_microbatch"]
+    a1 = mem(2, 1024, gbs=2).activations_per_microbatch
+    a2 = mem(2, 1024, cp=2, gbs=1).activations_per_microbatch
     assert a2 < 0.75 * a1
 
 
@@ -96,7 +97,7 @@ def test_microbatches_in_flight(pp, vpp, m, rank, expected):
 
 def test_first_stage_holds_more_in_flight_than_the_last():
     m = mem(4, 512, pp=4, gbs=8)
-    assert m["pipeline_rank"] in (0.0, 3.0)
+    assert m.counts.pipeline_rank in (0, 3)
     layouts = Layout(pp=4, gbs=8, precision="fp32")
     assert inflight_per_chunk(layouts, 0, 8)[0] == 4 * inflight_per_chunk(layouts, 3, 8)[0]
 
@@ -107,9 +108,9 @@ def test_optimizer_offload_moves_states_to_host():
     on = memory_breakdown(q, h100, 8, 4096, base.replace(optimizer_offload=1.0))
     half = memory_breakdown(q, h100, 8, 4096, base.replace(optimizer_offload=0.5))
     off = memory_breakdown(q, h100, 8, 4096, base)
-    assert on["optimizer_states"] == 0 and on["offloaded_to_host"] == pytest.approx(off["optimizer_states"])
-    assert half["optimizer_states"] == pytest.approx(off["optimizer_states"] / 2)
-    assert on["peak"] < off["peak"] - 0.9 * off["optimizer_states"]
+    assert on.optimizer_states == 0 and on.offloaded_to_host == pytest.approx(off.optimizer_states)
+    assert half.optimizer_states == pytest.approx(off.optimizer_states / 2)
+    assert on.peak < off.peak - 0.9 * off.optimizer_states
 
 
 def test_gpu_extras_cuda_graphs_and_dispatcher_buffers():
@@ -119,14 +120,14 @@ def test_gpu_extras_cuda_graphs_and_dispatcher_buffers():
     plain = memory_breakdown(q, h100, 8, 4096, base)
     graphs = memory_breakdown(q, h100, 8, 4096, base.replace(cuda_graphs=("attn", "moe_router")))
     deepep = memory_breakdown(q, h100, 8, 4096, base.replace(dispatcher="deepep"))
-    assert graphs["cuda_graphs"] > 0 and graphs["peak"] > plain["peak"]
-    assert deepep["dispatcher_buffers"] > plain["dispatcher_buffers"]
-    assert plain["runtime_overhead"] > 0 and plain["allocator_margin"] > 0
+    assert graphs.cuda_graphs > 0 and graphs.peak > plain.peak
+    assert deepep.dispatcher_buffers > plain.dispatcher_buffers
+    assert plain.runtime_overhead > 0 and plain.allocator_margin > 0
 
 
 def test_estimate_reports_the_named_keys_in_gib():
     est = estimate(TINY, CPU, 1, 512, Layout(precision="fp32"))
-    mem_gib = est.breakdown["memory_gib"]
+    mem_gib = est.to_dict()["breakdown"]["memory_gib"]  # the public JSON form
     for key in ("weights", "gradients", "optimizer_states", "activations_per_microbatch", "activations"):
         assert key in mem_gib
     assert mem_gib["weights"] == pytest.approx(4 * (DENSE + 4 * EXPERTS_LAYER) / GIB)
@@ -142,4 +143,4 @@ def test_matches_the_cpu_trainer_measurements_within_2_percent():
         layout = Layout.from_dict({"precision": "fp32", **run["layout"]})
         predicted = memory_breakdown(TINY, CPU, run["num_gpus"], data["seq_len"], layout)
         for key, measured_mib in run["memory_mib"].items():
-            assert predicted[key] / 2**20 == pytest.approx(measured_mib, rel=0.02), (run["layout"], key)
+            assert getattr(predicted, key) / 2**20 == pytest.approx(measured_mib, rel=0.02), (run["layout"], key)

@@ -9,9 +9,10 @@ rank are within 10% of the measured ones. bench/memory_accuracy.py checks 40-odd
 
 import pytest
 
+from search_spaces.breakdown import GIB
 from search_spaces.costmodel import estimate
 from search_spaces.layout import Layout
-from search_spaces.memory import GIB, chunk_activation_terms
+from search_spaces.memory import chunk_activation_terms
 from search_spaces.models import load_model
 from search_spaces.pipeline import placement
 from tests.trainer_helpers import FAST, LAYOUTS, assert_ok, shared_run
@@ -35,7 +36,7 @@ def predicted_memory(result):
     est = estimate(_model(result), "cpu", result.num_gpus, result.seq_len, Layout.from_dict(result.layout),
                    with_time=False)
     assert est.legal, est.violations
-    return est.breakdown["memory_gib"]
+    return est.memory.to_gib()
 
 
 def predicted_terms(result) -> dict[str, float]:

@@ -184,7 +184,9 @@ def test_each_accelerator_declares_its_family_and_host():
     import dataclasses
 
     from search_spaces.hardware import FAMILIES, GPUS, HOSTS
-    from search_spaces.throughput import gpu_family
+    from search_spaces.gpu_terms import GPU_TERMS
+    from search_spaces.host_terms import HOST_TERMS
+    from search_spaces.throughput import terms_for
 
     expected = {"h100": ("hopper", "x86"), "h200": ("hopper", "x86"), "b200": ("blackwell", "x86"),
                 "b300": ("blackwell", "x86"), "gb200": ("blackwell", "grace"), "gb300": ("blackwell", "grace"),
@@ -192,7 +194,8 @@ def test_each_accelerator_declares_its_family_and_host():
     assert {name: (g.family, g.host) for name, g in GPUS.items()} == expected
     # the family is read from the declaration, never guessed from the name (an "h"-named Blackwell stays one)
     renamed = dataclasses.replace(GPUS["gb200"], name="hypothetical-gb")
-    assert gpu_family(renamed) == "blackwell" and not renamed.is_cpu
+    assert renamed.family == "blackwell" and not renamed.is_cpu and terms_for(renamed) is GPU_TERMS
+    assert terms_for(GPUS["cpu"]) is HOST_TERMS and all(terms_for(g) is GPU_TERMS for n, g in GPUS.items() if n != "cpu")
     with pytest.raises(SpecError):
         dataclasses.replace(GPUS["h100"], family="ampere")
     assert set(FAMILIES) >= {g.family for g in GPUS.values()} and set(HOSTS) >= {g.host for g in GPUS.values()}

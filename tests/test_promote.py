@@ -112,6 +112,38 @@ def test_analytic_trials_need_allow_estimated(tmp_path):
     assert winner.pick(study, allow_estimated=True).number == 1
 
 
+FORCED = [(dict(ep=4, gbs=8, routing="forced_balance"), "ok", 3000.0, 30.0),
+          (dict(ep=4, gbs=8, routing="capacity:1.25"), "ok", 2500.0, 30.0),
+          (dict(ep=4, gbs=8), "ok", 1000.0, 30.0)]
+
+
+def test_forced_balance_is_benchmark_only(tmp_path):
+    """Forced-balance routing is the fastest trial (it would win by cheating): production gets the best trial with
+    a production routing, and the forced-balance one only when asked for explicitly."""
+    _, study = make_study(tmp_path, trials=FORCED)
+    assert winner.pick(study).number == 1  # token dropping (capacity) is a production choice
+    with pytest.raises(winner.SpecError, match="routing=forced_balance, a benchmark-only setting.*--allow-benchmark"):
+        winner.pick(study, 0)
+    assert winner.pick(study, allow_benchmark=True).number == 0
+    (tmp_path / "only").mkdir()
+    _, only = make_study(tmp_path / "only", trials=FORCED[:1])
+    with pytest.raises(winner.SpecError, match="routing=forced_balance did: pass --allow-benchmark"):
+        winner.pick(only)
+
+
+@pytest.mark.timeout(120)
+def test_cli_refuses_forced_balance_for_production_unless_allowed(tmp_path, tracking, capsys):
+    storage, _ = make_study(tmp_path, trials=FORCED)
+    for command in (["promote", "fake"], ["export", "fake"]):
+        assert main([*command, "--storage", storage, "--trial", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "benchmark-only" in err and err.count("\n") == 1, err
+    assert main(["export", "fake", "--storage", storage, "--trial", "0", "--allow-benchmark"]) == 0
+    assert "--moe-router-force-load-balancing" in capsys.readouterr().out
+    assert main(["promote", "fake", "--storage", storage]) == 0  # the best production routing: trial 1
+    assert "trial 1" in capsys.readouterr().out
+
+
 @pytest.mark.timeout(120)
 def test_cli_promotes_analytic_only_when_allowed(tmp_path, tracking, capsys):
     storage, _ = make_study(tmp_path, backend="analytic")

@@ -14,12 +14,12 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep.fidelity import trial_size
+from search_spaces.calibration_file import calibration
 from search_spaces.costmodel import estimate
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
-from search_spaces.throughput import calibration
 from tests.sweep_helpers import spec_data
 
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")
@@ -75,7 +75,7 @@ def test_composing_a_cost_model_measurement_gives_the_cost_models_full_predictio
         full = estimate(model, gpu, world, seq, layout)
         composed = compose(plan, _as_measured(proxy, plan, gpu, seq), gpu, seq)
         assert composed.step_time_s == pytest.approx(full.step_time_s, rel=0.10), layout.key()
-        mem = full.breakdown["memory_gib"]
+        mem = full.memory.to_gib()
         parts = composed.memory_gib["measured"]
         assert parts["weights"] == pytest.approx(mem["weights"], rel=0.05)  # the same layers per rank
         assert parts["optimizer_states"] == pytest.approx(mem["optimizer_states"], rel=0.05)
@@ -86,16 +86,15 @@ def test_composing_a_cost_model_measurement_gives_the_cost_models_full_predictio
 def _as_measured(est, plan, gpu, seq) -> ProxyMeasurement:
     """The cost model's view of the proxy as if measured: its step parts, and its first stage's memory (the
     one composition reads: it holds the most microbatches in flight)."""
-    from search_spaces.memory import rank_memory_breakdown, to_gib
+    from search_spaces.memory import rank_memory_breakdown
 
-    t = est.breakdown["time_s"]
-    mem = to_gib(rank_memory_breakdown(plan.model, gpu, plan.world, seq, plan.layout, 0))
-    optimizer = t["optimizer"] + t["optimizer_offload"]
+    mem = rank_memory_breakdown(plan.model, gpu, plan.world, seq, plan.layout, 0).to_gib()
+    optimizer = est.time.optimizer + est.time.optimizer_offload
     return ProxyMeasurement(forward_backward_s=est.step_time_s - optimizer, optimizer_s=optimizer,
                             weights_gib=mem["weights"], gradients_gib=mem["gradients"],
                             optimizer_states_gib=mem["optimizer_states"],
                             activations_per_microbatch_gib=mem["activations_per_microbatch"],
-                            host_cores=int(calibration()["cpu_cores"]) if gpu.is_cpu else None)
+                            host_cores=int(calibration().cpu_cores) if gpu.is_cpu else None)
 
 
 def _layers_per_rank(model, layout) -> list[int]:

@@ -82,3 +82,29 @@ def test_space_has_every_cp_communication_with_its_hierarchies():
     counted = count_space("llama3-8b", "h100", 16, 65536, fixed=fixed, gbs=16)
     assert counted.legal == len(found) and counted.rejected_by_rule["hierarchical_cp"] > 0
     assert counted.rejected_by_rule["cp_a2a_heads"] > 0
+
+
+def test_routing_is_searched_only_when_freed_and_forced_balance_never():
+    """Token dropping changes what is trained: the space holds routing at dropless unless `free` names it; freed,
+    it adds capacity:1.0 (legal with the dispatchers that pad); forced balance is never proposed, only fixed."""
+    fixed = {"precision": "fp32", "gbs": 8}
+    held = candidate_layouts(TINY, CPU, 4, 512, fixed=fixed)
+    assert {lay.routing for lay in held} == {"dropless"}
+    freed = candidate_layouts(TINY, CPU, 4, 512, fixed=fixed, free=["routing"])
+    assert {lay.routing for lay in freed} == {"dropless", "capacity:1.0"}
+    assert len(freed) == 2 * len(held) == count_space(TINY, CPU, 4, 512, fixed=fixed, free=["routing"]).legal
+    assert all(not lay.benchmark_only() for lay in freed)
+    forced = candidate_layouts(TINY, CPU, 4, 512, fixed={**fixed, "routing": "forced_balance"})
+    assert forced and {lay.routing for lay in forced} == {"forced_balance"}
+    # a dense model has no router to free; on GPUs DeepEP cannot pad to capacity
+    assert {lay.routing for lay in candidate_layouts("llama3-8b", "h100", 8, 4096, free=["routing"], limit=200)} == {
+        "dropless"}
+    gpu = candidate_layouts("qwen3-30b-a3b", "h100", 8, 4096, free=["routing"],
+                            fixed=dict(tp=1, cp=1, pp=1, ep=8, mbs=1, recompute="none", cuda_graphs="none",
+                                       precision="bf16", optimizer_offload=0.0))
+    assert ("capacity:1.0", "deepep") not in {(lay.routing, lay.dispatcher) for lay in gpu}
+    assert ("capacity:1.0", "hybridep") in {(lay.routing, lay.dispatcher) for lay in gpu}
+    # explore ranks both routings of a grid when freed
+    top = explore("qwen3-30b-a3b", "h100", 8, 4096, free=["routing"], top=50,
+                  fixed=dict(tp=1, cp=1, pp=1, ep=8, mbs=1, precision="bf16")).top
+    assert {row["layout"]["routing"] for row in top} == {"dropless", "capacity:1.0"}

@@ -261,3 +261,21 @@ def test_size_range_edges_are_accepted():
 
     spec = parse_spec({"nodes": 1024, "gpus_per_node": MAX_GPUS_PER_NODE, "seq_len": MAX_SEQ_LEN, "gbs": MAX_GBS})
     assert spec.num_gpus == 2 ** 20
+
+
+def test_routing_is_searched_only_when_the_spec_frees_it():
+    """Token dropping changes what is trained: a default `free` holds routing at dropless; naming it searches
+    capacity:1.0 beside dropless (a search parameter of its own); forced balance only ever comes from `fixed`."""
+    from orchestrator.sweep.prior import Prior
+    from orchestrator.sweep.space import SweepSpace
+
+    base = {"model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "backend": "analytic"}
+    held = Prior(parse_spec(base))
+    assert "routing" not in held.spec.free and held.dimensions["routing"] == ["dropless"]
+    assert SweepSpace.from_prior(held).choices["routing"] == ("dropless",)
+    freed = Prior(parse_spec({**base, "free": ["ep", "routing"]}))
+    assert freed.dimensions["routing"] == ["dropless", "capacity:1.0"]
+    assert {lay.routing for lay in freed.candidates} == {"dropless", "capacity:1.0"}
+    assert SweepSpace.from_prior(freed).choices["routing"] == ("capacity:1.0", "dropless")
+    forced = Prior(parse_spec({**base, "fixed": {"routing": "forced_balance"}}))
+    assert {lay.routing for lay in forced.candidates} == {"forced_balance"}

@@ -71,6 +71,49 @@ def test_megatron_accepts_the_mapped_configs():
     OptimizerConfig(**config.optimizer_config_kwargs(layout))
 
 
+def test_routing_sets_megatrons_router_options_and_reads_back():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from trainers.routing_load import routing_in_effect
+
+    expected = {"dropless": (None, False, False), "capacity:1.25": (1.25, True, False),
+                "forced_balance": (None, False, True)}
+    for routing, (factor, pad, forced) in expected.items():
+        kw = config.transformer_config_kwargs(TINY, L(ep=2, routing=routing, precision="fp32"), on_cpu=True)
+        assert (kw.get("moe_expert_capacity_factor"), kw["moe_pad_expert_input_to_capacity"],
+                kw["moe_router_force_load_balancing"]) == (factor, pad, forced)
+        assert routing_in_effect(TransformerConfig(**kw)) == routing  # after Megatron-Core's own validation
+    # a dense model has no router: no routing field is set
+    dense = config.transformer_config_kwargs(load_model("llama3-8b").with_overrides(num_layers=2, hidden_size=64),
+                                             L(precision="fp32"), on_cpu=True)
+    assert not {k for k in dense if k.startswith("moe_") and k != "moe_permute_fusion"}
+
+
+def test_routing_rules_refuse_exactly_what_megatron_core_refuses():
+    """Every routing x dispatcher x graph scope: the sweep's routing rules and TransformerConfig.__post_init__
+    (flex + DeepEP refuses padding to capacity; the moe graph scope needs drop-and-pad) agree."""
+    import itertools
+    import warnings
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from search_spaces.rules import check
+
+    for routing, dispatcher, graphs in itertools.product(("dropless", "capacity:1.25", "forced_balance"),
+                                                         ("alltoall", "allgather", "deepep", "hybridep"),
+                                                         ("none", "moe", "moe_router,moe_preprocess")):
+        layout = L(ep=2, routing=routing, dispatcher=dispatcher, cuda_graphs=graphs)
+        ours = [v.rule for v in check(TINY, load_gpu("h100"), 2, 512, layout) if v.rule.startswith("routing")]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                TransformerConfig(**config.transformer_config_kwargs(TINY, layout, on_cpu=False))
+                refused = False
+            except (ValueError, AssertionError):
+                refused = True
+        assert bool(ours) == refused, (layout.key(), ours)
+
+
 def test_the_trainer_places_layers_where_the_cost_model_does():
     both = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
     five = TINY.with_overrides(num_layers=5)

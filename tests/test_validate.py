@@ -86,6 +86,24 @@ def test_dispatcher_not_in_effect_is_invalid(requested, reported, ok):
         assert "dispatcher" in result.error and requested in result.error
 
 
+@pytest.mark.parametrize("requested,reported,ok", [
+    ("dropless", "dropless", True),
+    ("capacity:1.25", "capacity:1.25", True),
+    ("forced_balance", "force_balance", True),  # any spelling of the same routing
+    ("capacity:1.25", "dropless", False),  # token dropping silently off
+    ("dropless", "forced_balance", False),  # a benchmark's random routing measured as production's
+    ("capacity:1.25", "capacity:1.0", False),
+    ("dropless", "unrecognised: moe_expert_capacity_factor=2.0", False),
+    ("dropless", None, True),  # dense model: no router to check
+])
+def test_routing_not_in_effect_is_invalid(requested, reported, ok):
+    layout = LAYOUT.replace(routing=requested)
+    result = validate(_honest(layout, applied=_applied(layout, routing=reported)), layout, H100)
+    assert (result.status == "ok") is ok, result.error
+    if not ok:
+        assert "routing" in result.error and requested in result.error
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), None])
 def test_a_non_finite_loss_is_invalid(bad):
     result = validate(_honest(loss=[10.5, bad, 9.9]), LAYOUT, H100)

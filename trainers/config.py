@@ -17,7 +17,8 @@ from search_spaces.layout import BY_NAME, Layout
 from search_spaces.pipeline import placement
 
 # Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
-# backend, "all_gather") come from each dimension's declaration: BY_NAME[...].megatron_fields.
+# backend, "all_gather", the router's capacity factor and forced balance) come from each dimension's
+# declaration: BY_NAME[...].megatron_fields.
 LOCAL_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 ADAM_LR = 3e-3  # tiny proxy models learn visibly within a handful of steps
@@ -158,6 +159,8 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
     if model.num_experts:
         kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp)
         kwargs.update(BY_NAME["dispatcher"].megatron_fields(layout.dispatcher))
+        # the router's mode (dropless, capacity with padding, forced balance), on CPU too
+        kwargs.update(BY_NAME["routing"].megatron_fields(layout.routing))
     if layout.cp > 1 and not on_cpu:
         kwargs.update(BY_NAME["cp_comm_type"].megatron_fields(layout.cp_comm_type))
         if layout.hierarchical_cp:

@@ -24,6 +24,7 @@ from search_spaces.flops import flops_per_step
 from trainers import config as trainer_config
 from trainers import faults
 from trainers import measure
+from trainers import routing_load
 
 
 def _init_process_group(on_cpu: bool, timeout_s: float) -> torch.device:
@@ -232,6 +233,7 @@ class Steps:
     activations_by_module: dict
     microbatches: int
     schedule: object
+    routed: dict | None  # tokens into each MoE layer's router and rows into its experts (routing_load), or None
 
 
 def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
@@ -246,6 +248,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
     state = StepState(measure_step=max(args.warmup - 1, 0))
     saved = measure.SavedActivations(exclude=measure.param_storage_keys(built.wrapped))
+    # Megatron refuses user forward hooks on the modules it graphs: no counts under CUDA graphs
+    copies = routing_load.RoutedCopies(built.chunks) if model.num_experts and not layout.cuda_graphs else None
 
     def forward_step(data_iterator, chunk):
         if state.first_call:
@@ -271,6 +275,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     times, forward_backward, cpu_times, losses = [], [], [], []
     for step in range(args.warmup + args.steps):
         state.step, state.first_call = step, True
+        if copies is not None:
+            copies.active = step == state.measure_step
         iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in wrapped]
         _sync(built.device)
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -292,7 +298,7 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
     return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, state.activations_by_module,
-                 microbatches, schedule)
+                 microbatches, schedule, copies.remove() if copies is not None else None)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -317,6 +323,9 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "attention": sorted({type(m.self_attention).__name__ for m in modules if hasattr(m, "self_attention")}),
         "experts": sorted({type(m.experts).__name__ for m in modules if getattr(m, "experts", None) is not None}),
         "graphs_captured": _graphs_captured(),
+        "routed": steps.routed,
+        "expert_group": (ps.get_pipeline_model_parallel_rank(), ps.get_expert_data_parallel_rank(),
+                         ps.get_expert_tensor_parallel_rank()),
     }
 
 
@@ -364,6 +373,8 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
         "microbatches": microbatches,
         "sequence_parallel": bool(config.sequence_parallel),
         "dispatcher": sorted({d for g in gathered for d in g["dispatchers"]}),
+        "routing": routing_load.routing_in_effect(config) if model.num_experts else None,
+        "expert_load": routing_load.expert_load(gathered, model.topk, layout.etp) if model.num_experts else None,
         "core_attention": sorted({a for g in gathered for a in g["core_attention"]}),
         "attention": sorted({a for g in gathered for a in g["attention"]}),  # e.g. GatedDeltaNet, SelfAttention
         "experts": sorted({e for g in gathered for e in g["experts"]}),

@@ -35,6 +35,9 @@ def ray_env() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+TRIAL_GPUS_ENV = "MOE_AUTOTUNE_TRIAL_GPUS"
+
+
 def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path: Path,
                  node_rank: int = 0, rdzv: str | None = None) -> list[str]:
     """The exact launch command of one node (argv list; never a shell string)."""
@@ -267,5 +270,8 @@ class LocalRayBackend:
         env.setdefault("OMP_NUM_THREADS", "1")
         # the trainer module must import from where the orchestrator runs (tests, source checkouts)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+        # the GPUs the trial stands for: a trainer started with launcher "python" (one process per node, no
+        # torchrun) learns the world its per-GPU figures are for from it
+        env[TRIAL_GPUS_ENV] = str(request.num_gpus)
         env.update(request.env)
         return env

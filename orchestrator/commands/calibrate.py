@@ -65,7 +65,7 @@ def calibrate(
     for key in ("tokens_per_sec_per_gpu", "peak_memory_gib"):
         result.add_row(key, _pct(run.before.get(key)), _pct(run.after.get(key)))
     console.print(result)
-    console.print(f"fitted: {', '.join(run.document['fitted'])}")
+    console.print(f"fitted: {', '.join(run.document.fitted)}")
     console.print(f"wrote {out}: use it with --calibration {out} (estimate, space, sweep) or `calibration: {out}`")
     return 0
 

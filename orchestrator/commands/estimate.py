@@ -14,7 +14,7 @@ from orchestrator.commands.output import console
 from rich.table import Table
 
 from search_spaces.errors import SpecError
-from search_spaces.memory import COUNT_KEYS
+from search_spaces.breakdown import COMPUTE_PARTS, COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
 
@@ -85,10 +85,6 @@ def _layout_of_flags(flags: dict, num_gpus: int):
     return Layout.from_params(flags)
 
 
-# time components that are parts of `compute` (indented under it); every other component adds to the step
-_COMPUTE_PARTS = ("gemm", "attention", "elementwise")
-
-
 def _print_estimate(est) -> None:
     out = console()
     title = f"{est.model} on {est.num_gpus} x {est.gpu}, {est.seq_len} tokens"
@@ -109,23 +105,22 @@ def _print_estimate(est) -> None:
     summary.add_row("step time", f"{est.step_time_s:.3f} s")
     summary.add_row("pipeline layout", est.pipeline_layout)
     out.print(summary)
-    memory = est.breakdown["memory_gib"]
-    mem = Table(title=f"memory per GPU, GiB (pipeline rank {int(memory.get('pipeline_rank', 0))}, the most loaded)")
+    counts = est.memory.counts
+    mem = Table(title=f"memory per GPU, GiB (pipeline rank {counts.pipeline_rank}, the most loaded)")
     mem.add_column("component")
     mem.add_column("GiB", justify="right")
-    for k, v in memory.items():
+    for k, v in est.memory.to_gib().items():
         if k not in COUNT_KEYS:
             mem.add_row(k, _num(v))
     out.print(mem)
-    out.print(f"parameters on that rank: {memory.get('params_on_rank', 0):,.0f} "
-                  f"(dense {memory.get('dense_params_on_rank', 0):,.0f}, "
-                  f"experts {memory.get('expert_params_on_rank', 0):,.0f}); "
-                  f"microbatches in flight per chunk: {memory.get('inflight_microbatches', 0):.2f}")
-    tim = Table(title="time per step")
+    out.print(f"parameters on that rank: {counts.params_on_rank:,.0f} (dense {counts.dense_params_on_rank:,.0f}, "
+              f"experts {counts.expert_params_on_rank:,.0f}); "
+              f"microbatches in flight per chunk: {counts.inflight_microbatches:.2f}")
+    tim = Table(title="time per step")  # compute's parts indented under it; every other component adds to the step
     tim.add_column("component")
     tim.add_column("seconds", justify="right")
-    for k, v in est.breakdown["time_s"].items():
-        tim.add_row(f"  {k}" if k in _COMPUTE_PARTS else k, f"{v:.4f}")
+    for k, v in est.time.components().items():
+        tim.add_row(f"  {k}" if k in COMPUTE_PARTS else k, f"{v:.4f}")
     out.print(tim)
 
 

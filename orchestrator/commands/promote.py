@@ -23,6 +23,8 @@ _TRIAL = typer.Option(None, "--trial", help="Trial number (default: the best mea
 _ESTIMATED = typer.Option(False, "--allow-estimated", help="Accept trials from the analytic backend.")
 _PROXY = typer.Option(False, "--allow-proxy", help="Accept a proxy trial's composed figures (not confirmed at "
                                                    "full size).")
+_BENCHMARK = typer.Option(False, "--allow-benchmark", help="Accept a layout with a benchmark-only setting "
+                                                           "(routing forced_balance: random routing).")
 
 
 def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: Optional[str]):
@@ -61,6 +63,7 @@ def promote(
     tracking_uri: Optional[str] = _TRACKING,
     allow_estimated: bool = _ESTIMATED,
     allow_proxy: bool = _PROXY,
+    allow_benchmark: bool = _BENCHMARK,
     rollback: bool = typer.Option(False, "--rollback",
                                   help="Move 'production' back to the previous production version."),
     name: Optional[str] = typer.Option(None, "--name", help="Registered model to roll back (instead of STUDY)."),
@@ -71,8 +74,8 @@ def promote(
     check_optional_name(study_name, "study name")
     check_optional_name(name, "--name")
     if rollback:
-        if trial is not None or allow_estimated or allow_proxy:
-            raise SpecError("--rollback takes no --trial, --allow-estimated or --allow-proxy")
+        if trial is not None or allow_estimated or allow_proxy or allow_benchmark:
+            raise SpecError("--rollback takes no --trial, --allow-estimated, --allow-proxy or --allow-benchmark")
         if name:
             _existing_registry(tracking_uri)
         else:
@@ -86,7 +89,7 @@ def promote(
     if name:
         raise SpecError("--name is only for --rollback (a promotion names its model from the study)")
     study, ctx = _study_and_tracking(study_name, storage, tracking_uri)
-    view = winner.pick(study, trial, allow_estimated, allow_proxy)
+    view = winner.pick(study, trial, allow_estimated, allow_proxy, allow_benchmark)
     done = registry.promote(view, ctx, study.study_name)
     was = f" (was version {done.previous})" if done.previous else ""
     how = ", estimated" if view.estimated else (", composed from a proxy" if view.proxy else "")
@@ -104,6 +107,7 @@ def export(
     tracking_uri: Optional[str] = _TRACKING,
     allow_estimated: bool = _ESTIMATED,
     allow_proxy: bool = _PROXY,
+    allow_benchmark: bool = _BENCHMARK,
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1,
                                                 help="GPUs per node for sbatch (default: the sweep's)."),
 ) -> None:
@@ -129,7 +133,7 @@ def export(
     check_name(ref, "study name")
     study = winner.load(storage, ref)
     ctx = winner.context(study)
-    view = winner.pick(study, trial, allow_estimated, allow_proxy)
+    view = winner.pick(study, trial, allow_estimated, allow_proxy, allow_benchmark)
     typer.echo(registry.render(view, ctx, study.study_name, gpus_per_node)[filename], nl=False)
 
 

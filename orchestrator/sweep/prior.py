@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from search_spaces.calibration import load_calibration
+from search_spaces.calibration import Calibration, load_calibration
 from search_spaces.costmodel import estimate
 from search_spaces.errors import SpecError
 from search_spaces.hardware import GPUSpec, load_gpu
@@ -64,7 +64,7 @@ class Prior:
         return load_gpu(self.spec.gpu)
 
     @cached_property
-    def cal(self) -> dict:
+    def cal(self) -> Calibration:
         """The cost model's constants: the spec's calibration file over the packaged ones (data handed in)."""
         return load_calibration(self.spec.calibration)
 
@@ -124,7 +124,7 @@ class Prior:
     def dimensions(self) -> dict[str, list[Any]]:
         """The values each layout field takes in the space."""
         return dict(dimensions(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
-                               fixed=self.pinned, gbs=self.spec.gbs).values)
+                               fixed=self.pinned, gbs=self.spec.gbs, free=self.spec.free).values)
 
     @cached_property
     def small_space(self) -> bool:
@@ -135,7 +135,7 @@ class Prior:
         """Legal layouts: all of a small space; of a large one (millions) the cost model's top 512."""
         if self.small_space:
             return candidate_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
-                                     fixed=self.pinned, gbs=self.spec.gbs)
+                                     fixed=self.pinned, gbs=self.spec.gbs, free=self.spec.free)
         return self._explored
 
     def ranked(self, limit: int = 64) -> list[Layout]:
@@ -150,7 +150,7 @@ class Prior:
     @cached_property
     def _explored(self) -> list[Layout]:
         found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
-                        fixed=self.pinned, gbs=self.spec.gbs, top=self.EXPLORED, cal=self.cal)
+                        fixed=self.pinned, gbs=self.spec.gbs, top=self.EXPLORED, cal=self.cal, free=self.spec.free)
         return [Layout.from_dict(row["layout"]) for row in found.top]
 
     # ---- the cost model --------------------------------------------------------------------------

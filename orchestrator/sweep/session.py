@@ -159,7 +159,8 @@ def _check_something_fits(spec: SweepSpec, prior: Prior) -> None:
         return
     where = f"{spec.model} at seq_len {spec.seq_len} on {spec.num_gpus} x {spec.gpu}"
     fixed = f" with fixed {dict(spec.fixed)}" if spec.fixed else ""
-    found = explore(prior.model, prior.gpu, spec.num_gpus, spec.seq_len, fixed=prior.pinned, gbs=spec.gbs, top=1)
+    found = explore(prior.model, prior.gpu, spec.num_gpus, spec.seq_len, fixed=prior.pinned, gbs=spec.gbs, top=1,
+                    free=spec.free)
     if found.legal_count == 0:
         rule, count = max(found.rejected_by_rule.items(), key=lambda kv: kv[1], default=("?", 0))
         raise SpecError(f"no legal layout of {where}{fixed}: rule {rule!r} binds "

@@ -1,0 +1,182 @@
+"""The cost model's constants as one typed model, and the calibration file that holds them.
+
+`Calibration` declares every constant once: its type, its default (the hand-set or published starting point) and
+what it means. The packaged search_spaces/calibration.json (fitted by bench/fit_calibration.py and
+bench/cpu_calibration.py) lays its values over the defaults: `calibration()`. A file written by
+`moe-autotune calibrate` is a `CalibrationDocument` (the constants and what they were fitted on);
+`load_calibration(path)` lays its constants, or those of a plain mapping of constants, over the packaged ones.
+A bad file is one SpecError line (search_spaces.pydantic_line).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
+
+from search_spaces.errors import SpecError
+from search_spaces.hardware import FAMILIES, GPU_NAMES, GPUSpec
+from search_spaces.inputs import read_text_file
+from search_spaces.pydantic_line import one_line
+
+CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
+FORMAT = "moe-autotune calibration"
+
+
+def _positive(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a positive number, got {value!r}")
+    return value
+
+
+Positive = Annotated[float, Strict(), AfterValidator(_positive)]  # an int is a float here, a bool is not
+# per-family tables are keyed by an architecture family or, where one chip differs, by a GPU's name
+Family = Literal[FAMILIES + GPU_NAMES]  # type: ignore[valid-type]
+
+
+class Calibration(BaseModel):
+    """The constants of the cost model (search_spaces/throughput.py, memory.py, the cost terms of each family).
+
+    Fitted ones are re-fitted by bench/fit_calibration.py (published rows) and bench/cpu_calibration.py (the CPU
+    trainer); `moe-autotune calibrate` fits a family's again on measured trials (CALIBRATION.md)."""
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    gemm_efficiency: dict[Family, dict[str, Positive]] = {
+        "hopper": {"bf16": 0.62, "fp8": 0.45}, "blackwell": {"bf16": 0.60, "fp8": 0.45},
+        "cpu": {"fp32": 0.5, "bf16": 0.5}}
+    """Dense GEMMs' achieved / peak rate, per family (or GPU; h200 uses h100's) and precision class (fitted)."""
+    grouped_gemm_efficiency: dict[Family, Positive] = {"hopper": 0.8, "blackwell": 0.8, "cpu": 0.8}
+    """The expert grouped GEMMs' rate relative to dense GEMMs, per family (fitted)."""
+    attention_fwd_efficiency: dict[Family, Positive] = {"hopper": 0.75, "blackwell": 0.84, "cpu": 0.3}
+    """Flash attention's forward achieved / BF16 peak for 128-wide heads as the kernel length grows without bound
+    (a causal kernel over L query tokens runs at shard_length_factor(L) of it). Today's kernels, not fitted on
+    GPUs: Blackwell, FlashAttention-4 on B200, 1882 TF/s non-causal at 16K of 2250 (Dao-AILab/flash-attention
+    PRs #2605, #2280); Hopper, FlashAttention-3 on H100 SXM5 "up to 740 TF/s, 75% utilization" (Shah et al.
+    2024). Fitted on cpu."""
+    attention_bwd_efficiency: dict[Family, Positive] = {"hopper": 0.53, "blackwell": 0.6, "cpu": 0.3}
+    """Flash attention's backward (its own FLOPs: 2.5x the forward's) achieved / BF16 peak: Blackwell 1118-1209
+    TF/s causal at 8K (FlashAttention-4); Hopper at FlashAttention-4's backward/forward ratio, 0.71 (assumed)."""
+    attention_release_factor: dict[str, Positive] = {}
+    """Per software release older than today's kernels: the share of today's attention rate its runs reached."""
+    linear_attention_efficiency: Positive = 0.2
+    """Gated delta-net's chunked kernels (convolution, state update): achieved / BF16 peak (fitted)."""
+    elementwise_passes: Positive = 8.0
+    """HBM reads + writes of the saved activations per step, forward and backward (fitted)."""
+    sustained_rate: dict[Family, Positive] = {}
+    """Per GPU: its achieved rate relative to its family's (Blackwell Ultra > 1: measured, CALIBRATION.md)."""
+    routed_passes: Positive = 2.0
+    """HBM passes over each routed token copy (permute, activation, unpermute), forward and backward (fitted)."""
+    fp8_cast_bytes: Positive = 4.0
+    """HBM bytes per GEMM-input element to cast it to fp8 (read 2, write 1, the transposed copy 1; fitted)."""
+    ep_exposed: Positive = 0.5
+    """Share of the EP all-to-all that overlap does not hide (fitted)."""
+    tp_exposed: Positive = 0.5
+    """Share of the sequence-parallel collectives that overlap does not hide."""
+    dp_exposed: Positive = 0.2
+    """Share of the gradient reduce-scatter and parameter all-gather that overlap does not hide."""
+    launch_overhead_s: Positive = 2.0e-4
+    """Host time per MoE layer per microbatch the GPU waits for (dropless routing reads the token counts back
+    every layer, so the host cannot launch ahead); the CUDA graphs that cover it remove it (fitted)."""
+    dense_launch_overhead_s: Positive = 5.0e-5
+    """The same for a dense layer: launches run ahead of the GPU, little shows (fitted)."""
+    cpu_overhead_per_layer_s: Positive = 0.01
+    """cpu: eager PyTorch/autograd time per layer per microbatch, forward and backward (no graphs there); the
+    hand-set start that bench/cpu_calibration.py replaces with its fit on the trainer's own runs."""
+    cpu_collective_latency_s: Positive = 5e-4
+    """cpu: one gloo exchange's fixed cost (sync, TCP round trips, Python) whatever its few bytes (fitted)."""
+    cpu_process_baseline_gib: Positive = 0.75
+    """cpu: the trainer's resident set beside its tensors (Python, torch, Megatron-Core; trainers/README.md:
+    ~0.8 GiB; fitted)."""
+    cpu_cores: Positive = Field(default_factory=lambda: float(os.cpu_count() or 1))
+    """cpu: the cores a run's ranks share (this host's: os.cpu_count()); ranks beyond them queue for a core."""
+    comm_efficiency: Positive = 0.7
+    """Achieved / datasheet bandwidth of NVLink and scale-out links."""
+    dispatcher_efficiency: dict[str, Positive] = {"alltoall": 0.6, "allgather": 0.6, "deepep": 0.85,
+                                                  "hybridep": 0.9}
+    """Per MoE dispatcher: achieved / datasheet bandwidth of its all-to-all (it stands in for comm_efficiency)."""
+
+    def sustained_factor(self, gpu: GPUSpec) -> float:
+        """Blackwell Ultra (B300, GB300) runs faster than its datasheet twin at the same dense peak: a higher power
+        limit keeps the tensor cores at higher clocks, and its doubled SFU rate speeds up softmax. Measured on
+        the reference rows that ran the same layout and release on both chips (see CALIBRATION.md)."""
+        return self.sustained_rate.get(gpu.name, 1.0)
+
+    def updated(self, constants: dict[str, Any]) -> "Calibration":
+        """These constants laid over this calibration (nested tables entry by entry), validated."""
+        return Calibration.model_validate(merge(self.model_dump(), constants))
+
+
+class CalibrationDocument(BaseModel):
+    """What `moe-autotune calibrate` writes: the constants (all of them, so the file stands alone) and how they
+    came."""
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    format: Literal[FORMAT]  # type: ignore[valid-type]
+    """Always "moe-autotune calibration": tells a document from a plain mapping of constants."""
+    version: int = 1
+    """The document's layout (1)."""
+    created: str = ""
+    """When it was fitted (UTC, ISO 8601)."""
+    fitted: list[str] = []
+    """The constants the fit moved (`Parameter.name`: constant.family, or the constant alone)."""
+    summary: dict[str, Any] = {}
+    """What it was fitted on and how well: measurements, fit and held-out halves, families, the held-out MAPE
+    before and after, the fit's evaluations and losses, the sources."""
+    constants: dict[str, Any]
+    """The constants (`Calibration`'s fields); laid over the packaged calibration when read."""
+
+
+def merge(base: dict, over: dict) -> dict:
+    """`over` laid over `base`, nested mappings entry by entry."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = merge(below if isinstance(below, dict) else {}, value) if isinstance(value, dict) else value
+    return out
+
+
+@lru_cache(maxsize=1)
+def calibration() -> Calibration:
+    """The packaged calibration: calibration.json's constants over the defaults (a constant it stores replaces
+    the default whole)."""
+    stored = json.loads(CALIBRATION_PATH.read_text()) if CALIBRATION_PATH.is_file() else {}
+    return Calibration.model_validate({**Calibration().model_dump(), **stored})
+
+
+def load_calibration(path: str | Path | None) -> Calibration:
+    """The packaged calibration with a calibration file's constants laid over it (None: the packaged one)."""
+    if path is None:
+        return calibration()
+    where = f"calibration file {path}"
+    text = read_text_file(Path(path), "calibration file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        try:
+            data = CalibrationDocument.model_validate(data).constants
+        except ValidationError as exc:
+            raise SpecError(f"{where}: {one_line(exc, CalibrationDocument, whole='document')}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where} must be a mapping of constants, got {type(data).__name__}")
+    try:
+        return calibration().updated(data)
+    except ValidationError as exc:
+        raise SpecError(f"{where}: {one_line(exc, Calibration, noun='constant')}") from None
+
+
+def calibration_document(cal: Calibration, fitted: list[str], summary: dict[str, Any]) -> CalibrationDocument:
+    """What a calibration file holds: the constants (all of them, so the file stands alone) and how they came."""
+    return CalibrationDocument(format=FORMAT, created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               fitted=fitted, summary=summary, constants=cal.model_dump())
+
+
+def write_calibration(path: str | Path, document: CalibrationDocument) -> None:
+    Path(path).write_text(json.dumps(document.model_dump(), indent=2, default=float) + "\n")
