@@ -123,6 +123,11 @@ class Sweep:
                 self._loop(dispatcher, view, start)
         except LeaseLost:  # another driver took the study over: it recovers the running trials, not us
             raise
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Optuna refused a write to a trial another driver has finished: the study was taken over between
+            # our fence and this write (the storage has no compare-and-set); the fence says so in one line
+            self.session.lease.fence()
+            raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise studies.storage_failure(exc, self.spec.storage) from None
