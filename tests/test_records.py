@@ -22,8 +22,9 @@ import pytest
 
 from orchestrator import calibrate, check, records, winner
 from orchestrator import study as studies
-from orchestrator.records import (COMPARE, HEADLINE, METRICS, PREDICTED, TABLE, VIEW, Metric, StudyRecord,
-                                  TrialRecord, metrics)
+from orchestrator.backends.replay import load_table
+from orchestrator.records import (COMPARE, HEADLINE, METRICS, OBJECTIVE, PREDICTED, TABLE, VIEW, Metric,
+                                  StudyRecord, TrialRecord, metrics)
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import session as sessions
 from search_spaces.errors import SpecError
@@ -179,3 +180,14 @@ def test_columns_mlflow_keys_and_checks_derive_from_the_declarations():
 def test_a_metric_must_be_a_result_field_or_the_sweeps_own():
     with pytest.raises(ValueError, match="not a TrialResult field"):
         Metric("tokens_per_joule", "made up")
+
+
+@pytest.mark.parametrize("column", records.NUMBER_COLUMNS)
+def test_a_replay_table_must_have_the_objectives_and_may_lack_another_figure(tmp_path, column):
+    frame = pd.read_csv(Path(__file__).parent / "data" / "replay_small.csv").drop(columns=[column])
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    if column in {m.name for m in metrics(OBJECTIVE)}:
+        with pytest.raises(SpecError, match=f"missing column '{column}'"):
+            load_table(tmp_path / "t.csv")
+    else:  # an older table, from before the figure was declared: it reads as not measured
+        assert all(getattr(row.result(), column) is None for row in load_table(tmp_path / "t.csv").rows.values())

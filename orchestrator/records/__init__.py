@@ -25,8 +25,8 @@ study of the layout written before this package).
 from __future__ import annotations
 
 from orchestrator.records.metrics import BY_METRIC, METRICS, Metric, metrics
-from orchestrator.records.stored import (COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, PREDICTED, TABLE, TAG, VIEW,
-                                         Stored, finite, jsonable, load_result, stored)
+from orchestrator.records.stored import (COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, OBJECTIVE, PREDICTED, TABLE,
+                                         TAG, VIEW, Stored, finite, jsonable, load_result, stored)
 from orchestrator.records.study import StudyRecord
 from orchestrator.records.tables import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADERBOARD_COLUMNS, LEADERBOARD_EXTRA,
                                          NUMBER_COLUMNS, REQUIRED_COLUMNS, TABLE_COLUMNS, TRAIN_COLUMNS,
@@ -34,7 +34,7 @@ from orchestrator.records.tables import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADER
 from orchestrator.records.trial import TRIAL_TAG, TrialRecord, enqueue, trials
 
 __all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS",
-           "LEADERBOARD_COLUMNS", "LEADERBOARD_EXTRA", "METRICS", "Metric", "NUMBER_COLUMNS", "PREDICTED",
+           "LEADERBOARD_COLUMNS", "LEADERBOARD_EXTRA", "METRICS", "Metric", "NUMBER_COLUMNS", "OBJECTIVE", "PREDICTED",
            "REQUIRED_COLUMNS", "Stored", "StudyRecord", "TABLE", "TABLE_COLUMNS", "TAG", "TRAIN_COLUMNS", "TRIAL_TAG",
            "TrialRecord", "VIEW", "VIEW_METRICS", "enqueue", "finite", "jsonable", "layout_cells", "load_result",
            "metrics", "row", "stored", "trials"]

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from search_spaces.result import TrialResult
 
-from orchestrator.records.stored import COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, PREDICTED, TABLE, VIEW
+from orchestrator.records.stored import (COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, OBJECTIVE, PREDICTED, TABLE,
+                                         VIEW)
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -18,7 +20,8 @@ class Metric:
     (an Estimate field of the same name) beside it; TABLE makes it a replay-table column, COMPARE puts the
     prediction beside it on the leaderboard and in the runs view, HEADLINE makes it a figure of the sweep
     summary's best trial that `check` compares with MLflow, COMPOSED logs a proxy trial's composed figure,
-    VIEW shows it in the MLflow runs view, COLUMN (with EXTRA) puts it on the leaderboard."""
+    VIEW shows it in the MLflow runs view, COLUMN (with EXTRA) puts it on the leaderboard, OBJECTIVE marks the
+    study's objectives (a replay table must have their columns; any other reads as empty when missing)."""
     name: str
     doc: str
     feeds: frozenset[str] = frozenset()
@@ -40,10 +43,10 @@ def _metric(name: str, doc: str, *feeds: str, history: str | None = None) -> Met
 
 METRICS: tuple[Metric, ...] = (
     _metric("tokens_per_sec_per_gpu", "Training tokens per second per GPU: the objective.",
-            PREDICTED, TABLE, COMPARE, HEADLINE, COMPOSED, VIEW),
+            PREDICTED, TABLE, OBJECTIVE, COMPARE, HEADLINE, COMPOSED, VIEW),
     _metric("tflops_per_gpu", "Model TF/s per GPU.", PREDICTED, TABLE, HEADLINE),
     _metric("peak_memory_gib", "Peak GPU memory, max over ranks (GiB): the second objective.",
-            PREDICTED, TABLE, COMPARE, HEADLINE, COMPOSED, VIEW),
+            PREDICTED, TABLE, OBJECTIVE, COMPARE, HEADLINE, COMPOSED, VIEW),
     _metric("mfu", "Model FLOPs utilisation (0..1).", PREDICTED, HEADLINE, VIEW),
     _metric("step_time_s", "Seconds per training step (a history: one point per profiled step).",
             PREDICTED, COMPOSED, history="step_times_s"),

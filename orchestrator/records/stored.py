@@ -25,6 +25,7 @@ COMPARE = "predicted beside measured"  # the leaderboard and the MLflow runs vie
 HEADLINE = "headline"  # the sweep summary's best_<name>; `check` compares the study's with MLflow's
 VIEW = "MLflow runs view"  # a column of the MLflow runs view (the trials by tokens/s/GPU)
 COMPOSED = "composed"  # a proxy trial's composed full-size figure, logged as composed_<name>
+OBJECTIVE = "objective"  # one of the study's objectives (tokens/s/GPU, peak memory): a required replay-table column
 EXTRA = "sweep's own"  # written by the sweep into result.extra (bookkeeping), not measured by the trainer
 
 

@@ -10,7 +10,7 @@ from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS
 
 from orchestrator.economics import to_train
 from orchestrator.records.metrics import metrics
-from orchestrator.records.stored import COLUMN, COMPARE, TABLE, VIEW
+from orchestrator.records.stored import COLUMN, COMPARE, OBJECTIVE, TABLE, VIEW
 from orchestrator.records.study import StudyRecord
 from orchestrator.records.trial import TrialRecord
 
@@ -18,8 +18,9 @@ CONTEXT_COLUMNS: tuple[str, ...] = StudyRecord.feeding(TABLE)
 LAYOUT_COLUMNS: tuple[str, ...] = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or name == "gbs")
 NUMBER_COLUMNS: tuple[str, ...] = tuple(m.name for m in metrics(TABLE))
 TABLE_COLUMNS: list[str] = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, *TrialRecord.feeding(TABLE), *NUMBER_COLUMNS]
+# a column an older table lacks reads as empty (a layout column: the dimension's default); these it must have
 REQUIRED_COLUMNS: list[str] = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", *TrialRecord.feeding(TABLE),
-                               *NUMBER_COLUMNS]
+                               *(m.name for m in metrics(OBJECTIVE))]
 # days and dollars to train the spec's cost.train_tokens at the trial's throughput (orchestrator.economics)
 TRAIN_COLUMNS = ("train_days", "train_usd")
 # what the leaderboard (`status --csv`) writes besides the table columns: a replay table read back skips them
