@@ -55,6 +55,7 @@ from search_spaces.errors import SpecError  # noqa: E402
 from search_spaces.hardware import load_gpu  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.models import load_model  # noqa: E402
+from search_spaces.result import TrialResult  # noqa: E402
 from search_spaces.space import candidate_layouts  # noqa: E402
 
 from orchestrator.backends.replay import ReplayRow, ReplayTable  # noqa: E402
@@ -62,7 +63,8 @@ from orchestrator.spec import parse_spec  # noqa: E402
 from orchestrator.study import DIRECTIONS  # noqa: E402
 from orchestrator.sweep.prior import ReplayPrior  # noqa: E402
 from orchestrator.sweep.record import Screen  # noqa: E402
-from orchestrator.sweep.samplers import make_sampler, memory_margin  # noqa: E402
+from orchestrator.records import TrialRecord, enqueue  # noqa: E402
+from orchestrator.searches import make_sampler  # noqa: E402
 from orchestrator.sweep.space import SweepSpace  # noqa: E402
 from search_spaces.layout import SEARCH_DIMENSIONS  # noqa: E402
 
@@ -127,8 +129,9 @@ def build_landscape(case: Case, cap: int, seed: int = 0) -> Landscape:
             keep.append((lay, est))
     table = ReplayTable(path=f"<landscape {case.name}>", model=case.model, gpu=case.gpu,
                         num_gpus=case.num_gpus, seq_len=case.seq_len)
-    table.rows = {lay.key(): ReplayRow(lay, "ok", est.tokens_per_sec_per_gpu, est.tflops_per_gpu,
-                                       est.peak_memory_gib, i) for i, (lay, est) in enumerate(keep)}
+    table.rows = {lay.key(): ReplayRow(lay, "ok", TrialResult(
+        status="ok", tokens_per_sec_per_gpu=est.tokens_per_sec_per_gpu, tflops_per_gpu=est.tflops_per_gpu,
+        peak_memory_gib=est.peak_memory_gib), i) for i, (lay, est) in enumerate(keep)}
     spec = parse_spec({"name": "bench", "model": case.model, "gpu": case.gpu, "nodes": 1,
                        "gpus_per_node": case.num_gpus, "seq_len": case.seq_len, "backend": "analytic",
                        "tracking_uri": "none"})
@@ -189,10 +192,10 @@ class SweepSampler:
         self.prior = land.prior
         self.space = SweepSpace.from_prior(self.prior)
         self.sampler = make_sampler(search, self.space, self.prior, seed)
-        self.screen = Screen(self.prior.memory_limit_gib, memory_margin(self.sampler))
+        self.screen = Screen(self.prior.memory_limit_gib, self.sampler.memory_margin)
         self.study = optuna.create_study(directions=DIRECTIONS, sampler=self.sampler)
         for layout in self.prior.seeds() if rules_of_thumb else ():
-            self.study.enqueue_trial(self.space.params(layout), user_attrs={"proposed_by": "rule-of-thumb"})
+            enqueue(self.study, self.space.params(layout), proposed_by="rule-of-thumb")
         self.pending: dict[str, Any] = {}
         self.proposals = 0
 
@@ -200,7 +203,7 @@ class SweepSampler:
         while self.proposals < PROPOSALS_PER_TRIAL * BUDGET:
             self.proposals += 1
             trial = self.study.ask(self.space.distributions())
-            if "proposed_by" not in trial.user_attrs and getattr(self.sampler, "exhausted", False):
+            if TrialRecord.of(trial).proposed_by is None and self.sampler.exhausted:
                 return None
             try:
                 layout = self.space.layout(trial.params)
@@ -224,8 +227,8 @@ class SweepSampler:
         self._tell(trial, status, tokens, mem)
 
     def _tell(self, trial, status, tokens, memory) -> None:
-        trial.set_user_attr("status", status)
-        trial.set_user_attr("result", {"tokens_per_sec_per_gpu": tokens, "peak_memory_gib": memory})
+        TrialRecord.write(trial, status=status, result=TrialResult(status=status, tokens_per_sec_per_gpu=tokens,
+                                                                   peak_memory_gib=memory))
         trial.set_constraint("memory_over_limit_gib", max((memory or 0.0) - self.prior.memory_limit_gib, 0.0))
         trial.set_constraint("not_measured_ok", 0.0 if status == "ok" else 1.0)
         self.study.tell(trial, [tokens if status == "ok" else 0.0, memory or 0.0])

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def run(trials: int = 12) -> dict:
     from orchestrator import study as studies
+    from orchestrator.records import TrialRecord
     from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
 
@@ -46,7 +47,7 @@ def run(trials: int = 12) -> dict:
             os.chdir(cwd)
         ran = sorted(studies.measured_trials(out.study), key=lambda t: t.datetime_start)
         span = (max(t.datetime_complete for t in ran) - ran[0].datetime_start).total_seconds()
-        trainer = sum((t.user_attrs["result"]["extra"].get("launch_wall_s") or 0.0) for t in ran)
+        trainer = sum(TrialRecord.of(t).launch_wall_s for t in ran)
         n = len(ran)
         return {
             "trials": n,

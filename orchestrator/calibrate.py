@@ -15,6 +15,7 @@ table row); `gather` says how many it skipped and why, and refuses when none is 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import tempfile
@@ -24,19 +25,16 @@ from typing import Any, Iterable
 
 from search_spaces.calibration import (Calibration, CalibrationDocument, Measurement, calibration_document, errors,
                                        fit, load_calibration, mape, parameters_for, predict_peak_gib, usable)
-from search_spaces.software import measured_stack
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.reference import published_rows
-from search_spaces.result import TrialResult
+from search_spaces.software import measured_stack
 from search_spaces.validation import problems
 
+from orchestrator.records import StudyRecord, TrialRecord
+
 log = logging.getLogger("moe_autotune")
-
-# the result fields a measured trial must have to be a data point
-NEEDED = ("model", "gpu", "num_gpus", "seq_len", "layout", "tokens_per_sec_per_gpu")
-
 
 def measurement_from_result(result: dict[str, Any], source: str, backend: str = "") -> Measurement | None:
     """A TrialResult dict (as the sweep stores it) -> a Measurement, or None when it is not a measured ok run
@@ -46,25 +44,31 @@ def measurement_from_result(result: dict[str, Any], source: str, backend: str = 
 
 def judge_result(result: Any, source: str, backend: str = "") -> tuple[Measurement | None, str | None]:
     """(the Measurement, None); (None, why it is skipped) when a run recorded as ok cannot be true; (None, None)
-    when it is no data point at all (not measured ok, or the cost model's own answer)."""
-    if not isinstance(result, dict):
+    when it is no data point at all (not measured ok, or the cost model's own answer). `result`: a TrialResult
+    or its stored dict."""
+    return judge(TrialRecord.from_attrs(-1, {"result": result}), source, backend)
+
+
+def judge(record: TrialRecord, source: str, backend: str = "") -> tuple[Measurement | None, str | None]:
+    """judge_result of a trial's record (its result, the backend that ran it)."""
+    r = record.result
+    if r is None or backend == "analytic" or record.source == "costmodel" or r.status != "ok":
         return None, None
-    extra = result.get("extra") if isinstance(result.get("extra"), dict) else {}
-    if backend == "analytic" or extra.get("source") == "costmodel" or result.get("status") != "ok":
-        return None, None
-    missing = [k for k in NEEDED if not result.get(k)]
+    # the fields a measured trial must have to be a data point
+    needed = {"model": r.model, "gpu": r.gpu, "num_gpus": r.num_gpus, "seq_len": r.seq_len, "layout": r.layout,
+              "tokens_per_sec_per_gpu": r.tokens_per_sec_per_gpu}
+    missing = [k for k, v in needed.items() if not v]
     if missing:
         return None, f"{source}: recorded as ok without {missing[0]}"
-    overrides = extra.get("model_overrides") if isinstance(extra.get("model_overrides"), dict) else {}
+    overrides = record.model_overrides
     try:
-        m = Measurement(model=str(result["model"]), gpu=str(result["gpu"]), num_gpus=int(result["num_gpus"]),
-                        seq_len=int(result["seq_len"]), layout=Layout.from_dict(result["layout"]),
-                        tokens_per_sec_per_gpu=result["tokens_per_sec_per_gpu"],
-                        peak_memory_gib=result.get("peak_memory_gib"), source=source,
+        m = Measurement(model=str(r.model), gpu=str(r.gpu), num_gpus=int(r.num_gpus), seq_len=int(r.seq_len),
+                        layout=Layout.from_dict(r.layout), tokens_per_sec_per_gpu=r.tokens_per_sec_per_gpu,
+                        peak_memory_gib=r.peak_memory_gib, source=source,
                         num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"),
-                        software=tuple(sorted((str(k), str(v)) for k, v in (result.get("versions") or {}).items())))
-        claimed = TrialResult.from_dict({k: v for k, v in result.items() if k != "extra"})
-        composed = extra.get("fidelity") == "proxy"  # the full layout's figures on the proxy's record
+                        software=tuple(sorted((str(k), str(v)) for k, v in (r.versions or {}).items())))
+        claimed = dataclasses.replace(r, extra={})
+        composed = record.proxy  # the full layout's figures on the proxy's record
         reasons = problems(claimed, m.layout, load_gpu(m.gpu), model=m.spec(), seq_len=m.seq_len,
                            num_gpus=None if composed else m.num_gpus, memory_measured=not composed)
     except (MoeAutotuneError, TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
@@ -79,15 +83,13 @@ def from_study(storage: str, study_name: str, skipped: list[str] | None = None) 
     from orchestrator import study as studies
 
     study = studies.load_study(storage, study_name)
-    backend = study.user_attrs.get("backend", "")
-    overrides = (study.user_attrs.get("spec") or {}).get("model_overrides") or {}
+    context = StudyRecord.of(study)
     out = []
-    for trial in studies.measured_trials(study):
-        result = dict(trial.user_attrs.get("result") or {})
-        result.setdefault("extra", {})
-        if overrides and not result["extra"].get("model_overrides"):
-            result["extra"] = {**result["extra"], "model_overrides": overrides}
-        _keep(judge_result(result, f"study {study_name} trial {trial.number}", backend), out, skipped)
+    for record in studies.measured_records(study):
+        if context.model_overrides and not record.model_overrides and record.result is not None:
+            result = dataclasses.replace(record.result, extra={**record.extra, "model_overrides": context.model_overrides})
+            record = dataclasses.replace(record, result=result)
+        _keep(judge(record, f"study {study_name} trial {record.number}", context.backend or ""), out, skipped)
     return out
 
 
@@ -117,9 +119,8 @@ def from_experiment(tracking_uri: str, experiment: str, skipped: list[str] | Non
                 continue
             local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="trial.json",
                                                        dst_path=tmp, tracking_uri=tracking_uri)
-            record = _read_json(Path(local))
-            _keep(judge_result(record.get("result") or {}, f"experiment {experiment} run {run.info.run_id[:8]}",
-                               backend), out, skipped)
+            record = TrialRecord.from_attrs(-1, _read_json(Path(local)))  # trial.json: a record's evidence
+            _keep(judge(record, f"experiment {experiment} run {run.info.run_id[:8]}", backend), out, skipped)
     return out
 
 

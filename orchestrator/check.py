@@ -15,41 +15,37 @@ from typing import Any
 
 import optuna
 from mlflow import MlflowClient
-from optuna.trial import TrialState
 
-from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
 from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
+from orchestrator.records import HEADLINE, StudyRecord, TrialRecord, metrics
 from orchestrator.spec import tracks_rejections
 from orchestrator.tracking import PROXY_PARAM, TRIAL_TAG, layout_params, require_existing_store
 
-# result fields logged as metrics of the same name (step_time_s is a history, checked by its points' count)
-CHECKED_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
+# the figures logged as one MLflow metric of the same name that must equal the study's (records.HEADLINE)
+CHECKED_METRICS = tuple(m.name for m in metrics(HEADLINE))
 
 
 def storage_problems(study: optuna.Study) -> list[str]:
     """What is wrong with the study on its own: over the budget, a layout measured twice."""
     problems = []
-    measured = studies.measured_trials(study)
-    budget = (study.user_attrs.get("budget") or {}).get("n_trials")
+    measured = studies.measured_records(study)
+    budget = StudyRecord.of(study).n_trials
     if budget is not None and len(measured) > budget:
         problems.append(f"{len(measured)} trials were measured, over the budget of {budget}")
-    def runs(t) -> tuple[str, str]:  # a layout may run once at each fidelity (confirm re-runs a proxy at full size)
-        return t.user_attrs.get("layout_key"), t.user_attrs.get("fidelity") or "full"
-
-    for (key, fidelity), n in Counter(runs(t) for t in measured).items():
+    # a layout may run once at each fidelity (confirm re-runs a proxy at full size)
+    for (key, fidelity), n in Counter(r.run_key for r in measured).items():
         if n > 1:
-            numbers = [t.number for t in measured if runs(t) == (key, fidelity)]
+            numbers = [r.number for r in measured if r.run_key == (key, fidelity)]
             problems.append(f"layout {key} was measured {n} times at {fidelity} size (trials {numbers})")
     return problems
 
 
 def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     """Where MLflow's child runs disagree with the study's trials."""
-    parent = study.user_attrs.get("mlflow_parent_run_id")
-    experiment = study.user_attrs.get("mlflow_experiment_id")
+    context = StudyRecord.of(study)
+    parent, experiment = context.mlflow_parent_run_id, context.mlflow_experiment_id
     if not parent or not experiment:
         return ["the study records no MLflow parent run (it ran with tracking_uri none?)"]
     client = MlflowClient(tracking_uri)
@@ -58,30 +54,27 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
         number = run.data.tags.get(TRIAL_TAG)
         if number is not None:
             runs.setdefault(int(number), []).append(run)
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trials = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
     problems = [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
     problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
                  for n, r in sorted(runs.items()) if n not in trials]
-    tracked = _tracks_rejections(study)
+    tracked = tracks_rejections(context.track_rejected, context.backend or "")
     for number, trial in sorted(trials.items()):
         run = runs.get(number, [None])[0]
         problems += _trial_problems(client, trial, run, tracked)
     return problems
 
 
-def _trial_problems(client: MlflowClient, trial, run, track_rejected: bool) -> list[str]:
-    status = trial.user_attrs.get("status")
-    if trial.state != TrialState.COMPLETE or not status:
-        if run is not None and trial.state != TrialState.RUNNING and run.info.status == "RUNNING":
-            return [f"trial {trial.number} is {trial.state.name.lower()} but its child run is still running"]
+def _trial_problems(client: MlflowClient, trial: TrialRecord, run, track_rejected: bool) -> list[str]:
+    status = trial.status
+    if not trial.finished or not status:
+        if run is not None and trial.state != "running" and run.info.status == "RUNNING":
+            return [f"trial {trial.number} is {trial.state} but its child run is still running"]
         return []
     if run is None:
         return [] if status == "infeasible" and not track_rejected else [f"trial {trial.number} has no child run"]
     out = []
-    try:
-        expected = layout_params(Layout.from_dict(trial.user_attrs.get("layout") or {}))
-    except SpecError:
-        expected = None
+    expected = layout_params(trial.layout) if trial.layout is not None else None
     logged = {k: v for k, v in run.data.params.items() if not k.startswith(PROXY_PARAM)}  # proxy.*: what it ran
     if expected is not None and logged != expected:
         diff = sorted(k for k in set(expected) | set(logged) if expected.get(k) != logged.get(k))
@@ -93,13 +86,12 @@ def _trial_problems(client: MlflowClient, trial, run, track_rejected: bool) -> l
     return out
 
 
-def _metric_problems(client: MlflowClient, trial, run) -> list[str]:
-    result = trial.user_attrs.get("result") or {}
+def _metric_problems(client: MlflowClient, trial: TrialRecord, run) -> list[str]:
     out = []
     for key in CHECKED_METRICS:
-        value = result.get(key)
+        value = trial.measured(key)
         logged = run.data.metrics.get(key)
-        if not _finite(value):
+        if value is None:
             if logged is not None:
                 out.append(f"trial {trial.number}: child run has {key} {logged}, the study none")
             continue
@@ -121,21 +113,12 @@ def _children(client: MlflowClient, experiment: str, parent: str):
             return
 
 
-def _tracks_rejections(study: optuna.Study) -> bool:
-    spec = study.user_attrs.get("spec") or {}
-    return tracks_rejections(spec.get("track_rejected"), spec.get("backend", study.user_attrs.get("backend")))
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check(storage: str, study_name: str | None, tracking_uri: str | None = None) -> tuple[optuna.Study, list[str]]:
     """(the study, every problem found); MLflow is checked when the study records a tracking URI (or one
     is given)."""
     study = studies.load_study(storage, study_name)
     problems = storage_problems(study)
-    uri = tracking_uri or study.user_attrs.get("tracking_uri")
+    uri = tracking_uri or StudyRecord.of(study).tracking_uri
     if uri and uri.lower() != "none":
         require_existing_store(uri)  # a store that is not there is refused, not created by reading it
         problems += tracking_problems(study, uri)

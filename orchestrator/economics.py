@@ -1,42 +1,68 @@
 """What a layout costs: the time (and dollars) to train the spec's `cost.train_tokens` on the target cluster,
-and what the sweep itself spent (GPU-hours, dollars). Both from the spec's `cost:`; nothing without it."""
+and what the sweep itself spent (GPU-hours, dollars). Both from the spec's `cost:`; nothing without it.
+
+Pure functions of numbers and the `Cost` settings (the spec's `cost:` section is this model): no study here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-import optuna
-
-from orchestrator import study as studies
+from pydantic import BaseModel, ConfigDict, Field
 
 
-def cost_of(study: optuna.Study) -> dict[str, float | None]:
-    """The study's `cost:` settings (usd_per_gpu_hour, train_tokens), None where not given."""
-    cost = ((study.user_attrs.get("spec") or {}).get("cost") or {})
-    return {"usd_per_gpu_hour": cost.get("usd_per_gpu_hour"), "train_tokens": cost.get("train_tokens")}
+class Cost(BaseModel):
+    # the string under each field is its documentation (as in orchestrator.spec)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    usd_per_gpu_hour: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    """What one GPU-hour costs; with it every figure in GPU-hours also shows dollars."""
+    train_tokens: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    """Tokens of the training run the layout is for: each layout shows the time (and dollars) to train them."""
 
 
-def to_train(tokens_per_sec_per_gpu: float | None, num_gpus: int, cost: dict[str, Any]) -> dict[str, float]:
-    """Days, GPU-hours and (with a price) dollars to train cost["train_tokens"] at this throughput; {} when the
+@dataclass(frozen=True)
+class Training:
+    """What training cost.train_tokens at one throughput takes on the target cluster."""
+    days: float
+    gpu_hours: float
+    usd: float | None = None
+    """None without a price."""
+
+    def metrics(self) -> dict[str, float]:
+        """As MLflow metrics and leaderboard columns: train_days, train_gpu_hours, train_usd (when priced)."""
+        out = {"train_days": self.days, "train_gpu_hours": self.gpu_hours}
+        if self.usd is not None:
+            out["train_usd"] = self.usd
+        return out
+
+
+def to_train(tokens_per_sec_per_gpu: float | None, num_gpus: int, cost: Cost) -> Training | None:
+    """Days, GPU-hours and (with a price) dollars to train cost.train_tokens at this throughput; None when the
     spec has no train_tokens or the trial no throughput."""
-    tokens = cost.get("train_tokens")
-    if not tokens or not tokens_per_sec_per_gpu or not num_gpus:
-        return {}
-    hours = tokens / (tokens_per_sec_per_gpu * num_gpus) / 3600.0
-    out = {"train_days": hours / 24.0, "train_gpu_hours": hours * num_gpus}
-    if cost.get("usd_per_gpu_hour"):
-        out["train_usd"] = hours * num_gpus * cost["usd_per_gpu_hour"]
-    return out
+    if not cost.train_tokens or not tokens_per_sec_per_gpu or not num_gpus:
+        return None
+    hours = cost.train_tokens / (tokens_per_sec_per_gpu * num_gpus) / 3600.0
+    usd = hours * num_gpus * cost.usd_per_gpu_hour if cost.usd_per_gpu_hour else None
+    return Training(days=hours / 24.0, gpu_hours=hours * num_gpus, usd=usd)
 
 
-def sweep_spend(study: optuna.Study) -> dict[str, float]:
-    """GPU-hours the sweep's trials used (and what they would have at full size), with dollars when priced."""
-    used, full = studies.gpu_hours(study)
-    out = {"gpu_hours": used, "full_size_gpu_hours": full}
-    price = cost_of(study).get("usd_per_gpu_hour")
-    if price:
-        out.update(usd=used * price, full_size_usd=full * price)
-    return out
+@dataclass(frozen=True)
+class Spend:
+    """What a sweep's trials used, and what the same trials would have used at full size."""
+    gpu_hours: float
+    full_size_gpu_hours: float
+    usd: float | None = None
+    """None without a price (as full_size_usd)."""
+    full_size_usd: float | None = None
+
+
+def spend(gpu_hours: float, full_size_gpu_hours: float, cost: Cost) -> Spend:
+    """GPU-hours a sweep's trials used (and what they would have at full size), with dollars when priced."""
+    price = cost.usd_per_gpu_hour
+    if not price:
+        return Spend(gpu_hours, full_size_gpu_hours)
+    return Spend(gpu_hours, full_size_gpu_hours, gpu_hours * price, full_size_gpu_hours * price)
 
 
 def money(usd: float) -> str:

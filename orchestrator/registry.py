@@ -24,7 +24,6 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mlflow.exceptions import MlflowException
 
@@ -33,6 +32,7 @@ from search_spaces.layout import Layout
 
 from orchestrator import export
 from orchestrator.economics import to_train
+from orchestrator.records import StudyRecord
 from orchestrator.winner import TrialView
 
 log = logging.getLogger("moe_autotune")
@@ -70,29 +70,29 @@ def _client():
     return MlflowClient()
 
 
-def render(view: TrialView, ctx: dict[str, Any], study_name: str) -> dict[str, str]:
-    """The artifact files of one trial, as text (also what `export` prints)."""
+def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: int | None = None) -> dict[str, str]:
+    """The artifact files of one trial, as text (also what `export` prints); `gpus_per_node` for the sbatch
+    script (default: the sweep's)."""
     from search_spaces.models import load_model
 
     layout = view.layout
-    model = load_model(ctx["model"])  # production runs the full model, whatever proxy was profiled
-    seq_len = ctx["seq_len"]
+    model = load_model(ctx.model)  # production runs the full model, whatever proxy was profiled
+    seq_len = ctx.seq_len
     trial = {"study": study_name, "trial": view.number, "backend": view.backend, "estimated": view.estimated,
-             "model": ctx["model"], "seq_len": seq_len, "gpu": ctx["gpu"], "num_gpus": ctx["num_gpus"],
-             "profiled_with_model_overrides": ctx.get("model_overrides") or None,
-             "layout": layout.to_dict(), "result": view.result, "prediction": view.prediction}
+             "model": ctx.model, "seq_len": seq_len, "gpu": ctx.gpu, "num_gpus": ctx.num_gpus,
+             "profiled_with_model_overrides": ctx.model_overrides or None, **view.evidence()}
     return {
-        "layout.yaml": export.layout_yaml(layout, model=ctx["model"], seq_len=seq_len, gpu=ctx["gpu"],
-                                          num_gpus=ctx["num_gpus"], study=study_name, trial=view.number),
+        "layout.yaml": export.layout_yaml(layout, model=ctx.model, seq_len=seq_len, gpu=ctx.gpu,
+                                          num_gpus=ctx.num_gpus, study=study_name, trial=view.number),
         "megatron-args.txt": export.megatron_args_text(layout, model, seq_len),
         "bridge-overrides.yaml": export.bridge_overrides_yaml(layout, seq_len, model),
-        "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx["num_gpus"], ctx["gpus_per_node"]),
+        "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx.num_gpus, gpus_per_node or ctx.gpus_per_node),
         "trial.json": json.dumps(trial, indent=2, default=str) + "\n",
     }
 
 
-def _experiment_id(client, ctx: dict[str, Any], study_name: str) -> str:
-    exp_id = ctx.get("mlflow_experiment_id")
+def _experiment_id(client, ctx: StudyRecord, study_name: str) -> str:
+    exp_id = ctx.mlflow_experiment_id
     if exp_id:
         try:
             if client.get_experiment(str(exp_id)) is not None:
@@ -121,17 +121,17 @@ class Promotion:
     run_id: str
 
 
-def promote(view: TrialView, ctx: dict[str, Any], study_name: str) -> Promotion:
+def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     """Log the trial's files to a new run, register them as a new version, move `production` to it."""
     from mlflow.exceptions import MlflowException
 
     client = _client()
-    name = registered_model_name(ctx["model"], ctx["seq_len"])
+    name = registered_model_name(ctx.model, ctx.seq_len)
     files = render(view, ctx, study_name)
     tags = {"moe_autotune.study": study_name, "moe_autotune.trial": str(view.number),
             "moe_autotune.layout_key": view.layout.key()}
-    if ctx.get("mlflow_parent_run_id"):
-        tags["mlflow.parentRunId"] = str(ctx["mlflow_parent_run_id"])
+    if ctx.mlflow_parent_run_id:
+        tags["mlflow.parentRunId"] = str(ctx.mlflow_parent_run_id)
     run = client.create_run(_experiment_id(client, ctx, study_name), run_name=f"promote-trial-{view.number}",
                             tags=tags)
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,19 +144,20 @@ def promote(view: TrialView, ctx: dict[str, Any], study_name: str) -> Promotion:
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(
-            name, description=f"Parallel layouts for {ctx['model']} at sequence length {ctx['seq_len']} "
+            name, description=f"Parallel layouts for {ctx.model} at sequence length {ctx.seq_len} "
                               "(moe-autotune). Alias 'production' is the one to run.")
     previous = current_production(name)
     version_tags = dict(tags, **{
         "moe_autotune.backend": str(view.backend), "moe_autotune.estimated": str(view.estimated).lower(),
         "moe_autotune.tokens_per_sec_per_gpu": f"{view.tokens_per_sec_per_gpu:.6g}",
-        "moe_autotune.gpu": str(ctx["gpu"]), "moe_autotune.num_gpus": str(ctx["num_gpus"])})
+        "moe_autotune.gpu": str(ctx.gpu), "moe_autotune.num_gpus": str(ctx.num_gpus)})
     version_tags.pop("mlflow.parentRunId", None)
     if view.peak_memory_gib is not None:
         version_tags["moe_autotune.peak_memory_gib"] = f"{view.peak_memory_gib:.6g}"
-    version_tags["moe_autotune.fidelity"] = view.fidelity
+    version_tags["moe_autotune.fidelity"] = view.runs_at
     # the time (and dollars) to train the spec's cost.train_tokens with this layout on the target cluster
-    for key, value in to_train(view.tokens_per_sec_per_gpu, int(ctx["num_gpus"]), ctx.get("cost") or {}).items():
+    found = to_train(view.tokens_per_sec_per_gpu, int(ctx.num_gpus or 0), ctx.cost)
+    for key, value in (found.metrics() if found else {}).items():
         version_tags[f"moe_autotune.{key}"] = f"{value:.6g}"
     if previous is not None:
         version_tags[PREVIOUS_TAG] = str(previous.version)

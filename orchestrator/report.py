@@ -26,6 +26,7 @@ from plotly.subplots import make_subplots
 
 from search_spaces.breakdown import COUNT_KEYS, PEAK_KEYS
 
+from orchestrator.records import StudyRecord
 from orchestrator.winner import TrialView, views
 
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
@@ -98,7 +99,7 @@ def _ok_points(trials: list[TrialView]) -> list[tuple[float, float, int]]:
 def _predicted_measured(trials: list[TrialView], key: str) -> list[tuple[float, float, int]]:
     pairs = []
     for v in trials:
-        pred, meas = _num(v.prediction.get(key)), _num(v.result.get(key))
+        pred, meas = v.predicted(key), v.measured(key)
         if v.status == "ok" and pred is not None and meas is not None:
             pairs.append((pred, meas, v.number))
     return pairs
@@ -114,9 +115,9 @@ def _breakdown(view: TrialView | None) -> tuple[dict[str, float], dict[str, floa
     """(predicted memory GiB, measured memory GiB, predicted time s) components of the winner."""
     if view is None:
         return {}, {}, {}
-    bd = view.prediction.get("breakdown") or {}
-    times = {k: float(v) for k, v in (bd.get("time_s") or {}).items() if _num(v) is not None}
-    return memory_components(bd.get("memory_gib")), memory_components(view.result.get("memory_gib")), times
+    memory, time = view.predicted_breakdown()
+    times = {k: float(v) for k, v in time.items() if _num(v) is not None}
+    return memory_components(memory), memory_components(view.measured_memory()), times
 
 
 def _component_order(*parts: dict[str, float]) -> list[str]:
@@ -304,21 +305,20 @@ _TABLE_HEAD = ("trial", "status", "layout", "fidelity", "tokens/s/GPU", "peak Gi
 
 def _table_rows(trials: list[TrialView], limit: int = 50) -> list[tuple]:
     rows = sorted(trials, key=lambda v: (v.status != "ok", -(_num(v.tokens_per_sec_per_gpu) or 0)))[:limit]
-    return [(v.number, v.status, v.layout.key() if v.layout else "", v.fidelity, _cell(v.tokens_per_sec_per_gpu),
+    return [(v.number, v.status, v.layout.key() if v.layout else "", v.runs_at, _cell(v.tokens_per_sec_per_gpu),
              _cell(v.peak_memory_gib), v.backend, v.reason or "") for v in rows]
 
 
 def _winner(winner: TrialView | None) -> dict[str, str] | None:
     if winner is None:
         return None
-    pred = winner.prediction
-
     def numbers(tps: Any, peak: Any) -> str:
         return f"{_cell(tps) or '?'} tokens/s/GPU, peak {_cell(peak) or '?'} GiB"
 
     line = numbers(winner.tokens_per_sec_per_gpu, winner.peak_memory_gib)
-    if _num(pred.get("tokens_per_sec_per_gpu")) is not None or _num(pred.get("peak_memory_gib")) is not None:
-        line += f" (predicted {numbers(pred.get('tokens_per_sec_per_gpu'), pred.get('peak_memory_gib'))})"
+    tps, peak = winner.predicted("tokens_per_sec_per_gpu"), winner.predicted("peak_memory_gib")
+    if tps is not None or peak is not None:
+        line += f" (predicted {numbers(tps, peak)})"
     return {"label": _label(winner), "line": line}
 
 
@@ -340,10 +340,10 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
     figs = figures(study, trials, winner, family)
     pngs_written, png_note = export_pngs(figs, out) if pngs else ({}, "not asked for")
 
-    attrs = study.user_attrs
+    context = StudyRecord.of(study)
     title = f"moe-autotune report: {study.study_name}"
-    summary = (f"model {attrs.get('model')} · seq_len {attrs.get('seq_len')} · {attrs.get('num_gpus')}× "
-               f"{attrs.get('gpu')} · backend {attrs.get('backend')} · {len(trials)} trials")
+    summary = (f"model {context.model} · seq_len {context.seq_len} · {context.num_gpus}× "
+               f"{context.gpu} · backend {context.backend} · {len(trials)} trials")
     page = _PAGE.render(
         title=title, summary=summary, winner=_winner(winner), headline=headline(study, trials, winner),
         png_note=png_note if png_note and pngs else None, table_head=_TABLE_HEAD, table_rows=_table_rows(trials),
@@ -370,11 +370,11 @@ def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
     ran = [v for v in trials if v.gpu_seconds[0] is not None]
     fig = go.Figure()
     for fidelity in ("full", "proxy"):
-        sel = [v for v in ran if v.fidelity == fidelity]
+        sel = [v for v in ran if v.runs_at == fidelity]
         if sel:
             fig.add_bar(x=[v.number for v in sel], y=[v.gpu_seconds[0] / 3600 for v in sel], name=f"used ({fidelity})",
                         text=[_label(v) for v in sel])
-    proxies = [v for v in ran if v.fidelity == "proxy" and v.gpu_seconds[1]]
+    proxies = [v for v in ran if v.proxy and v.gpu_seconds[1]]
     if proxies:
         fig.add_scatter(x=[v.number for v in proxies], y=[v.gpu_seconds[1] / 3600 for v in proxies], mode="markers",
                         name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})
@@ -399,29 +399,30 @@ def _family_figure(rows: list[dict[str, Any]]) -> go.Figure:
 def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | None) -> str:
     """What the winner saves against the first rule of thumb, the time and money to train, the sweep's spend
     (plain text; empty when there is nothing to say)."""
-    from orchestrator.economics import cost_of, money, sweep_spend, to_train
+    from orchestrator import study as studies
+    from orchestrator.economics import money, to_train
 
     parts = []
     seeds = [v for v in trials if v.proposed_by in ("rule-of-thumb", "previous length")]
     first = min(seeds, key=lambda v: v.number) if seeds else None
-    cost, gpus = cost_of(study), int(study.user_attrs.get("num_gpus") or 0)
+    context = StudyRecord.of(study)
+    cost, gpus = context.cost, int(context.num_gpus or 0)
     if winner and first and first.status == "ok" and first.fits and _num(first.tokens_per_sec_per_gpu):
         gain = winner.tokens_per_sec_per_gpu / first.tokens_per_sec_per_gpu - 1
         parts.append(f"The winner runs {sig(100 * gain)}% faster than the first rule-of-thumb layout "
                      f"(trial {first.number}).")
         a, b = to_train(winner.tokens_per_sec_per_gpu, gpus, cost), to_train(first.tokens_per_sec_per_gpu, gpus, cost)
         if a and b:
-            saved = f" and {money(b['train_usd'] - a['train_usd'])}" if "train_usd" in a else ""
-            parts.append(f"Training {cost['train_tokens']:.3g} tokens takes {sig(a['train_days'])} days instead of "
-                         f"{sig(b['train_days'])}: {sig(b['train_days'] - a['train_days'])} days{saved} saved.")
-    elif winner and to_train(winner.tokens_per_sec_per_gpu, gpus, cost):
-        found = to_train(winner.tokens_per_sec_per_gpu, gpus, cost)
-        usd = f" ({money(found['train_usd'])})" if "train_usd" in found else ""
-        parts.append(f"Training {cost['train_tokens']:.3g} tokens takes {sig(found['train_days'])} days{usd}.")
-    spend = sweep_spend(study)
-    if spend["gpu_hours"]:
-        usd = f" ({money(spend['usd'])})" if "usd" in spend else ""
-        full = (f"; at full size the same trials would have used {sig(spend['full_size_gpu_hours'])} GPU-hours"
-                if spend["full_size_gpu_hours"] > spend["gpu_hours"] * 1.001 else "")
-        parts.append(f"The sweep used {sig(spend['gpu_hours'])} GPU-hours{usd}{full}.")
+            saved = f" and {money(b.usd - a.usd)}" if a.usd is not None and b.usd is not None else ""
+            parts.append(f"Training {cost.train_tokens:.3g} tokens takes {sig(a.days)} days instead of "
+                         f"{sig(b.days)}: {sig(b.days - a.days)} days{saved} saved.")
+    elif winner and (found := to_train(winner.tokens_per_sec_per_gpu, gpus, cost)):
+        usd = f" ({money(found.usd)})" if found.usd is not None else ""
+        parts.append(f"Training {cost.train_tokens:.3g} tokens takes {sig(found.days)} days{usd}.")
+    spend = studies.sweep_spend(study)
+    if spend.gpu_hours:
+        usd = f" ({money(spend.usd)})" if spend.usd is not None else ""
+        full = (f"; at full size the same trials would have used {sig(spend.full_size_gpu_hours)} GPU-hours"
+                if spend.full_size_gpu_hours > spend.gpu_hours * 1.001 else "")
+        parts.append(f"The sweep used {sig(spend.gpu_hours)} GPU-hours{usd}{full}.")
     return " ".join(parts)

@@ -67,15 +67,18 @@ def link_run(storage: str, study_name: str, tags: dict[str, str]) -> str | None:
     import optuna
     from mlflow.tracking import MlflowClient
 
+    from orchestrator.records import StudyRecord
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}") from None
-    run_id = study.user_attrs.get("mlflow_parent_run_id")
+    context = StudyRecord.of(study)
+    run_id = context.mlflow_parent_run_id
     if not run_id or not tags:
         return None
-    client = MlflowClient(tracking_uri=study.user_attrs.get("tracking_uri"))
+    client = MlflowClient(tracking_uri=context.tracking_uri)
     run = client.get_run(run_id)
     job_ids = [j for j in run.data.tags.get("slurm_job_ids", "").split(",") if j]
     if tags.get("slurm_job_id") and tags["slurm_job_id"] not in job_ids:

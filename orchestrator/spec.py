@@ -19,10 +19,17 @@ from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYE
 from search_spaces.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
 from search_spaces.pydantic_line import one_line, short
 
+from orchestrator.backends import BACKENDS, DEFAULT_BACKEND, canonical_backend
+from orchestrator.economics import Cost
+from orchestrator.searches import DEFAULT_SEARCH, SEARCH_KINDS
+
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
 # backends whose trials are predictions or recordings: rejected proposals outnumber trials there, so they go
 # to one table on the parent MLflow run instead of a child run each (unless track_rejected says otherwise)
-WHAT_IF_BACKENDS = ("analytic", "replay")
+WHAT_IF_BACKENDS = tuple(name for name, kind in BACKENDS.items() if kind.what_if)
+# the choices of `backend:` and `search:`, from their tables
+BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
+SearchName = Literal[tuple(SEARCH_KINDS)]  # type: ignore[valid-type]
 # What defines the situation a study measures: `--resume` refuses a spec that changes one of these (the
 # budget, the search and its seed, where MLflow or Ray live, timeouts ... may change between runs).
 SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", "model_overrides", "backend",
@@ -51,13 +58,6 @@ class ModelOverrides(_Strict):
     """Fewer (or more) decoder layers than the catalog model: a smaller model for CPU runs."""
     hidden_size: int | None = Field(None, ge=1, le=MAX_MODEL_WIDTH, strict=True)
     """Another width than the catalog model (heads and head_dim kept)."""
-
-
-class Cost(_Strict):
-    usd_per_gpu_hour: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
-    """What one GPU-hour costs; with it every figure in GPU-hours also shows dollars."""
-    train_tokens: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
-    """Tokens of the training run the layout is for: each layout shows the time (and dollars) to train them."""
 
 
 class SweepSpec(_Strict):
@@ -94,8 +94,9 @@ class SweepSpec(_Strict):
     """Steps not timed."""
     trial_timeout_s: float = Field(900.0, gt=0, strict=True, allow_inf_nan=False)
     """A trial still running after this many seconds is killed with its process tree (status timeout)."""
-    backend: Literal["local", "analytic", "replay"] = "local"
-    """local: the real trainer through Ray; analytic: the cost model; replay: a recorded table."""
+    backend: BackendName = DEFAULT_BACKEND
+    """Where trials run (orchestrator.backends.BACKENDS): ray, the real trainer through Ray (`local` is accepted
+    for it); analytic, the cost model; replay, a recorded table."""
     tracking_uri: str = "sqlite:///mlflow.db"
     """MLflow tracking URI, or none."""
     experiment: str | None = None
@@ -106,9 +107,10 @@ class SweepSpec(_Strict):
     """A smaller (or narrower) copy of the model."""
     seed: int | None = Field(None, ge=0, le=MAX_SEED, strict=True)
     """The sampler's seed: the same seed proposes the same layouts."""
-    search: Literal["calibrated", "tpe", "random", "grid"] = "calibrated"
-    """calibrated (default): the cost model's ranking corrected from every measurement; tpe, random, grid: the
-    baselines bench/search_efficiency.py compares (orchestrator/sweep/samplers.py)."""
+    search: SearchName = DEFAULT_SEARCH
+    """How layouts are proposed (orchestrator.searches.SEARCH_KINDS): calibrated (default), the cost model's
+    ranking corrected from every measurement; tpe, random, grid: the baselines bench/search_efficiency.py
+    compares."""
     ray_address: str | None = None
     """Join this Ray cluster (default: start a local one)."""
     workdir: str = "moe-autotune-runs"
@@ -160,6 +162,15 @@ class SweepSpec(_Strict):
                 raise ValueError(f"seq_len: a length family runs shortest first, each length once, got {lengths!r}")
             data.update(seq_len=lengths[0], lengths=lengths if len(lengths) > 1 else None)
         return data
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_name(cls, value: Any) -> Any:
+        """An alias (`local`) is recorded as the backend's own name (`ray`); an unknown one is pydantic's error."""
+        try:
+            return canonical_backend(value) if isinstance(value, str) else value
+        except SpecError:
+            return value
 
     @field_validator("name", "experiment")
     @classmethod

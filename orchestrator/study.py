@@ -1,13 +1,7 @@
 """The Optuna study: objectives, storage, and the read side (best, Pareto, leaderboard).
 
-Storage contract (written by orchestrator/sweep, read by status, promote, report, export and check):
-  study.user_attrs: spec, situation, model, seq_len, gpu, num_gpus, backend, memory_limit_gib, budget,
-                    mlflow_experiment_id, mlflow_parent_run_id, tracking_uri, driver_lease
-  trial.params:     the layout's encoded values, one per searchable dimension (Layout.params)
-  trial.user_attrs: layout, layout_key, proposed_by, prediction, backend, mlflow_run_id, status, result,
-                    reason, command (retry_of, retry_reason, measured_result on trials queued by --resume)
-Objectives: [tokens/s/GPU (maximize), peak memory GiB (minimize)]; constraints (feasible when <= 0):
-  memory_over_limit_gib, and not_measured_ok (1 for infeasible/oom/error/timeout trials).
+What the storage holds of the study and of each trial is the storage contract of orchestrator/records.py
+(StudyRecord, TrialRecord); this module reads it through those records only.
 """
 
 from __future__ import annotations
@@ -17,7 +11,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pandas as pd
@@ -25,13 +18,11 @@ import psutil
 import sqlalchemy.exc
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator import sqlite_tuning
-from orchestrator.backends.replay import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS,
-                                         TABLE_COLUMNS)
+from orchestrator import economics, sqlite_tuning
 from orchestrator.errors import StorageError, StorageFull
+from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
 from orchestrator.redact import redact_uri
 
 DIRECTIONS = ["maximize", "minimize"]
@@ -150,22 +141,30 @@ def family_members(storage: str, name: str) -> list[optuna.Study]:
     """The studies of length family `name` (one per sequence length), shortest first; [] when it is none."""
     store = open_existing_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)
-             if s.user_attrs.get("family") == name and s.study_name != name]
+             if StudyRecord.of(s).family == name and s.study_name != name]
     members = [optuna.load_study(study_name=n, storage=store) for n in names]
-    return sorted(members, key=lambda s: int(s.user_attrs.get("seq_len") or 0))
+    return sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0))
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
 
 
+def finished_records(study: optuna.Study) -> list[TrialRecord]:
+    return [TrialRecord.of(t) for t in finished_trials(study)]
+
+
 def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that ran (counted against n_trials); infeasible proposals are free."""
-    return [t for t in finished_trials(study) if t.user_attrs.get("status") in MEASURED_STATUSES]
+    return [t for t in finished_trials(study) if TrialRecord.of(t).status in MEASURED_STATUSES]
+
+
+def measured_records(study: optuna.Study) -> list[TrialRecord]:
+    return [r for r in finished_records(study) if r.status in MEASURED_STATUSES]
 
 
 def fits(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.user_attrs.get("status") == "ok" and all(v <= 0 for v in trial.constraints.values())
+    return TrialRecord.of(trial).fits_ok
 
 
 def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -177,11 +176,16 @@ def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def gpu_hours(study: optuna.Study) -> tuple[float, float]:
     """(GPU-hours the study's trials used, GPU-hours the same trials would have used at full size)."""
     used = full = 0.0
-    for t in measured_trials(study):
-        extra = (t.user_attrs.get("result") or {}).get("extra") or {}
-        used += extra.get("gpu_seconds") or 0.0
-        full += extra.get("full_size_gpu_seconds") or extra.get("gpu_seconds") or 0.0
+    for record in measured_records(study):
+        seconds, at_full = record.gpu_seconds
+        used += seconds or 0.0
+        full += at_full or seconds or 0.0
     return used / 3600.0, full / 3600.0
+
+
+def sweep_spend(study: optuna.Study) -> economics.Spend:
+    """What the sweep's trials used, in GPU-hours (and dollars with the spec's price)."""
+    return economics.spend(*gpu_hours(study), StudyRecord.of(study).cost)
 
 
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -189,51 +193,19 @@ def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(front, key=lambda t: -t.values[0])
 
 
-def layout_cells(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The trial's layout as replay-table cells (encoded values); a proposal that was not even a Layout
-    shows its params."""
-    layout = trial.user_attrs.get("layout") or {}
-    try:
-        return Layout.from_dict(layout).params(LAYOUT_COLUMNS)
-    except (SpecError, TypeError):
-        return {c: trial.params.get(c, layout.get(c)) for c in LAYOUT_COLUMNS}
-
-
-def _row(study_attrs: dict[str, Any], trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    ua = trial.user_attrs
-    result = ua.get("result") or {}
-    pred = ua.get("prediction") or {}
-    return {
-        "trial": trial.number, **{k: study_attrs.get(k) for k in CONTEXT_COLUMNS}, **layout_cells(trial),
-        "status": ua.get("status") or trial.state.name.lower(),
-        **{k: result.get(k) for k in NUMBER_COLUMNS},
-        "predicted_tokens_per_sec_per_gpu": pred.get("tokens_per_sec_per_gpu"),
-        "predicted_peak_memory_gib": pred.get("peak_memory_gib"),
-        "fidelity": ua.get("fidelity"),
-        "gpu_seconds": (result.get("extra") or {}).get("gpu_seconds"),
-        **_train_columns(study_attrs, result.get("tokens_per_sec_per_gpu")),
-        "reason": ua.get("reason"),
-        "mlflow_run_id": ua.get("mlflow_run_id"),
-    }
-
-
-def _train_columns(study_attrs: dict[str, Any], tokens: float | None) -> dict[str, float | None]:
-    """Days and dollars to train the spec's cost.train_tokens at this throughput on the target cluster."""
-    from orchestrator.economics import to_train
-
-    cost = (study_attrs.get("spec") or {}).get("cost") or {}
-    found = to_train(tokens, int(study_attrs.get("num_gpus") or 0), cost)
-    return {"train_days": found.get("train_days"), "train_usd": found.get("train_usd")}
+def _on_board(record: TrialRecord, include_infeasible: bool) -> bool:
+    """Every proposal judged or running (a discarded repeat is no row); rejected ones unless left out."""
+    judged = record.status is not None or not record.finished
+    has_layout = record.layout is not None or record.status is not None
+    return judged and has_layout and (include_infeasible or record.status != "infeasible")
 
 
 def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.DataFrame:
     """One row per finished trial, best measured first (replay-table columns first)."""
-    attrs = study.user_attrs
-    trials = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status")
-              or t.state != optuna.trial.TrialState.COMPLETE]
-    rows = [_row(attrs, t) for t in trials if t.user_attrs.get("layout")
-            and (include_infeasible or t.user_attrs.get("status") != "infeasible")]
-    frame = pd.DataFrame(rows, columns=["trial", *TABLE_COLUMNS, *LEADERBOARD_EXTRA])
+    context = StudyRecord.of(study)
+    rows = [row(r, context) for r in (TrialRecord.of(t) for t in study.get_trials(deepcopy=False))
+            if _on_board(r, include_infeasible)]
+    frame = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
     if frame.empty:
         return frame
     frame["_ok"] = frame["status"].eq("ok")

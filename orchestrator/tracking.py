@@ -28,6 +28,7 @@ from search_spaces.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import sqlite_tuning
 from orchestrator.errors import TrackingError
+from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
 from orchestrator.redact import redact_environment, redact_mapping, redact_uri
 
 log = logging.getLogger("moe_autotune")
@@ -37,18 +38,14 @@ for _name in ("mlflow", "alembic"):  # table-creation chatter would break the li
 
 PARENT_TAG = "moe_autotune.role"
 STUDY_TAG = "moe_autotune.study"
-TRIAL_TAG = "optuna_trial_number"
 SUPERSEDED_TAG = "moe_autotune.superseded_trial"
 CORRUPT_SPOOL = "mlflow-spool.corrupt.jsonl"
-_METRICS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s", "wall_time_s")
 # MLflow 3's experiment kind: "custom_model_development" is its model-training view (runs, not traces)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 # a saved view of the runs page (MLflow's "Views" menu), opened by `?viewStateShareKey=<id>`
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 TRIALS_VIEW = "moe-autotune-trials"
-_VIEW_METRICS = ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "peak_memory_gib",
-                 "predicted_peak_memory_gib", "mfu", "gpu_seconds")
 LEADERBOARD_TABLE = "leaderboard.json"
 
 
@@ -195,26 +192,21 @@ class Tracker:
             self.client.log_text(run_id, pareto_csv, "pareto.csv")
         self.client.set_terminated(run_id, status)
 
-    def log_views(self, study: Any) -> None:
-        """The sweep's views on its parent run: the leaderboard as an MLflow table and a CSV, the Pareto plot
-        (plotly, opens offline) and the report page (no PNGs: no headless Chrome at every sweep's end)."""
-        import tempfile
-
-        from orchestrator import report, study as studies
-
+    def log_views(self, leaderboard: Any, pareto_figure: Any, report_files: Iterable[Path]) -> None:
+        """The sweep's views on its parent run: the leaderboard (a DataFrame) as an MLflow table and a CSV, the
+        Pareto plot (a plotly figure, opens offline) and the report's files (under report/)."""
         run_id = self.parent_run_id
-        frame = studies.leaderboard(study)
         if LEADERBOARD_TABLE in {a.path for a in self.client.list_artifacts(run_id)}:
             # log_table would append to a resumed sweep's table: the whole table replaces it instead
-            self.client.log_text(run_id, frame.to_json(orient="split", index=False, date_format="iso"),
+            self.client.log_text(run_id, leaderboard.to_json(orient="split", index=False, date_format="iso"),
                                  LEADERBOARD_TABLE)
         else:
-            self.client.log_table(run_id, frame, LEADERBOARD_TABLE)
-        self.client.log_text(run_id, frame.to_csv(index=False), "leaderboard.csv")
-        self.client.log_figure(run_id, report.pareto_figure(study), "pareto.html",
+            self.client.log_table(run_id, leaderboard, LEADERBOARD_TABLE)
+        self.client.log_text(run_id, leaderboard.to_csv(index=False), "leaderboard.csv")
+        self.client.log_figure(run_id, pareto_figure, "pareto.html",
                                save_kwargs={"include_plotlyjs": True})  # inlined: MLflow's default is a CDN
-        with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
-            report.log_to_mlflow(report.write(study, tmp, pngs=False), run_id, client=self.client)
+        for path in report_files:
+            self.client.log_artifact(run_id, str(path), "report")
 
     # ---- children ----------------------------------------------------------------------------------
     def child(self, number: int, layout: Layout, backend: str) -> str | None:
@@ -227,10 +219,10 @@ class Tracker:
                         number, type(exc).__name__, exc)
             return None
 
-    def _child(self, number: int, layout: Layout, backend: str) -> "_Child":
+    def _child(self, number: int, layout: Layout | None, backend: str) -> "_Child":
         """A child run belongs to one trial, and one layout, for ever: an existing run of this trial number
         is reused only when its layout params match (a resume), else it is closed as superseded."""
-        params = layout_params(layout)
+        params = layout_params(layout) if layout is not None else {}
         child = self._children.get(number)
         if child is not None and child.params in ({}, params):
             return child
@@ -255,48 +247,33 @@ class Tracker:
         child = self._children.get(number)
         return child is not None and child.status in ("FINISHED", "FAILED", "KILLED")
 
-    def record(self, number: int, payload: dict[str, Any]) -> bool:
+    def record(self, run: "RunRecord") -> bool:
         """Log a finished trial; on failure keep it in the spool. True when MLflow has it."""
         try:
-            self._record(number, payload)
+            self._record(run)
             return True
         except Exception as exc:  # MLflow down/misbehaving: keep the record, say why later
-            self._spool({"trial_number": number, "payload": payload, "error": f"{type(exc).__name__}: {exc}"})
+            self._spool({"trial_number": run.record.number, "payload": run.payload(),
+                         "error": f"{type(exc).__name__}: {exc}"})
             return False
 
-    def _record(self, number: int, payload: dict[str, Any]) -> None:
-        child = self._child(number, Layout.from_dict(payload.get("layout") or {}), payload.get("backend", ""))
+    def _record(self, run: "RunRecord") -> None:
+        record = run.record
+        child = self._child(record.number, record.layout, record.backend or "")
         run_id = child.run_id
-        result = payload.get("result") or {}
-        pred = payload.get("prediction") or {}
         t = _now()
-        steps = [float(v) for v in result.get("step_times_s") or [] if _finite(v)]
-        # step_time_s is a history (one point per profiled step); the summary only when there is none
-        names = [k for k in _METRICS if not (k == "step_time_s" and steps)]
-        metrics = [Metric(k, float(result[k]), t, 0) for k in names if _finite(result.get(k))]
-        metrics += [Metric("step_time_s", v, t, i) for i, v in enumerate(steps)]
-        # step k of `loss` is the trainer's step k, warm-up included (extra.loss_includes_warmup)
-        metrics += [Metric("loss", float(v), t, i) for i, v in enumerate(result.get("loss") or []) if _finite(v)]
-        metrics += [Metric(f"predicted_{k}", float(pred[k]), t, 0)
-                    for k in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "step_time_s")
-                    if _finite(pred.get(k))]
-        tags = [RunTag("status", payload.get("status", "")), RunTag("backend", payload.get("backend", "")),
-                RunTag(TRIAL_TAG, str(number))]
-        if payload.get("reason"):
-            tags.append(RunTag("reason", str(payload["reason"])[:4000]))
-        size_metrics, size_params, size_tags = _trial_size_records(result.get("extra") or {}, t)
-        self.client.log_batch(run_id, metrics=metrics + size_metrics, params=size_params, tags=tags + size_tags)
-        composed = (result.get("extra") or {}).get("composed")
-        if composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
-            self.client.log_dict(run_id, {"composed": composed, "proxy": (result.get("extra") or {}).get("proxy")},
-                                 "composed.json")
+        metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
+        tags = [RunTag(k, v) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
+        params = [Param(f"{PROXY_PARAM}{k}", v) for k, v in record.proxy_params().items()]
+        self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        if record.composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
+            self.client.log_dict(run_id, {"composed": record.composed, "proxy": record.proxy_plan}, "composed.json")
         # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
-        if payload.get("status") != "infeasible" and payload.get("backend") != "analytic":
-            self.client.log_dict(run_id, {k: payload.get(k) for k in ("result", "prediction", "layout")},
-                                 "trial.json")
-            if payload.get("command"):
-                self.client.log_text(run_id, json.dumps(payload["command"], indent=1), "command.json")
-            for path in payload.get("logs") or []:
+        if record.status != "infeasible" and record.backend != "analytic":
+            self.client.log_dict(run_id, record.evidence(), "trial.json")
+            if record.command:
+                self.client.log_text(run_id, json.dumps(record.command, indent=1), "command.json")
+            for path in run.logs:
                 if Path(path).is_file():
                     self.client.log_artifact(run_id, path, "logs")
         self.client.set_terminated(run_id, "FINISHED")
@@ -347,7 +324,7 @@ class Tracker:
                 continue
             try:
                 if not self.is_finished(rec["trial_number"]):
-                    self._record(rec["trial_number"], rec["payload"])
+                    self._record(RunRecord.from_payload(rec["trial_number"], rec["payload"]))
             except Exception:  # MLflow still down: the record stays in the spool
                 left.append(line)
         self._set_aside(damaged)
@@ -401,30 +378,27 @@ def _finite(value: Any) -> bool:
 PROXY_PARAM = "proxy."  # params of the layout a proxy trial ran (its world, layers, changed fields)
 
 
-def _trial_size_records(extra: dict[str, Any], t: int) -> tuple[list[Metric], list[Param], list[RunTag]]:
-    """Fidelity tag, GPU-seconds, and for a proxy trial its proxy's params and the measured/composed metrics."""
-    metrics = [Metric(k, float(extra[k]), t, 0) for k in ("gpu_seconds", "full_size_gpu_seconds")
-               if _finite(extra.get(k))]
-    tags = [RunTag("fidelity", str(extra["fidelity"]))] if extra.get("fidelity") else []
-    proxy = extra.get("proxy")
-    if not proxy:
-        return metrics, [], tags
-    params = [Param(f"{PROXY_PARAM}world", str(proxy["world"])),
-              Param(f"{PROXY_PARAM}num_layers", str(proxy["num_layers"]))]
-    params += [Param(f"{PROXY_PARAM}{c['field']}", str(c["proxy"])) for c in proxy.get("changes", [])
-               if c["field"] not in ("world", "num_layers")]
-    composed = extra.get("composed") or {}
-    metrics += [Metric(f"composed_{k}", float(composed[k]), t, 0)
-                for k in ("tokens_per_sec_per_gpu", "step_time_s", "peak_memory_gib") if _finite(composed.get(k))]
-    metrics += [Metric(f"proxy_measured_{k}", float(v), t, 0) for k, v in (extra.get("proxy_measured") or {}).items()
-                if _finite(v)]
-    return metrics, params, tags
+@dataclass(frozen=True)
+class RunRecord:
+    """What a trial's child run gets: the trial's record and the log files of its directory."""
+    record: TrialRecord
+    logs: tuple[str, ...] = ()
+
+    def payload(self) -> dict[str, Any]:
+        """The spooled form: the record's user attrs and the logs (what an older spool line holds too)."""
+        return {**self.record.stored_attrs(), "logs": list(self.logs)}
+
+    @classmethod
+    def from_payload(cls, number: int, payload: dict[str, Any]) -> "RunRecord":
+        logs = payload.get("logs")
+        return cls(TrialRecord.from_attrs(number, payload),
+                   tuple(str(p) for p in logs) if isinstance(logs, list) else ())
 
 
 def trials_view(free: Iterable[str] | None = None) -> dict[str, Any]:
     """The runs page as the sweep is read: trials ranked by tokens/s/GPU (a metric order lists child runs
     flat, not collapsed under the parent), measured beside predicted, then the searched layout fields."""
-    columns = [f"metrics.`{k}`" for k in _VIEW_METRICS]
+    columns = [f"metrics.`{k}`" for k in VIEW_METRICS]
     columns += [f"params.`{k}`" for k in (free or PARALLEL_SIZES)]
     columns += ["tags.`status`", "tags.`fidelity`"]
     # columnOrder puts them first, in this order: the tokens/s column stays in sight on a narrow window

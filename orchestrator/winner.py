@@ -8,13 +8,14 @@ SpecError whose one line says why.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+
+from orchestrator.records import StudyRecord, TrialRecord
 
 
 def load(storage: str, study_name: str | None = None) -> optuna.Study:
@@ -25,55 +26,20 @@ def load(storage: str, study_name: str | None = None) -> optuna.Study:
 
 
 @dataclass(frozen=True)
-class TrialView:
-    """One trial as the sweep recorded it (user_attrs), with the questions promote and report ask."""
-    number: int
-    status: str
-    layout: Layout | None
-    result: dict[str, Any]
-    prediction: dict[str, Any]
-    backend: str
-    reason: str | None
-    mlflow_run_id: str | None
-    memory_limit_gib: float | None
-    constraints: tuple[float, ...] = ()
-    fidelity: str = "full"  # proxy: measured on a proxy and composed to full size
-    proposed_by: str | None = None  # rule-of-thumb, previous length, resume, confirm, or the search's name
-
-    @property
-    def gpu_seconds(self) -> tuple[float | None, float | None]:
-        """(GPU-seconds the trial used, what it would have used at full size)."""
-        extra = self.result.get("extra") or {}
-        return extra.get("gpu_seconds"), extra.get("full_size_gpu_seconds")
-
-    @property
-    def tokens_per_sec_per_gpu(self) -> float | None:
-        return self.result.get("tokens_per_sec_per_gpu")
-
-    @property
-    def peak_memory_gib(self) -> float | None:
-        return self.result.get("peak_memory_gib")
-
-    @property
-    def estimated(self) -> bool:
-        """The numbers are the cost model's, not a measurement."""
-        return self.backend == "analytic" or (self.result.get("extra") or {}).get("source") == "costmodel"
+class TrialView(TrialRecord):
+    """One trial as the sweep recorded it (its TrialRecord), with the questions promote and report ask."""
+    memory_limit_gib: float | None = None
+    """The GPU memory the study's layouts must fit in (the study's)."""
 
     @property
     def fits(self) -> bool:
         """Measured peak within the GPU's memory; without a measurement, the cost model's verdict."""
-        if any(c > 0 for c in self.constraints):  # the sweep's own verdict (memory over the limit)
+        if not self.within_constraints:  # the sweep's own verdict (memory over the limit)
             return False
         peak = self.peak_memory_gib
         if peak is not None and self.memory_limit_gib:
             return float(peak) <= float(self.memory_limit_gib)
-        if "fits" in self.prediction:
-            return bool(self.prediction["fits"])
-        return False
-
-    @property
-    def proxy(self) -> bool:
-        return self.fidelity == "proxy"
+        return bool(self.predicted_fits)
 
     def refusal(self, allow_estimated: bool = False, allow_proxy: bool = False,
                 allow_benchmark: bool = False) -> str | None:
@@ -104,38 +70,29 @@ class TrialView:
 
 
 def gpu_memory_gib(study: optuna.Study) -> float | None:
-    if study.user_attrs.get("memory_limit_gib"):
-        return float(study.user_attrs["memory_limit_gib"])
-    name = study.user_attrs.get("gpu")
-    if not name:
+    context = StudyRecord.of(study)
+    if context.memory_limit_gib:
+        return float(context.memory_limit_gib)
+    if not context.gpu:
         return None
     try:
         from search_spaces.hardware import load_gpu
-        return float(load_gpu(name).memory_gib)
+        return float(load_gpu(context.gpu).memory_gib)
     except (ImportError, SpecError, ValueError, KeyError):
         return None
 
 
 def views(study: optuna.Study) -> list[TrialView]:
-    """Every trial that ran or was judged, in trial order."""
+    """Every trial that ran or was judged, in trial order (still running, or pruned before the sweep wrote
+    anything: none)."""
     limit = gpu_memory_gib(study)
-    study_backend = study.user_attrs.get("backend", "")
+    study_backend = StudyRecord.of(study).backend
     out = []
     for trial in study.get_trials(deepcopy=False):
-        attrs = trial.user_attrs
-        status = attrs.get("status")
-        if status is None:  # still running, or pruned before the sweep wrote anything
+        view = TrialView.of(trial, memory_limit_gib=limit)
+        if view.status is None:
             continue
-        try:
-            layout = Layout.from_dict(attrs["layout"]) if attrs.get("layout") else None
-        except SpecError:
-            layout = None
-        out.append(TrialView(
-            number=trial.number, status=status, layout=layout, result=attrs.get("result") or {},
-            prediction=attrs.get("prediction") or {}, backend=attrs.get("backend") or study_backend,
-            reason=attrs.get("reason"), mlflow_run_id=attrs.get("mlflow_run_id"), memory_limit_gib=limit,
-            constraints=tuple(float(c) for c in (getattr(trial, "constraints", None) or {}).values()),
-            fidelity=attrs.get("fidelity") or "full", proposed_by=attrs.get("proposed_by")))
+        out.append(view if view.backend else dataclasses.replace(view, backend=study_backend or ""))
     return out
 
 
@@ -166,19 +123,9 @@ def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: 
     return max(good, key=lambda v: v.tokens_per_sec_per_gpu)
 
 
-def context(study: optuna.Study) -> dict[str, Any]:
-    """Model, sequence length, GPU and scale of the sweep (study user_attrs, spec as fallback)."""
-    attrs = study.user_attrs
-    spec = attrs.get("spec") or {}
-    model = attrs.get("model") or spec.get("model")
-    seq_len = attrs.get("seq_len") or spec.get("seq_len")
-    if not model or not seq_len:
+def context(study: optuna.Study) -> StudyRecord:
+    """Model, sequence length, GPU and scale of the sweep (the study's record, the spec as fallback)."""
+    record = StudyRecord.of(study)
+    if not record.model or not record.seq_len:
         raise SpecError(f"study {study.study_name!r} does not record its model and seq_len")
-    num_gpus = attrs.get("num_gpus") or (spec.get("nodes", 1) * spec.get("gpus_per_node", 1))
-    return {"model": model, "seq_len": int(seq_len), "gpu": attrs.get("gpu") or spec.get("gpu"),
-            "num_gpus": int(num_gpus), "gpus_per_node": int(spec.get("gpus_per_node") or min(8, int(num_gpus))),
-            "backend": attrs.get("backend") or spec.get("backend"),
-            "tracking_uri": attrs.get("tracking_uri") or spec.get("tracking_uri"),
-            "mlflow_experiment_id": attrs.get("mlflow_experiment_id"),
-            "mlflow_parent_run_id": attrs.get("mlflow_parent_run_id"),
-            "model_overrides": spec.get("model_overrides") or {}, "cost": spec.get("cost") or {}}
+    return record

@@ -1,8 +1,39 @@
-"""Test helpers for the sweep tests."""
+"""Test helpers for the sweep tests: the one small sweep spec they start from, and the prior."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.spec import SweepSpec, parse_spec
 from orchestrator.sweep import Prior
+
+# the Ray backend with tests/fake_trainer.py: a real trainer process per trial that returns at once
+FAKE_TRAINER: dict[str, Any] = {"backend": "ray", "launcher": "python", "trainer_module": "tests.fake_trainer",
+                                "steps": 3, "warmup": 1}
+
+
+def spec_data(tmp_path: Path, name: str = "sweep", **changes: Any) -> dict[str, Any]:
+    """A small sweep spec as data: tiny-moe on 4 CPU ranks with the analytic backend (seconds per sweep), its
+    Optuna storage, MLflow store and trial directories in `tmp_path`; `changes` replace whole fields."""
+    data: dict[str, Any] = {
+        "name": name, "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
+        "backend": "analytic", "budget": {"n_trials": 6}, "seed": 3, "fixed": {"precision": "fp32"},
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "workdir": str(tmp_path / "runs")}
+    return {**data, **changes}
+
+
+def make_spec(tmp_path: Path, name: str = "sweep", **changes: Any) -> SweepSpec:
+    """spec_data, validated: the SweepSpec a sweep runs."""
+    return parse_spec(spec_data(tmp_path, name, **changes))
+
+
+def write_spec(path: Path, data: dict[str, Any]) -> Path:
+    """A spec file (JSON is YAML) for the CLI."""
+    path.write_text(json.dumps(data))
+    return path
 
 
 def prior_for(spec) -> Prior:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 EXISTING = "kept-study"
@@ -24,9 +25,8 @@ EXISTING = "kept-study"
 
 def _base_spec(workdir: Path, storage: str) -> dict:
     # analytic backend, no MLflow: a valid spec runs in seconds
-    return {"name": "bad-input-probe", "model": "tiny-moe", "gpu": "h100", "nodes": 1, "gpus_per_node": 8,
-            "seq_len": 1024, "gbs": 16, "backend": "analytic", "budget": {"n_trials": 2}, "seed": 1,
-            "tracking_uri": "none", "storage": storage, "workdir": str(workdir / "runs")}
+    return spec_data(workdir, "bad-input-probe", gpu="h100", gpus_per_node=8, seq_len=1024, gbs=16, fixed={},
+                     budget={"n_trials": 2}, seed=1, tracking_uri="none", storage=storage)
 
 
 def _fingerprint(storage: str) -> dict:

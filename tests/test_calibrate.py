@@ -163,18 +163,16 @@ def test_replay_sweep_records_its_calibration_and_its_trials_teach_the_next(tmp_
 
     from mlflow import MlflowClient
 
-    from orchestrator.spec import parse_spec
     from orchestrator.sweep import run_sweep
+    from tests.sweep_helpers import make_spec
 
     table = Path(__file__).parent / "data" / "replay_small.csv"
     start = tmp_path / "start.json"
     start.write_text(json.dumps({"cpu_overhead_per_layer_s": 0.02}))
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    spec = parse_spec({"name": "replayed", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 128,
-                       "gbs": 8, "backend": "replay", "replay_table": str(table), "seed": 3,
-                       "budget": {"n_trials": 8}, "storage": storage, "tracking_uri": tracking,
-                       "workdir": str(tmp_path / "runs"), "calibration": str(start)})
+    spec = make_spec(tmp_path, "replayed", seq_len=128, backend="replay", replay_table=str(table), fixed={},
+                     budget={"n_trials": 8}, storage=storage, tracking_uri=tracking, calibration=str(start))
     out = run_sweep(spec, show_progress=False)
     assert out.exit_code == 0
     client = MlflowClient(tracking)

@@ -54,16 +54,14 @@ if __name__ == "__main__":
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-def _spec_data(tmp_path: Path, **extra) -> dict:
-    data = {"name": "chaos", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 1, "seq_len": 128, "gbs": 4,
-            "backend": "local", "launcher": "python", "trainer_module": "tests.fake_trainer",
-            "budget": {"n_trials": 3, "max_concurrent": 1}, "seed": 5, "steps": 2, "warmup": 1,
-            "free": ["mbs", "recompute"],
-            "fixed": {"precision": "fp32", "cuda_graphs": "none", "dispatcher": "alltoall", "optimizer_offload": 0},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": "none",
-            "workdir": str(tmp_path / "runs"), "trial_timeout_s": 300}
-    data.update(extra)
-    return data
+def _spec_data(tmp_path: Path, name: str = "chaos", **extra) -> dict:
+    from tests.sweep_helpers import FAKE_TRAINER, spec_data  # not at the top: this module is also a trainer
+
+    return spec_data(tmp_path, name, **{
+        **FAKE_TRAINER, "gpus_per_node": 1, "seq_len": 128, "gbs": 4, "budget": {"n_trials": 3}, "seed": 5,
+        "steps": 2, "free": ["mbs", "recompute"], "tracking_uri": "none", "trial_timeout_s": 300,
+        "fixed": {"precision": "fp32", "cuda_graphs": "none", "dispatcher": "alltoall", "optimizer_offload": 0},
+        **extra})
 
 
 def _processes_mentioning(text: str) -> list:

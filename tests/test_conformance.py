@@ -8,15 +8,23 @@ backend's own name, the leaderboard's best is a measured layout that fits, and t
 
 from __future__ import annotations
 
+import typing
+from pathlib import Path
+
+import optuna
 import pytest
+import typer
 
 from orchestrator import study as studies
 from orchestrator.backends import BACKENDS, canonical_backend
-from orchestrator.cli import main
-from orchestrator.spec import parse_spec
-from orchestrator.sweep import run_sweep
-from orchestrator.sweep.samplers import SEARCH_KINDS
+from orchestrator.cli import app, main
+from orchestrator.searches import SEARCH_KINDS, make_sampler
+from orchestrator.spec import SweepSpec, parse_spec
+from orchestrator.sweep import Prior, run_sweep
+from orchestrator.sweep.samplers import SweepSampler
+from orchestrator.sweep.space import SweepSpace
 from search_spaces.errors import SpecError
+from tests.sweep_helpers import FAKE_TRAINER, make_spec
 from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
@@ -26,12 +34,7 @@ STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupt
 
 
 def _spec(tmp_path, name: str, **extra):
-    data = {"name": name, "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 11, "fixed": {"precision": "fp32"},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
-    data.update(extra)
-    return parse_spec(data)
+    return make_spec(tmp_path, name, **{"seed": 11, **extra})
 
 
 def _sweep(spec):
@@ -82,9 +85,8 @@ def _backend_spec(tmp_path, backend: str):
         assert main(["status", source.name, "--storage", source.storage, "--csv", str(table)]) == 0
         extra = {"replay_table": str(table), "search": "grid"}
     elif not BACKENDS[backend].what_if:  # a real trainer process per trial; this one returns at once
-        extra = {"launcher": "python", "trainer_module": "tests.fake_trainer", "gpus_per_node": 2, "seq_len": 128,
-                 "budget": {"n_trials": 3, "max_concurrent": 1}, "steps": 3, "warmup": 1}
-    return _spec(tmp_path, f"conf-{backend}", backend=backend, **extra)
+        extra = {**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "budget": {"n_trials": 3}}
+    return _spec(tmp_path, f"conf-{backend}", **{**extra, "backend": backend})
 
 
 @pytest.mark.timeout(900)
@@ -112,3 +114,26 @@ def test_backend_names_and_aliases_come_from_the_table():
     assert canonical_backend("local") == "ray"  # the Ray backend's former name still reads
     with pytest.raises(SpecError, match="allowed: " + ", ".join(BACKENDS)):
         canonical_backend("slurm-direct")
+
+
+@pytest.mark.parametrize("search", list(SEARCH_KINDS))
+def test_every_search_makes_a_sampler_with_the_loops_hooks(tmp_path, search):
+    spec = _spec(tmp_path, f"hooks-{search}", search=search)
+    prior = Prior(spec)
+    sampler = make_sampler(search, SweepSpace.from_prior(prior), prior, spec.seed)
+    assert isinstance(sampler, optuna.samplers.BaseSampler) and isinstance(sampler, SweepSampler)
+    assert sampler.memory_margin >= 1.0 and sampler.exhausted is False
+
+
+def test_the_spec_the_cli_and_the_readme_name_the_tables_choices():
+    for field, table in (("backend", BACKENDS), ("search", SEARCH_KINDS)):
+        assert typing.get_args(SweepSpec.model_fields[field].annotation) == tuple(table)
+        with pytest.raises(SpecError, match=" or ".join(f"'{n}'" for n in list(table)[-2:])):
+            parse_spec({field: "nonesuch"})
+    options = {p.name: p.help for p in typer.main.get_command(app).commands["sweep"].params}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for option, table in (("backend", BACKENDS), ("search", SEARCH_KINDS)):
+        for name, kind in table.items():
+            assert f"{name} ({kind.doc}" in options[option], name
+            assert f"`{name}`" in readme, name
+    assert parse_spec({"backend": "local"}).backend == "ray"  # an alias is accepted and recorded by its name

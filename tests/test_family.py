@@ -15,6 +15,7 @@ from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.family import scale_to_length
 from search_spaces.layout import Layout
+from tests.sweep_helpers import spec_data
 
 
 def test_a_longer_length_keeps_the_sequence_per_cp_rank():
@@ -71,12 +72,9 @@ def _parents(spec):
 def test_a_cpu_family_of_two_lengths_runs_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.chdir(tmp_path)
-    spec = {"name": "tiny-family", "model": "tiny-moe", "seq_len": [128, 256], "gpu": "cpu", "gpus_per_node": 2,
-            "gbs": 4, "backend": "local", "free": ["ep", "cp", "recompute"],
-            "fixed": {"precision": "fp32", "tp": 1, "pp": 1, "vpp": 1, "mbs": 1},
-            "budget": {"n_trials": 2}, "steps": 2, "warmup": 1, "trial_timeout_s": 600, "seed": 2,
-            "storage": f"sqlite:///{tmp_path / 'o.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}",
-            "workdir": str(tmp_path / "runs")}
+    spec = spec_data(tmp_path, "tiny-family", seq_len=[128, 256], gpus_per_node=2, gbs=4, backend="ray",
+                     free=["ep", "cp", "recompute"], fixed={"precision": "fp32", "tp": 1, "pp": 1, "vpp": 1, "mbs": 1},
+                     budget={"n_trials": 2}, steps=2, warmup=1, trial_timeout_s=600, seed=2)
     (tmp_path / "f.json").write_text(json.dumps(spec))
     assert main(["sweep", str(tmp_path / "f.json"), "--quiet"]) == 0
     assert "length family tiny-family" in capsys.readouterr().out

@@ -25,6 +25,7 @@ from orchestrator.cli import main
 from search_spaces import heuristics, models, pipeline, proxy, rules, space
 from search_spaces.errors import SpecError
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_name
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = "kept-hostile-7f3e"  # a name no strategy below produces by chance
@@ -98,10 +99,8 @@ def counted_work(limit: int):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    spec = {"name": STUDY, "model": "tiny-moe", "gpu": "h100", "nodes": 1, "gpus_per_node": 8, "seq_len": 1024,
-            "gbs": 16, "backend": "analytic", "budget": {"n_trials": 2}, "seed": 1,
-            "tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "storage": f"sqlite:///{root / 'optuna.db'}",
-            "workdir": str(root / "runs")}
+    spec = spec_data(root, STUDY, gpu="h100", gpus_per_node=8, seq_len=1024, gbs=16, fixed={},
+                     budget={"n_trials": 2}, seed=1)
     (root / "base.yaml").write_text(yaml.safe_dump(spec))
     code, _, err = run(["sweep", str(root / "base.yaml"), "--quiet"])
     assert code == 0, err

@@ -5,7 +5,6 @@ Every sweep here ends with `moe-autotune check`, which compares the Optuna study
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,24 +23,18 @@ from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
 from search_spaces.layout import Layout
+from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
 
 
 def _spec(tmp_path: Path, **extra) -> dict:
-    data = {"name": "integrity", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 3, "fixed": {"precision": "fp32"},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
-    data.update(extra)
-    return data
+    return spec_data(tmp_path, "integrity", **extra)
 
 
 def _write(tmp_path: Path, data: dict, name: str = "spec.json") -> Path:
-    path = tmp_path / name
-    path.write_text(json.dumps(data))
-    return path
+    return write_spec(tmp_path / name, data)
 
 
 def _env(**extra) -> dict:
@@ -225,16 +218,16 @@ def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_aga
     assert main(["sweep", str(spec), "--quiet"]) == 4
     monkeypatch.setattr(optuna.Study, "tell", real_tell)
     kept = ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").records()
-    assert [k["trial_number"] for k in kept] == [told[2]]
-    measured = kept[0]["attrs"]["result"]
-    assert measured["status"] == "ok" and measured["tokens_per_sec_per_gpu"] > 0
+    assert list(kept) == [told[2]]
+    measured = kept[told[2]].result
+    assert measured.status == "ok" and measured.tokens_per_sec_per_gpu > 0
 
     assert main(["sweep", str(spec), "--quiet", "--resume"]) == 0
     study = _consistent(data)
     assert len(studies.measured_trials(study)) == 6
     recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
     assert [t.user_attrs["retry_of"] for t in recorded] == [told[2]]
-    assert recorded[0].values[0] == pytest.approx(measured["tokens_per_sec_per_gpu"])
+    assert recorded[0].values[0] == pytest.approx(measured.tokens_per_sec_per_gpu)
     assert not ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").path.exists()
 
 
@@ -271,6 +264,6 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         study = _consistent(data)
         assert len(studies.measured_trials(study)) == 150
         recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
-        assert {t.user_attrs["retry_of"] for t in recorded} == {k["trial_number"] for k in kept}  # not re-run
+        assert {t.user_attrs["retry_of"] for t in recorded} == set(kept)  # not re-run
     finally:
         subprocess.run(["umount", "--lazy", str(disk)])  # lazy: a lingering child must not keep it mounted

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from orchestrator import study as studies
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = 8
@@ -29,12 +30,11 @@ TRIALS_PER_WORKER = 125  # 8 x 125 = 1,000
 
 def _spec(tmp: Path, name: str, storage: str, n_trials: int) -> Path:
     # a space where nearly every proposal is legal, so the trials (not rejections) dominate
-    data = {"name": name, "model": "tiny-moe", "seq_len": 1024, "gpu": "b200", "nodes": 1, "gpus_per_node": 8,
-            "gbs": 64, "backend": "analytic", "free": ["mbs", "recompute", "cuda_graphs", "dispatcher",
-                                                        "optimizer_offload"],
-            "fixed": {"tp": 1, "cp": 1, "ep": 4, "etp": 1, "pp": 1, "vpp": 1, "precision": "bf16"},
-            "budget": {"n_trials": n_trials, "max_concurrent": 8}, "tracking_uri": "none", "storage": storage,
-            "seed": abs(hash(name)) % 1000, "workdir": str(tmp / "runs")}
+    data = spec_data(tmp, name, seq_len=1024, gpu="b200", gpus_per_node=8, gbs=64,
+                     free=["mbs", "recompute", "cuda_graphs", "dispatcher", "optimizer_offload"],
+                     fixed={"tp": 1, "cp": 1, "ep": 4, "etp": 1, "pp": 1, "vpp": 1, "precision": "bf16"},
+                     budget={"n_trials": n_trials, "max_concurrent": 8}, tracking_uri="none", storage=storage,
+                     seed=abs(hash(name)) % 1000)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

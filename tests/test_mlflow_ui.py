@@ -18,11 +18,10 @@ from mlflow import MlflowClient
 from orchestrator.cli import main
 from orchestrator.errors import TrackingError
 from orchestrator.mlflow_ui import open_sweep
-from orchestrator.spec import parse_spec
 from orchestrator.sweep import run_sweep
 from orchestrator.tracking import EXPERIMENT_KIND_TAG, PARENT_TAG, STUDY_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, Tracker
 from tests.mlflow_server import free_port
-from tests.sweep_helpers import prior_for
+from tests.sweep_helpers import make_spec, prior_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -107,10 +106,7 @@ def _start_ui(uri: str, port: int, cwd: Path) -> subprocess.Popen:
 def test_ui_opens_on_the_trials_with_a_tokens_column_and_stops_on_ctrl_c(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = parse_spec({"name": "uitest", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256,
-                       "gbs": 8, "backend": "analytic", "budget": {"n_trials": 4}, "seed": 3,
-                       "fixed": {"precision": "fp32"}, "tracking_uri": uri,
-                       "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "workdir": str(tmp_path / "runs")})
+    spec = make_spec(tmp_path, "uitest", budget={"n_trials": 4}, tracking_uri=uri)
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0
     parent = out.study.user_attrs["mlflow_parent_run_id"]

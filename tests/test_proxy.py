@@ -20,6 +20,7 @@ from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
+from tests.sweep_helpers import spec_data
 
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")
 QWEN, TINY, CPU = load_model("qwen3-235b-a22b"), load_model("tiny-moe"), load_gpu("cpu")
@@ -106,12 +107,7 @@ def _layers_per_rank(model, layout) -> list[int]:
 # ---- the sweep's choice --------------------------------------------------------------------------------
 
 def _spec(tmp_path: Path, **extra):
-    data = {"name": "proxies", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 6}, "seed": 1, "fixed": {"precision": "fp32"},
-            "trial_gpus": 2, "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
-            "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "workdir": str(tmp_path / "runs")}
-    data.update(extra)
-    return data
+    return spec_data(tmp_path, "proxies", **{"seed": 1, "trial_gpus": 2, **extra})
 
 
 @pytest.mark.parametrize("fidelity, layout, expect", [

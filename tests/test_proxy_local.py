@@ -16,6 +16,7 @@ from search_spaces.hardware import load_gpu
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.proxy import derive_proxy
+from tests.sweep_helpers import spec_data
 
 pytestmark = pytest.mark.slow
 TINY, CPU = load_model("tiny-moe"), load_gpu("cpu")
@@ -26,11 +27,10 @@ def test_proxy_sweep_records_measured_and_composed_then_confirm_and_promote(tmp_
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.chdir(tmp_path)
     storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = {"name": "proxy-local", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 128, "gbs": 8,
-            "backend": "local", "fidelity": "proxy", "trial_gpus": 2, "free": ["ep", "pp"],
-            "fixed": {"precision": "fp32", "tp": 1, "cp": 1, "vpp": 1, "mbs": 1, "recompute": "none"},
-            "budget": {"n_trials": 2}, "steps": 2, "warmup": 1, "trial_timeout_s": 900, "seed": 1,
-            "storage": storage, "tracking_uri": uri, "workdir": str(tmp_path / "runs")}
+    spec = spec_data(tmp_path, "proxy-local", seq_len=128, backend="ray", fidelity="proxy", trial_gpus=2,
+                     free=["ep", "pp"], fixed={"precision": "fp32", "tp": 1, "cp": 1, "vpp": 1, "mbs": 1, "recompute": "none"},
+                     budget={"n_trials": 2}, steps=2, warmup=1, trial_timeout_s=900, seed=1, storage=storage,
+                     tracking_uri=uri)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     assert main(["sweep", str(tmp_path / "spec.json"), "--quiet"]) == 0
     assert "proxy (2 GPUs)" in capsys.readouterr().out

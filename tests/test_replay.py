@@ -17,9 +17,9 @@ from search_spaces.errors import SpecError
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
 from orchestrator.backends.replay import ReplayBackend, load_table
-from orchestrator.spec import parse_spec
 from orchestrator.sweep.calibrated import CalibratedSearch
 from orchestrator.sweep.prior import make_prior
+from tests.sweep_helpers import make_spec
 
 TABLE = Path(__file__).parent / "data" / "replay_small.csv"
 BUDGET = 20  # of the table's 40 rows
@@ -27,10 +27,8 @@ DRIVER_BUDGET = 12  # of the 40 rows: the calibrated sweep (3 rules of thumb fir
 
 
 def _spec(tmp_path: Path, seed: int = 3, name: str = "replay", table: Path = TABLE, n_trials: int = BUDGET):
-    return parse_spec({"name": name, "model": "tiny-moe", "gpu": "cpu", "nodes": 1, "gpus_per_node": 4,
-                       "seq_len": 128, "gbs": 8, "backend": "replay", "replay_table": str(table), "seed": seed,
-                       "budget": {"n_trials": n_trials}, "storage": f"sqlite:///{tmp_path}/optuna.db",
-                       "tracking_uri": "none", "workdir": str(tmp_path / "runs")})
+    return make_spec(tmp_path, name, seq_len=128, backend="replay", replay_table=str(table), seed=seed,
+                     budget={"n_trials": n_trials}, tracking_uri="none", fixed={})
 
 
 def _table_best_key() -> str:

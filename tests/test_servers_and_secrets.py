@@ -44,12 +44,9 @@ def test_local_ray_runs_without_a_dashboard(tmp_path, monkeypatch):
     import ray
 
     from orchestrator.backends.local import LocalRayBackend
-    from orchestrator.spec import parse_spec
+    from tests.sweep_helpers import FAKE_TRAINER, make_spec
 
-    spec = parse_spec({"name": "ray-bind", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 1, "seq_len": 128,
-                       "gbs": 4, "backend": "local", "launcher": "python", "trainer_module": "tests.fake_trainer",
-                       "storage": f"sqlite:///{tmp_path / 'o.db'}", "tracking_uri": "none",
-                       "workdir": str(tmp_path / "runs")})
+    spec = make_spec(tmp_path, "ray-bind", **FAKE_TRAINER, gpus_per_node=1, seq_len=128, gbs=4, tracking_uri="none")
     assert not ray.is_initialized()
     backend = LocalRayBackend(spec)
     try:
@@ -80,20 +77,16 @@ def test_secret_looking_environment_never_reaches_mlflow(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     from orchestrator.sweep import run_sweep
-    from orchestrator.spec import parse_spec
-    from tests.sweep_helpers import prior_for
+    from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
     values = {name: f"s3cr3t-{secrets.token_hex(8)}" for name in SECRET_NAMES}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MOE_AUTOTUNE_HARMLESS", "visible-setting")  # the environment *is* recorded...
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
-    spec = parse_spec({"name": "secrets", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 1, "seq_len": 128,
-                       "gbs": 4, "backend": "local", "launcher": "python", "trainer_module": "tests.fake_trainer",
-                       "budget": {"n_trials": 2, "max_concurrent": 2}, "seed": 2, "steps": 2, "warmup": 1,
-                       "fixed": {"precision": "fp32"}, "free": ["mbs", "recompute"],
-                       "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
-                       "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "workdir": str(tmp_path / "runs")})
+    spec = make_spec(tmp_path, "secrets", **{**FAKE_TRAINER, "gpus_per_node": 1, "seq_len": 128, "gbs": 4,
+                                             "budget": {"n_trials": 2, "max_concurrent": 2}, "seed": 2, "steps": 2,
+                                             "free": ["mbs", "recompute"]})
     outcome = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert outcome.n_measured == 2
 

@@ -24,8 +24,10 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.errors import StorageError
+from orchestrator.records import StudyRecord
 from orchestrator.sweep import lease as leases
-from orchestrator.sweep.lease import HOST_ENV, LEASE_ATTR, TIMEOUT_ENV, Lease, LeaseLost
+from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -43,7 +45,7 @@ def study(tmp_path, monkeypatch):
 
 def _stale(study: optuna.Study) -> None:
     """Wait until the holder's heartbeat is older than the lease timeout (the holder never beats meanwhile)."""
-    while time.time() - study.user_attrs[LEASE_ATTR]["heartbeat"] <= leases.stale_after_s():
+    while time.time() - Holder.of(study).heartbeat <= leases.stale_after_s():
         time.sleep(0.1)
 
 
@@ -64,10 +66,10 @@ def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(
         first.fence()
     assert LeaseLost.exit_code == 5
     first.release()
-    assert study.user_attrs[LEASE_ATTR]["token"] == second.token
+    assert Holder.of(study).token == second.token
     second.fence()  # the holder writes on
     second.release()
-    assert study.user_attrs[LEASE_ATTR] is None
+    assert Holder.of(study) is None
     with pytest.raises(LeaseLost, match="released by another driver"):
         Lease(study, host="host-a", token=first.token, epoch=1).fence()
 
@@ -76,8 +78,7 @@ def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
     paused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         os.kill(paused.pid, signal.SIGSTOP)
-        study.set_user_attr(LEASE_ATTR, {"token": "x", "epoch": 1, "host": leases.this_host(), "pid": paused.pid,
-                                         "heartbeat": time.time() - 3600})
+        StudyRecord.write(study, driver_lease=Holder("x", 1, leases.this_host(), paused.pid, time.time() - 3600).to_attr())
         with pytest.raises(StorageError, match=f"being run by pid {paused.pid}"):
             Lease(study).acquire()
     finally:
@@ -137,10 +138,8 @@ def _pause_between_writes(proc: subprocess.Popen, dbs: list[Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path):
-    data = {"name": "split", "model": "tiny-moe", "gpu": "cpu", "nodes": 1, "gpus_per_node": 4, "seq_len": 128,
-            "gbs": 8, "backend": "replay", "replay_table": str(TABLE), "seed": 3, "budget": {"n_trials": 14},
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs")}
+    data = spec_data(tmp_path, "split", seq_len=128, backend="replay", replay_table=str(TABLE), fixed={},
+                     budget={"n_trials": 14})
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data))
     first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a"),
@@ -159,7 +158,7 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
         _pause_between_writes(first, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
         paused_at = _measured(data["storage"], data["name"])
         study = optuna.load_study(study_name=data["name"], storage=data["storage"])
-        while time.time() - study.user_attrs[LEASE_ATTR]["heartbeat"] <= LEASE_S:
+        while time.time() - Holder.of(study).heartbeat <= LEASE_S:
             time.sleep(0.2)
         takeover = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path,
                                   env=_env("host-b"), capture_output=True, text=True, timeout=300)

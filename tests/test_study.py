@@ -9,20 +9,15 @@ from orchestrator import study as studies
 from orchestrator.cli import main
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.prior import Prior
-from orchestrator.spec import load_spec, parse_spec
+from orchestrator.spec import load_spec
 from search_spaces.errors import SpecError
-from tests.sweep_helpers import prior_for
+from tests.sweep_helpers import make_spec, prior_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def _spec(tmp_path, **extra):
-    data = {"name": "analytic-small", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256,
-            "gbs": 8, "backend": "analytic", "budget": {"n_trials": 8}, "seed": 3,
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs"), "fixed": {"precision": "fp32"}}
-    data.update(extra)
-    return parse_spec(data)
+def _spec(tmp_path, name: str = "analytic-small", **extra):
+    return make_spec(tmp_path, name, **{"budget": {"n_trials": 8}, **extra})
 
 
 @pytest.mark.timeout(300)

@@ -13,19 +13,13 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
 from orchestrator.sweep import run_sweep
-from orchestrator.spec import parse_spec
 from search_spaces.layout import Layout
-from tests.sweep_helpers import prior_for
+from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
 
 def _spec(tmp_path, **extra):
-    data = {"name": "local-fake", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 2, "seq_len": 128,
-            "gbs": 8, "backend": "local", "launcher": "python", "trainer_module": "tests.fake_trainer",
-            "budget": {"n_trials": 4, "max_concurrent": 2}, "seed": 5, "steps": 3, "warmup": 1,
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs"), "fixed": {"precision": "fp32"}}
-    data.update(extra)
-    return parse_spec(data)
+    return make_spec(tmp_path, "local-fake", **{**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "seed": 5,
+                                                "budget": {"n_trials": 4, "max_concurrent": 2}, **extra})
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -14,6 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator import study as studies
+from tests.sweep_helpers import FAKE_TRAINER, spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,11 +31,8 @@ def _count_measured(storage: str, name: str) -> int:
 @pytest.mark.timeout(420)
 def test_sigkill_then_resume_finishes_exactly_n_trials(tmp_path):
     n_trials = 5
-    spec = {"name": "resume-me", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 2, "seq_len": 128, "gbs": 8,
-            "backend": "local", "launcher": "python", "trainer_module": "tests.fake_trainer",
-            "budget": {"n_trials": n_trials, "max_concurrent": 1}, "seed": 11, "steps": 3, "warmup": 1,
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "workdir": str(tmp_path / "runs"), "fixed": {"precision": "fp32"}}
+    spec = spec_data(tmp_path, "resume-me", **FAKE_TRAINER, gpus_per_node=2, seq_len=128,
+                     budget={"n_trials": n_trials}, seed=11)
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "FAKE_TRAINER_SECONDS": "3", "PYTHONPATH": str(ROOT)}

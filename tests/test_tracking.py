@@ -9,20 +9,16 @@ from mlflow import MlflowClient
 
 from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
-from orchestrator.spec import parse_spec
-from orchestrator.tracking import EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, Tracker, safe_environment
+from orchestrator.tracking import (EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, RunRecord, Tracker,
+                                  safe_environment)
 from orchestrator.errors import TrackingError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
-from tests.sweep_helpers import prior_for
+from tests.sweep_helpers import make_spec, prior_for
 
 
-def _spec(tmp_path, tracking_uri, **extra):
-    data = {"name": "tracked", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 256, "gbs": 8,
-            "backend": "analytic", "budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
-            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "workdir": str(tmp_path / "runs"),
-            "fixed": {"precision": "fp32"}, "track_rejected": True}
-    data.update(extra)
-    return parse_spec(data)
+def _spec(tmp_path, tracking_uri, name: str = "tracked", **extra):
+    return make_spec(tmp_path, name, **{"budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
+                                        "track_rejected": True, **extra})
 
 
 @pytest.mark.slow
@@ -85,11 +81,11 @@ def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
     real = Tracker._record
     calls = {"n": 0}
 
-    def flaky(self, number, payload):  # the first three deliveries fail: MLflow "down"
+    def flaky(self, run):  # the first three deliveries fail: MLflow "down"
         calls["n"] += 1
         if calls["n"] <= 3:
             raise ConnectionError("mlflow down")
-        return real(self, number, payload)
+        return real(self, run)
 
     monkeypatch.setattr(Tracker, "_record", flaky)
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
@@ -103,7 +99,7 @@ def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
     assert all(r.info.status == "FINISHED" for r in runs if "optuna_trial_number" in r.data.tags)
 
     # never back: exit code says so and the spool keeps the records
-    monkeypatch.setattr(Tracker, "_record", lambda self, n, p: (_ for _ in ()).throw(ConnectionError("down")))
+    monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
     spec2 = _spec(tmp_path, spec.tracking_uri, name="tracked-down", budget={"n_trials": 2})
     out2 = run_sweep(spec2, prior=prior_for(spec2), show_progress=False)
     assert out2.exit_code == 3 and out2.mlflow_pending >= 2
@@ -139,7 +135,7 @@ def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
     spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", name="torn", budget={"n_trials": 3})
     real = Tracker._record
-    monkeypatch.setattr(Tracker, "_record", lambda self, n, p: (_ for _ in ()).throw(ConnectionError("down")))
+    monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
     first = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert first.exit_code == 3
     spool = tmp_path / "runs" / "torn" / "mlflow-spool.jsonl"
@@ -248,7 +244,7 @@ def test_a_trial_run_logs_loss_and_step_times_as_steps_beside_the_prediction(tmp
                           "loss": [5.0, 4.9, float("nan"), 4.7],
                           "extra": {"fidelity": "full", "gpu_seconds": 8.0, "loss_includes_warmup": True}},
                "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
-    assert tracker.record(0, payload)
+    assert tracker.record(RunRecord.from_payload(0, payload))  # a spool line's payload, as older sweeps wrote it
     client = MlflowClient(uri)
     run = client.get_run(tracker._children[0].run_id)
     loss = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")]

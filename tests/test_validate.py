@@ -181,14 +181,11 @@ class _LyingBackend:
 def test_sweep_never_picks_an_impossible_measurement_as_best(tmp_path, monkeypatch):
     from orchestrator import study as studies
     from orchestrator.sweep import loop
-    from orchestrator.spec import parse_spec
-    from tests.sweep_helpers import prior_for
+    from tests.sweep_helpers import make_spec, prior_for
 
     monkeypatch.setattr(loop, "make_backend", lambda spec, prior: _LyingBackend())
-    spec = parse_spec({"name": "liars", "model": "tiny-moe", "gpu": "h100", "gpus_per_node": 8, "seq_len": 1024,
-                       "gbs": 16, "backend": "analytic", "budget": {"n_trials": 6}, "seed": 3,
-                       "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": "none",
-                       "workdir": str(tmp_path / "runs")})
+    spec = make_spec(tmp_path, "liars", gpu="h100", gpus_per_node=8, seq_len=1024, gbs=16, fixed={},
+                     tracking_uri="none")
     outcome = loop.run_sweep(spec, prior=prior_for(spec), show_progress=False)
     ran = studies.measured_trials(outcome.study)
     statuses = sorted(t.user_attrs["status"] for t in ran)

@@ -15,7 +15,8 @@ from search_spaces.errors import SpecError
 
 from orchestrator.backends.base import Backend, TrialRequest
 
-__all__ = ["BACKENDS", "Backend", "BackendKind", "TrialRequest", "canonical_backend", "make_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "BackendKind", "TrialRequest", "canonical_backend",
+           "choices_help", "make_backend"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ BACKENDS: dict[str, BackendKind] = {kind.name: kind for kind in (
     BackendKind("analytic", "the cost model as the measurement: what-if at any scale", _analytic, what_if=True),
     BackendKind("replay", "a recorded table (`status --csv`), to evaluate searches", _replay, what_if=True),
 )}
+DEFAULT_BACKEND = next(iter(BACKENDS))
 _BY_ANY_NAME = {name: kind for kind in BACKENDS.values() for name in (kind.name, *kind.aliases)}
 
 
@@ -66,7 +68,8 @@ def canonical_backend(name: str) -> str:
 
 def choices_help() -> str:
     """`name (what it is) | ...` for help texts."""
-    return " | ".join(f"{k.name} ({k.doc})" for k in BACKENDS.values())
+    return " | ".join(f"{k.name} ({k.doc}" + (f"; also {', '.join(k.aliases)}" if k.aliases else "") + ")"
+                      for k in BACKENDS.values())
 
 
 def make_backend(spec, prior) -> Backend:

@@ -1,6 +1,6 @@
 """Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
 
-The table is a CSV, one row per layout, columns `TABLE_COLUMNS`: the situation, one column per searchable
+The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records.py): the situation, one column per searchable
 layout dimension and the batch (values as `Layout.params` encodes them; lists may use `;`), the status and
 the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table lacks takes the
 dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -25,21 +26,17 @@ from pathlib import Path
 
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
-from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
+from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 from search_spaces.validation import problems
 
 from orchestrator.backends.base import TrialRequest, completed, stamp
+from orchestrator.records import (LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS, REQUIRED_COLUMNS,
+                                  TABLE_COLUMNS)
 
-CONTEXT_COLUMNS = ("model", "gpu", "num_gpus", "seq_len")
-LAYOUT_COLUMNS = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or name == "gbs")
-NUMBER_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib")
-TABLE_COLUMNS = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, "status", *NUMBER_COLUMNS]
-REQUIRED_COLUMNS = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", "status", *NUMBER_COLUMNS]
-# what the leaderboard (`status --csv`) writes besides the table columns: a replay table read back skips them
-LEADERBOARD_EXTRA = ("predicted_tokens_per_sec_per_gpu", "predicted_peak_memory_gib", "fidelity", "gpu_seconds",
-                     "train_days", "train_usd", "reason", "mlflow_run_id")
+# the table's columns are the trial record's (orchestrator/records.py); a leaderboard's extra columns and a
+# `note` are allowed and skipped
 EXTRA_COLUMNS = ("trial", *LEADERBOARD_EXTRA, "note")
 # rows of trials that never ran (a leaderboard export has them): skipped
 NOT_RUN = ("infeasible", "fail", "running", "waiting", "pruned")
@@ -50,19 +47,24 @@ DELAY_ENV = "MOE_AUTOTUNE_REPLAY_DELAY_S"  # tests only: seconds each answer tak
 class ReplayRow:
     layout: Layout
     status: str
-    tokens_per_sec_per_gpu: float | None
-    tflops_per_gpu: float | None
-    peak_memory_gib: float | None
+    measured: TrialResult  # the row's number columns (NUMBER_COLUMNS), finite or None
     line: int
     reason: str | None = None  # why a row recorded as ok is invalid (its numbers cannot be true)
+
+    @property
+    def tokens_per_sec_per_gpu(self) -> float | None:
+        return self.measured.tokens_per_sec_per_gpu
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        return self.measured.peak_memory_gib
 
     def result(self) -> TrialResult:
         error = None if self.status == "ok" else f"recorded as {self.status} (replay row {self.line})"
         if self.reason:
             error = f"replay row {self.line}: {self.reason}"
-        return TrialResult(status=self.status, tokens_per_sec_per_gpu=self.tokens_per_sec_per_gpu,
-                           tflops_per_gpu=self.tflops_per_gpu, peak_memory_gib=self.peak_memory_gib,
-                           error=error, wall_time_s=0.0, extra={"source": "replay", "replay_line": self.line})
+        return dataclasses.replace(self.measured, status=self.status, error=error, wall_time_s=0.0,
+                                   extra={"source": "replay", "replay_line": self.line})
 
 
 @dataclass
@@ -170,17 +172,17 @@ def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str]
     """The row as recorded, or (status ok) as invalid with the reason when its numbers cannot be true. The numbers
     of a row not measured ok are kept only when they are finite (a failed run's figures are never a candidate)."""
     cells = {col: _cell(raw.get(col, "")) for col in NUMBER_COLUMNS}
+    numbers = TrialResult(status=status, **{col: v if isinstance(v, float) and math.isfinite(v) else None
+                                            for col, v in cells.items()})
     if status != "ok":
-        numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
-        return ReplayRow(layout, status, line=line, **numbers)
+        return ReplayRow(layout, status, numbers, line)
     claimed = TrialResult(status="ok", **{col: v for col, v in cells.items() if v is not None})
     reasons = [] if claimed.tokens_per_sec_per_gpu is not None else ["status ok but no tokens_per_sec_per_gpu"]
     reasons += problems(claimed, layout, _gpu(table.gpu), model=_model(table.model), seq_len=table.seq_len,
                         num_gpus=table.num_gpus)
-    numbers = {col: v if isinstance(v, float) and math.isfinite(v) else None for col, v in cells.items()}
     if reasons:
-        return ReplayRow(layout, "invalid", line=line, reason="; ".join(reasons), **numbers)
-    return ReplayRow(layout, status, line=line, **numbers)
+        return ReplayRow(layout, "invalid", numbers, line, reason="; ".join(reasons))
+    return ReplayRow(layout, status, numbers, line)
 
 
 def _cell(text: str) -> float | str | None:

@@ -48,6 +48,7 @@ def confirm(
     from orchestrator.commands.output import console
     from rich.table import Table
 
+    from orchestrator.records import TrialRecord
     from orchestrator.sweep.confirm import confirm as run_confirm
     from search_spaces.inputs import check_optional_name
 
@@ -59,9 +60,9 @@ def confirm(
         table.add_column(col)
     for c in done:
         full = c.full
-        table.add_row(c.proxy.user_attrs.get("layout_key", ""), str(c.proxy.number), f"{c.proxy.values[0]:,.1f}",
+        table.add_row(TrialRecord.of(c.proxy).layout_key or "", str(c.proxy.number), f"{c.proxy.values[0]:,.1f}",
                       str(full.number) if full else "-", f"{full.values[0]:,.1f}" if full and c.error is not None
-                      else (full.user_attrs.get("status", "-") if full else "-"),
+                      else ((TrialRecord.of(full).status or "-") if full else "-"),
                       f"{c.error:+.1%}" if c.error is not None else "-")
     console().print(table)
     return outcome.exit_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -31,8 +32,7 @@ def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: O
 
     study = winner.load(storage, study_name)
     ctx = winner.context(study)
-    ctx["tracking_uri"] = registry.use_tracking_uri(tracking_uri or ctx.get("tracking_uri"))
-    return study, ctx
+    return study, dataclasses.replace(ctx, tracking_uri=registry.use_tracking_uri(tracking_uri or ctx.tracking_uri))
 
 
 def _existing_registry(tracking_uri: Optional[str]) -> str:
@@ -80,8 +80,8 @@ def promote(
             _existing_registry(tracking_uri)
         else:
             _, ctx = _study_and_tracking(study_name, storage, tracking_uri)
-            _existing_registry(ctx["tracking_uri"])
-            name = registry.registered_model_name(ctx["model"], ctx["seq_len"])
+            _existing_registry(ctx.tracking_uri)
+            name = registry.registered_model_name(ctx.model, ctx.seq_len)
         done = registry.rollback(name)
         typer.echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "
                    f"{done.version}")
@@ -133,10 +133,8 @@ def export(
     check_name(ref, "study name")
     study = winner.load(storage, ref)
     ctx = winner.context(study)
-    if gpus_per_node:
-        ctx["gpus_per_node"] = gpus_per_node
     view = winner.pick(study, trial, allow_estimated, allow_proxy, allow_benchmark)
-    typer.echo(registry.render(view, ctx, study.study_name)[filename], nl=False)
+    typer.echo(registry.render(view, ctx, study.study_name, gpus_per_node)[filename], nl=False)
 
 
 def report(
@@ -160,9 +158,9 @@ def report(
         check_output_dir(out, "--out")
     study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
-    parent = None if no_mlflow else ctx.get("mlflow_parent_run_id")
+    parent = None if no_mlflow else ctx.mlflow_parent_run_id
     if parent:  # the run it is logged to must be there before anything is written
-        _existing_registry(tracking_uri or ctx.get("tracking_uri"))
+        _existing_registry(tracking_uri or ctx.tracking_uri)
     if out is None:  # the default folder is named after the study: an output file stem
         out = check_output_dir(Path(f"report-{check_name(study.study_name, 'study name')}"), "report folder")
     done = report_mod.write(study, out, family=family)
@@ -189,11 +187,12 @@ def _report_study(storage: str, name: str | None):
     reports on its longest length)."""
     from orchestrator import study as studies
     from orchestrator import winner
+    from orchestrator.records import StudyRecord
     from orchestrator.sweep.family import family_rows
 
     members = studies.family_members(storage, name) if name else []
     study = members[-1] if members else winner.load(storage, name)
-    family = study.user_attrs.get("family")
+    family = StudyRecord.of(study).family
     if family and not members:
         members = studies.family_members(storage, family)
     return study, family_rows(members) if members else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,7 @@ import typer
 from orchestrator.commands.output import console
 from rich.table import Table
 
+from orchestrator import backends, searches
 from orchestrator.redact import redact_uri
 
 
@@ -20,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="sweep spec YAML (see examples/)"),
-    backend: Optional[str] = typer.Option(None, help="local | analytic"),
+    backend: Optional[str] = typer.Option(None, help=backends.choices_help()),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="trials to run (cost-model rejections are free)"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent"),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default sqlite:///optuna.db)"),
@@ -30,7 +32,7 @@ def sweep(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
     seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
     replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
-    search: Optional[str] = typer.Option(None, "--search", help="calibrated (default) | tpe | random | grid"),
+    search: Optional[str] = typer.Option(None, "--search", help=searches.choices_help()),
     fidelity: Optional[str] = typer.Option(None, "--fidelity", help="auto (default) | full | proxy"),
     trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="the most GPUs one trial may use"),
     calibration: Optional[str] = typer.Option(None, "--calibration",
@@ -63,6 +65,9 @@ def sweep(
 
 
 def _print_outcome(outcome, spec) -> None:
+    from orchestrator import records
+    from orchestrator.records import TrialRecord
+
     out = console()
     out.print(f"sweep {outcome.study.study_name}: {outcome.n_measured} trials run, {outcome.n_infeasible} "
                   f"proposals rejected by the cost model, {outcome.wall_time_s:.1f} s")
@@ -71,20 +76,15 @@ def _print_outcome(outcome, spec) -> None:
         table = Table(title="Pareto front (tokens/s/GPU vs peak memory)")
         for col in ("trial", "layout", "fidelity", "tokens/s/GPU", "peak GiB"):
             table.add_column(col)
-        for t in outcome.pareto:
-            table.add_row(str(t.number), t.user_attrs.get("layout_key", ""), _fidelity(t), f"{t.values[0]:,.1f}",
-                          f"{t.values[1]:.2f}")
+        for t in map(TrialRecord.of, outcome.pareto):
+            table.add_row(str(t.number), t.layout_key or "", _fidelity(t), f"{t.values[0]:,.1f}", f"{t.values[1]:.2f}")
         out.print(table)
     if outcome.best is not None:
         b = outcome.best
-        out.print(f"best layout (trial {b.number}): {b.user_attrs.get('layout_key')}  "
+        out.print(f"best layout (trial {b.number}): {TrialRecord.of(b).layout_key}  "
                       f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB{_train_line(outcome.study, b)}")
     else:
-        statuses: dict[str, int] = {}
-        for t in outcome.study.trials:
-            s = t.user_attrs.get("status")
-            if s:
-                statuses[s] = statuses.get(s, 0) + 1
+        statuses = Counter(r.status for r in records.trials(outcome.study) if r.status)
         typer.echo("error: no trial measured a layout that fits; statuses: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
     for msg in outcome.messages:
@@ -111,6 +111,8 @@ def status(
 ) -> int:
     """Leaderboard of a running or finished sweep, from the Optuna storage."""
     from orchestrator import study as studies
+    from orchestrator.records import TrialRecord
+    from orchestrator.sweep.lease import Holder
     from search_spaces.layout import PARALLEL_SIZES
     from search_spaces.inputs import check_optional_name, check_output_file
 
@@ -133,9 +135,9 @@ def status(
     rejected = int((frame["status"] == "infeasible").sum()) if not frame.empty else 0
     out.print(f"study {study.study_name}: {ran} trials run, {running} running, {rejected} rejected by the "
                   "cost model")
-    lease = study.user_attrs.get("driver_lease")
+    lease = Holder.of(study)
     if lease:
-        out.print(f"being run by pid {lease.get('pid')} on {lease.get('host')}")
+        out.print(f"being run by pid {lease.pid} on {lease.host}")
     out.print(_gpu_hours_line(study))
     table = Table()
     cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
@@ -148,44 +150,42 @@ def status(
     out.print(table)
     best = studies.best_fitting_trial(study)
     if best is not None:
-        out.print(f"best that fits: trial {best.number} {best.user_attrs.get('layout_key')} "
+        out.print(f"best that fits: trial {best.number} {TrialRecord.of(best).layout_key} "
                       f"{best.values[0]:,.1f} tokens/s/GPU{_train_line(study, best)}")
     return 0
 
 
-def _fidelity(trial) -> str:
+def _fidelity(record) -> str:
     """full, or proxy with the GPUs its proxy ran on."""
-    size = trial.user_attrs.get("trial_size") or {}
-    if trial.user_attrs.get("fidelity") == "proxy":
-        return f"proxy ({size.get('world')} GPUs)"
-    return trial.user_attrs.get("fidelity") or "full"
+    return f"proxy ({record.proxy_world} GPUs)" if record.proxy else record.runs_at
 
 
 def _gpu_hours_line(study) -> str:
     """What the sweep spent (and, with proxies, what the same trials would have cost at full size)."""
     from orchestrator import study as studies
-    from orchestrator.economics import money, sweep_spend
+    from orchestrator.economics import money
 
-    spend = sweep_spend(study)
-    usd = f" ({money(spend['usd'])})" if "usd" in spend else ""
-    proxies = sum(1 for t in studies.measured_trials(study) if t.user_attrs.get("fidelity") == "proxy")
-    full_usd = f" ({money(spend['full_size_usd'])})" if "full_size_usd" in spend else ""
-    saved = (f"; the same trials at full size: {spend['full_size_gpu_hours']:,.1f} GPU-h{full_usd} ({proxies} ran "
+    spend = studies.sweep_spend(study)
+    usd = f" ({money(spend.usd)})" if spend.usd is not None else ""
+    proxies = sum(1 for r in studies.measured_records(study) if r.proxy)
+    full_usd = f" ({money(spend.full_size_usd)})" if spend.full_size_usd is not None else ""
+    saved = (f"; the same trials at full size: {spend.full_size_gpu_hours:,.1f} GPU-h{full_usd} ({proxies} ran "
              f"as proxies)") if proxies else ""
-    return f"GPU time: {spend['gpu_hours']:,.1f} GPU-h{usd}{saved}"
+    return f"GPU time: {spend.gpu_hours:,.1f} GPU-h{usd}{saved}"
 
 
 def _train_line(study, trial) -> str:
     """How long (and how much) the trial's layout takes to train the spec's cost.train_tokens; '' without."""
-    from orchestrator.economics import cost_of, money, to_train
+    from orchestrator.economics import money, to_train
+    from orchestrator.records import StudyRecord
 
-    cost = cost_of(study)
-    found = to_train(trial.values[0], int(study.user_attrs.get("num_gpus") or 0), cost)
-    if not found:
+    context = StudyRecord.of(study)
+    found = to_train(trial.values[0], int(context.num_gpus or 0), context.cost)
+    if found is None:
         return ""
-    usd = f", {money(found['train_usd'])}" if "train_usd" in found else ""
-    return (f"; trains {cost['train_tokens']:.3g} tokens on {study.user_attrs.get('num_gpus')} GPUs in "
-            f"{found['train_days']:,.1f} days{usd}")
+    usd = f", {money(found.usd)}" if found.usd is not None else ""
+    return (f"; trains {context.cost.train_tokens:.3g} tokens on {context.num_gpus} GPUs in "
+            f"{found.days:,.1f} days{usd}")
 
 
 def _cell(value) -> str:

@@ -14,6 +14,7 @@ import optuna
 from search_spaces.errors import SpecError
 
 from orchestrator import study as studies
+from orchestrator.records import StudyRecord, TrialRecord, enqueue
 from orchestrator.spec import SweepSpec, parse_spec
 from orchestrator.sweep.loop import Sweep, SweepOutcome
 from orchestrator.sweep.session import open_session
@@ -34,10 +35,9 @@ class Confirmation:
 
 def proxy_winners(study: optuna.Study, top: int) -> list[optuna.trial.FrozenTrial]:
     """The best `top` proxy trials that fit and have no full-size run of their layout yet."""
-    confirmed = {t.user_attrs.get("layout_key") for t in studies.measured_trials(study)
-                 if t.user_attrs.get("fidelity", "full") == "full"}
+    confirmed = {r.layout_key for r in studies.measured_records(study) if not r.proxy}
     ranked = sorted((t for t in studies.finished_trials(study) if studies.fits(t)
-                     and t.user_attrs.get("fidelity") == "proxy" and t.user_attrs.get("layout_key") not in confirmed),
+                     and TrialRecord.of(t).proxy and TrialRecord.of(t).layout_key not in confirmed),
                     key=lambda t: -t.values[0])
     return ranked[:top]
 
@@ -51,17 +51,17 @@ def confirm(storage: str, study_name: str | None, top: int, overrides: dict) -> 
     session = open_session(spec, resume=True)
     try:
         for t in picks:
-            session.study.enqueue_trial(t.params, user_attrs={"proposed_by": "confirm", "confirms": t.number})
+            enqueue(session.study, t.params, proposed_by="confirm", confirms=t.number)
         outcome = Sweep(session, show_progress=overrides.get("show_progress", True)).run()
     finally:
         session.close()
-    by_proxy = {t.user_attrs.get("confirms"): t for t in outcome.study.get_trials(deepcopy=False)
-                if t.user_attrs.get("confirms") is not None and t.state.is_finished()}
+    by_proxy = {TrialRecord.of(t).confirms: t for t in outcome.study.get_trials(deepcopy=False)
+                if TrialRecord.of(t).confirms is not None and t.state.is_finished()}
     return [Confirmation(p, by_proxy.get(p.number)) for p in picks], outcome
 
 
 def _full_size_spec(study: optuna.Study, storage: str, count: int, overrides: dict) -> SweepSpec:
-    data = dict(study.user_attrs.get("spec") or {})
+    data = dict(StudyRecord.of(study).spec)
     if not data:
         raise SpecError(f"study {study.study_name!r} records no spec to confirm with")
     measured = len(studies.measured_trials(study))

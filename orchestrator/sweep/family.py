@@ -17,6 +17,7 @@ import optuna
 from search_spaces.layout import Layout, distinct
 
 from orchestrator import study as studies
+from orchestrator.records import NUMBER_COLUMNS, StudyRecord, TrialRecord
 from orchestrator.spec import SweepSpec
 from orchestrator.sweep.loop import SweepOutcome, run_sweep
 from orchestrator.sweep.prior import make_prior
@@ -67,21 +68,19 @@ def scale_to_length(layout: Layout, old: int | None, new: int, num_gpus: int, gb
 
 
 def best_layouts(study: optuna.Study, count: int) -> list[Layout]:
-    ranked = sorted((t for t in studies.finished_trials(study) if studies.fits(t)), key=lambda t: -t.values[0])
-    return distinct(Layout.from_dict(t.user_attrs["layout"]) for t in ranked)[:count]
+    ranked = sorted((r for r in studies.finished_records(study) if r.fits_ok and r.layout), key=lambda r: -r.objective)
+    return distinct(r.layout for r in ranked)[:count]
 
 
 def family_rows(members: list[optuna.Study]) -> list[dict[str, Any]]:
     """Per length: the best layout that fits and its figures, and TF/s against the shortest length."""
     rows = []
-    for study in sorted(members, key=lambda s: int(s.user_attrs.get("seq_len") or 0)):
-        best = studies.best_fitting_trial(study)
-        result = (best.user_attrs.get("result") or {}) if best else {}
-        rows.append({"seq_len": study.user_attrs.get("seq_len"), "study": study.study_name,
-                     "layout": best.user_attrs.get("layout_key") if best else None,
-                     "fidelity": best.user_attrs.get("fidelity") if best else None,
-                     "tokens_per_sec_per_gpu": result.get("tokens_per_sec_per_gpu"),
-                     "tflops_per_gpu": result.get("tflops_per_gpu"), "peak_memory_gib": result.get("peak_memory_gib")})
+    for study in sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0)):
+        found = studies.best_fitting_trial(study)
+        best = TrialRecord.of(found) if found else None
+        rows.append({"seq_len": StudyRecord.of(study).seq_len, "study": study.study_name,
+                     "layout": best.layout_key if best else None, "fidelity": best.fidelity if best else None,
+                     **{k: best.measured(k) if best else None for k in NUMBER_COLUMNS}})
     first = next((r["tflops_per_gpu"] for r in rows if r["tflops_per_gpu"]), None)
     for r in rows:
         r["tflops_vs_shortest"] = r["tflops_per_gpu"] / first if first and r["tflops_per_gpu"] else None

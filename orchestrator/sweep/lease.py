@@ -25,6 +25,7 @@ drivers on one machine can play two hosts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -35,9 +36,8 @@ from typing import Any
 import optuna
 
 from orchestrator.errors import StorageError
+from orchestrator.records import StudyRecord
 
-LEASE_ATTR = "driver_lease"
-EPOCH_ATTR = "driver_lease_epoch"  # the last epoch taken (the lease itself is cleared on release)
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
 HEARTBEAT_EVERY_S = 10.0
 SETTLE_S = 1.0
@@ -67,6 +67,56 @@ def this_host() -> str:
     return os.environ.get(HOST_ENV) or socket.gethostname()
 
 
+@dataclass(frozen=True)
+class Holder:
+    """The driver holding a study (StudyRecord.driver_lease, stored as a dict of these fields)."""
+    token: str
+    """This driver's random token: a lease read back with another token is another driver's."""
+    epoch: int
+    """1 + the epoch of the lease it took (a later driver's is higher)."""
+    host: str
+    pid: int
+    heartbeat: float
+    """time.time() of its last heartbeat."""
+
+    @classmethod
+    def of(cls, study: Any) -> "Holder | None":
+        """The study's lease holder, read from the storage now; None when released (or not a lease)."""
+        data = StudyRecord.of(study).driver_lease
+        try:
+            return cls(**{f: data[f] for f in cls.__dataclass_fields__}) if data else None
+        except (KeyError, TypeError):
+            return None
+
+    def to_attr(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def alive(self) -> bool:
+        """Is its driver still running? Its process on this host; its heartbeat elsewhere."""
+        if self.host == this_host():
+            try:
+                os.kill(int(self.pid), 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:  # another user's process: alive
+                return True
+            except (TypeError, ValueError, OverflowError):
+                return False
+            return int(self.pid) > 0
+        try:
+            return time.time() - float(self.heartbeat) < stale_after_s()
+        except (TypeError, ValueError):
+            return False
+
+    def __str__(self) -> str:
+        try:
+            age = f"{time.time() - float(self.heartbeat):.0f} s ago"
+        except (TypeError, ValueError):
+            age = "unknown"
+        return f"pid {self.pid} on {self.host} (heartbeat {age})"
+
+
 @dataclass
 class Lease:
     study: optuna.Study
@@ -78,25 +128,26 @@ class Lease:
     _beat: float = 0.0
 
     def acquire(self) -> None:
-        holder = self._read()
-        if holder and holder.get("token") != self.token and _alive(holder):
-            raise StorageError(f"study {self.study.study_name!r} is being run by {_who(holder)}; wait for it to "
+        holder = Holder.of(self.study)
+        if holder and holder.token != self.token and holder.alive:
+            raise StorageError(f"study {self.study.study_name!r} is being run by {holder}; wait for it to "
                                f"finish or stop it (a lease whose driver died is taken over after "
                                f"{stale_after_s():.0f} s without a heartbeat, at once on its own host)")
-        self.epoch = max(_epoch(holder), _epoch(self.study.user_attrs.get(EPOCH_ATTR))) + 1
+        self.epoch = max(_epoch(holder), StudyRecord.of(self.study).driver_lease_epoch or 0) + 1
         self._write()
         time.sleep(SETTLE_S)
-        now = self._read()
-        if not now or now.get("token") != self.token:
-            raise StorageError(f"study {self.study.study_name!r} was taken by {_who(now or {})} at the same moment")
-        self.study.set_user_attr(EPOCH_ATTR, self.epoch)
+        now = Holder.of(self.study)
+        if not now or now.token != self.token:
+            raise StorageError(f"study {self.study.study_name!r} was taken by {now or 'another driver'} at the "
+                               f"same moment")
+        StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
 
     def fence(self) -> None:
         """Before a write: raise LeaseLost when this driver no longer holds the lease."""
         if self.lost:
             raise self._lost(None)
-        now = self._read()
-        if not now or now.get("token") != self.token:
+        now = Holder.of(self.study)
+        if not now or now.token != self.token:
             self.lost = True
             raise self._lost(now)
 
@@ -110,56 +161,24 @@ class Lease:
     def release(self) -> None:
         if self.lost:
             return
-        now = self._read()
-        if now and now.get("token") == self.token:
-            self.study.set_user_attr(LEASE_ATTR, None)
+        now = Holder.of(self.study)
+        if now and now.token == self.token:
+            StudyRecord.write(self.study, driver_lease=None)
 
-    def _lost(self, now: dict[str, Any] | None) -> LeaseLost:
-        by = f"by {_who(now)} (epoch {_epoch(now)})" if now else "and released by another driver"
+    def _lost(self, now: Holder | None) -> LeaseLost:
+        by = f"by {now} (epoch {now.epoch})" if now else "and released by another driver"
         return LeaseLost(f"study {self.study.study_name!r} was taken over {by} while this driver (epoch "
                          f"{self.epoch}) was paused or cut off for longer than the {stale_after_s():.0f} s lease; "
                          f"it stops without writing anything more")
 
     def _write(self) -> None:
-        self.study.set_user_attr(LEASE_ATTR, {"token": self.token, "epoch": self.epoch, "host": self.host,
-                                              "pid": self.pid, "heartbeat": time.time()})
+        holder = Holder(self.token, self.epoch, self.host, self.pid, time.time())
+        StudyRecord.write(self.study, driver_lease=holder.to_attr())
         self._beat = time.monotonic()
 
-    def _read(self) -> dict[str, Any] | None:
-        holder = self.study.user_attrs.get(LEASE_ATTR)  # read from the storage on every access
-        return holder if isinstance(holder, dict) else None
 
-
-def _epoch(holder: Any) -> int:
-    value = holder.get("epoch", 0) if isinstance(holder, dict) else holder
+def _epoch(holder: Holder | None) -> int:
     try:
-        return int(value or 0)
+        return int(holder.epoch or 0) if holder else 0
     except (TypeError, ValueError):
         return 0
-
-
-def _alive(holder: dict[str, Any]) -> bool:
-    """Is the holder's driver still running? Its process on this host; its heartbeat elsewhere."""
-    if holder.get("host") == this_host():
-        try:
-            os.kill(int(holder.get("pid", 0)), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # another user's process: alive
-            return True
-        except (TypeError, ValueError, OverflowError):
-            return False
-        return int(holder.get("pid", 0)) > 0
-    try:
-        beat = float(holder.get("heartbeat", 0.0))
-    except (TypeError, ValueError):
-        return False
-    return time.time() - beat < stale_after_s()
-
-
-def _who(holder: dict[str, Any]) -> str:
-    try:
-        age = f"{time.time() - float(holder.get('heartbeat', time.time())):.0f} s ago"
-    except (TypeError, ValueError):
-        age = "unknown"
-    return f"pid {holder.get('pid')} on {holder.get('host')} (heartbeat {age})"

@@ -28,6 +28,7 @@ from search_spaces.result import TrialResult
 
 from orchestrator import study as studies
 from orchestrator.backends import make_backend
+from orchestrator.records import HEADLINE, TrialRecord, metrics
 from orchestrator.progress import SweepProgress
 from orchestrator.sweep.fidelity import trial_size
 from orchestrator.sweep.lease import LeaseLost
@@ -105,10 +106,8 @@ class Sweep:
         self.recorder = Recorder(session)
         self.screen = Screen(session.prior.memory_limit_gib, session.memory_margin)
         self.show_progress = show_progress
-        finished = studies.finished_trials(self.study)
         # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
-        self.taken = {(t.user_attrs["layout_key"], t.user_attrs.get("fidelity") or "full") for t in finished
-                      if t.user_attrs.get("layout_key")}
+        self.taken = {r.run_key for r in studies.finished_records(self.study) if r.layout_key}
         self.measured = len(studies.measured_trials(self.study))
         self.proposals = 0
         self.stop_reason: str | None = None
@@ -123,6 +122,11 @@ class Sweep:
                 view.bar.update(view.task, completed=self.measured)
                 self._loop(dispatcher, view, start)
         except LeaseLost:  # another driver took the study over: it recovers the running trials, not us
+            raise
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Optuna refused a write to a trial another driver has finished: the study was taken over between
+            # our fence and this write (the storage has no compare-and-set); the fence says so in one line
+            self.session.lease.fence()
             raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
             self.recorder.interrupted(list(dispatcher.running.values()))
@@ -164,12 +168,13 @@ class Sweep:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
         self.session.lease.fence()  # asking creates a trial: a write
         trial = self.study.ask(self.session.space.distributions())
-        if "proposed_by" not in trial.user_attrs:  # sampled (not a rule of thumb or a re-run from the queue)
-            if getattr(self.study.sampler, "exhausted", False):
+        queued = TrialRecord.of(trial)
+        if queued.proposed_by is None:  # sampled (not a rule of thumb or a re-run from the queue)
+            if self.session.sampler.exhausted:
                 self.stop_reason = "every layout of the space has been tried"
                 self.recorder.discard(trial, self.stop_reason)
                 return None
-            trial.set_user_attr("proposed_by", self.spec.search)
+            TrialRecord.write(trial, proposed_by=self.spec.search)
         try:
             layout = self.session.space.layout(trial.params)
         except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
@@ -185,15 +190,15 @@ class Sweep:
         if reason:
             self.recorder.infeasible(trial, layout, prediction, reason)
             return None
-        proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(trial))
+        proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(queued))
         self.recorder.start(proposal)
         return proposal
 
 
-def _kept_result(trial: optuna.Trial) -> TrialResult | None:
+def _kept_result(queued: TrialRecord) -> TrialResult | None:
     """A result an earlier driver measured but could not store (the spool), re-read: judged like any other when
     recorded; one that is not even a result is recorded as invalid, with the reason."""
-    kept = trial.user_attrs.get("measured_result")
+    kept = queued.measured_result
     if not kept:
         return None
     try:
@@ -213,7 +218,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         try:
             pending = session.tracker.flush()
             if not pending:
-                session.tracker.log_views(study)  # leaderboard table and CSV, Pareto plot, report page
+                _log_views(session, study)
                 session.tracker.finish(_summary(session, best, pareto, measured), _pareto_csv(study, pareto))
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
@@ -221,25 +226,40 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         if pending:
             messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
                             f"storage and {session.tracker.spool_path}; rerun with --resume to deliver them")
-    n_infeasible = sum(1 for t in studies.finished_trials(study) if t.user_attrs.get("status") == "infeasible")
+    n_infeasible = sum(1 for r in studies.finished_records(study) if r.status == "infeasible")
     return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
                         wall_time_s=time.monotonic() - start, mlflow_pending=pending, messages=messages)
+
+
+def _log_views(session: Session, study: optuna.Study) -> None:
+    """The sweep's views on its parent run: the leaderboard (an MLflow table and a CSV), the Pareto plot and the
+    report page (no PNGs: no headless Chrome at every sweep's end)."""
+    import tempfile
+
+    from orchestrator import report  # plotly and jinja2: only when a sweep ends with MLflow
+
+    with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
+        page = report.write(study, tmp, pngs=False)
+        session.tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
+                                  [page.html_path, *page.pngs.values()])
 
 
 def _summary(session: Session, best, pareto, measured: int) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "n_trials": measured,
-        "best": None if best is None else {
-            "trial": best.number, "layout": best.user_attrs.get("layout"),
-            "layout_key": best.user_attrs.get("layout_key"),
-            "measured": {k: (best.user_attrs.get("result") or {}).get(k) for k in
-                         ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")}},
+        "best": None if best is None else _best(TrialRecord.of(best)),
         "pareto": [t.number for t in pareto]}
     if not session.track_rejected:  # rejections got no child runs: one table on the parent instead
         frame = studies.leaderboard(session.study)
         rows = frame[frame["status"] == "infeasible"]
         summary["rejected_by_model"] = rows.to_dict(orient="records") if not rows.empty else []
     return summary
+
+
+def _best(record: TrialRecord) -> dict[str, Any]:
+    """The parent run's summary of the best trial: its layout and HEADLINE figures."""
+    return {"trial": record.number, "layout": record.layout.to_dict() if record.layout else None,
+            "layout_key": record.layout_key, "measured": {m.name: record.measured(m.name) for m in metrics(HEADLINE)}}
 
 
 def _pareto_csv(study: optuna.Study, pareto: list) -> str:

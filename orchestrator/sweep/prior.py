@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from search_spaces.calibration import Calibration, load_calibration
 from search_spaces.costmodel import estimate
@@ -22,7 +22,9 @@ from search_spaces.models import ModelSpec, load_model
 from search_spaces.space import candidate_layouts, default_gbs, dimensions, explore
 
 from orchestrator.backends.replay import ReplayTable, table_for
-from orchestrator.spec import SweepSpec
+
+if TYPE_CHECKING:  # the spec names its search (orchestrator.searches), whose samplers read the prior
+    from orchestrator.spec import SweepSpec
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Telling Optuna and MLflow what became of each trial.
 
-Storage contract (read by status, promote, report, export and `check`; see orchestrator/study.py):
-the trial's params are its layout's encoded values; user attrs layout, layout_key, prediction, backend,
-proposed_by, mlflow_run_id, then status, result, reason, command; objectives [tokens/s/GPU, peak GiB];
-constraints memory_over_limit_gib and not_measured_ok (feasible when both are <= 0).
+What is stored is the storage contract of orchestrator/records.py (TrialRecord): layout, layout_key,
+prediction, backend, fidelity, trial_size, mlflow_run_id when a trial starts, then status, result, reason,
+command; objectives [tokens/s/GPU, peak GiB]; constraints memory_over_limit_gib and not_measured_ok (feasible
+when both are <= 0). MLflow gets the same record.
 
 Every result is judged where it enters (search_spaces.validation: numbers that cannot be true become status
 invalid, never the best), and every write is fenced by the study's lease (a driver taken over writes nothing).
@@ -24,6 +24,7 @@ from search_spaces.result import TrialResult
 from search_spaces.validation import numbers_only, validate
 
 from orchestrator import study as studies
+from orchestrator.records import TrialRecord
 from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prediction
@@ -66,14 +67,12 @@ class Recorder:
     def start(self, p: Proposal) -> None:
         self.session.lease.fence()
         trial = p.trial
-        for key, value in {"layout": p.layout.to_dict(), "layout_key": p.layout.key(), "prediction": p.prediction.data,
-                           "backend": self.session.spec.backend, "fidelity": p.size.fidelity,
-                           "trial_size": p.size.record()}.items():
-            trial.set_user_attr(key, value)
+        TrialRecord.write(trial, layout=p.layout, layout_key=p.layout.key(), prediction=p.prediction.data,
+                          backend=self.session.spec.backend, fidelity=p.size.fidelity, trial_size=p.size.record())
         if self.tracker:
             run_id = self.tracker.child(trial.number, p.layout, self.session.spec.backend)
             if run_id:  # else recorded later from the storage (at the end, or on --resume)
-                trial.set_user_attr("mlflow_run_id", run_id)
+                TrialRecord.write(trial, mlflow_run_id=run_id)
 
     def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
                    reason: str) -> None:
@@ -81,25 +80,22 @@ class Recorder:
         self.session.lease.fence()
         memory = (prediction.peak_memory_gib if prediction else None) or 0.0
         if layout is not None:
-            trial.set_user_attr("layout", layout.to_dict())
-            trial.set_user_attr("layout_key", layout.key())
-        else:
-            trial.set_user_attr("layout", dict(trial.params))
+            TrialRecord.write(trial, layout=layout, layout_key=layout.key())
+        else:  # not even a Layout: its params, to show what was proposed
+            TrialRecord.write(trial, layout=dict(trial.params))
         if prediction is not None:
-            trial.set_user_attr("prediction", prediction.data)
-        trial.set_user_attr("backend", self.session.spec.backend)
-        trial.set_user_attr("status", "infeasible")
-        trial.set_user_attr("reason", reason)
+            TrialRecord.write(trial, prediction=prediction.data)
+        TrialRecord.write(trial, backend=self.session.spec.backend, status="infeasible", reason=reason)
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
         self.study.tell(trial, [0.0, _finite(memory)])
         if self.tracker and self.session.track_rejected and layout is not None:
-            self.tracker.record(trial.number, self.session.payload(trial.number, trial.user_attrs))
+            self.tracker.record(self.session.mlflow_record(TrialRecord.of(trial)))
 
     def discard(self, trial: optuna.Trial, reason: str) -> None:
         """A proposal that is not a trial at all (a repeat, nothing left to propose)."""
         self.session.lease.fence()
-        trial.set_user_attr("reason", reason)
+        TrialRecord.write(trial, reason=reason)
         self.study.tell(trial, state=TrialState.FAIL)
 
     def finish(self, p: Proposal, result: TrialResult) -> dict[str, Any]:
@@ -114,26 +110,24 @@ class Recorder:
         over = (memory or 0.0) - self.limit
         if result.status == "oom":
             over = max(over, 1.0)  # it did not fit, whatever the partial numbers say
-        attrs = {"status": result.status, "result": _jsonable(result.to_dict())}
+        attrs: dict[str, Any] = {"status": result.status, "result": result}
         if result.error:
             attrs["reason"] = result.error[:2000]
         if result.extra.get("command"):
             attrs["command"] = result.extra["command"]
         self.session.lease.fence()
         try:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
+            TrialRecord.write(trial, **attrs)
             trial.set_constraint("memory_over_limit_gib", max(over, 0.0))
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
             self.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
         except studies.STORAGE_ERRORS:
             self._fence_if_readable()
-            self.session.spool.add(trial.number, dict(trial.params), {**dict(trial.user_attrs), **attrs})
+            self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
             raise
         if self.tracker:
             self.session.lease.fence()
-            payload = self.session.payload(trial.number, {**dict(trial.user_attrs), **attrs})
-            self.tracker.record(trial.number, payload)
+            self.tracker.record(self.session.mlflow_record(TrialRecord.of(trial).with_attrs(**attrs)))
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
                 "fidelity": p.size.fidelity,
                 "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
@@ -174,8 +168,7 @@ class Recorder:
                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         for p in proposals:
             try:
-                p.trial.set_user_attr("reason", INTERRUPTED)
-                p.trial.set_user_attr("status", "interrupted")
+                TrialRecord.write(p.trial, reason=INTERRUPTED, status="interrupted")
                 self.study.tell(p.trial, state=TrialState.FAIL)
                 if self.tracker:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)
@@ -198,17 +191,3 @@ def _finite(value: Any) -> float:
     except (TypeError, ValueError):
         return 0.0
     return value if math.isfinite(value) else 0.0
-
-
-def _jsonable(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {str(k): _jsonable(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_jsonable(v) for v in data]
-    if isinstance(data, float) and not math.isfinite(data):
-        return None
-    if data is None or isinstance(data, (str, int, float, bool)):
-        return data
-    return str(data)
-
-

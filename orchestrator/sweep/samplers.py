@@ -1,14 +1,13 @@
-"""The sweep's samplers: Optuna samplers over the layout parameters (`--search`).
+"""The sweep's samplers: Optuna samplers over the layout parameters (the searches of orchestrator.searches).
 
-    calibrated  (default) the untried legal layout the cost model ranks best, corrected online from every
-                measurement (orchestrator.sweep.calibrated.CalibratedSearch: Thompson sampling over
-                per-value effects); tries near misses of the memory model on purpose
-    tpe         Optuna's multivariate TPE over the dimensions (proposals the cost model rejects are free)
-    random      the legal layouts predicted to fit, in a seeded random order
-    grid        the legal layouts predicted to fit, in NeMo Auto-Configurator's loop order: TP, PP, CP, EP, MBS,
-                then the rest
+    CalibratedSampler  the untried legal layout the cost model ranks best, corrected online from every
+                       measurement (orchestrator.sweep.calibrated.CalibratedSearch: Thompson sampling over
+                       per-value effects); tries near misses of the memory model on purpose
+    TPESearch          Optuna's multivariate TPE over the dimensions (proposals the cost model rejects are free)
+    OrderedSampler     the first untried layout of a fixed order (random search, NeMo's grid order)
 
-The layout samplers are relative samplers: each trial gets a whole layout at once (every search dimension
+Every sampler the sweep uses is an Optuna sampler with the hooks of `SweepSampler` (the loop asks nothing else;
+`SearchHooks` gives the defaults). The layout samplers are relative samplers: each trial gets a whole layout at once (every search dimension
 is one categorical parameter, `SweepSpace`), and before each proposal they read the study, so they learn
 from every finished trial, whoever ran it (this driver, a resumed one) and never propose a layout that is
 finished, running or queued. The rules of thumb are enqueued trials (Optuna's warm start), for every sampler.
@@ -16,9 +15,7 @@ finished, running or queued. The rules of thumb are enqueued trials (Optuna's wa
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -27,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
 
+from orchestrator.records import TrialRecord
 from orchestrator.sweep.calibrated import CalibratedSearch
 from orchestrator.sweep.prior import Prior
 from orchestrator.sweep.space import SweepSpace
@@ -35,15 +33,36 @@ from orchestrator.sweep.space import SweepSpace
 _TAKEN = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
 
 
-class LayoutSampler(optuna.samplers.BaseSampler):
-    """Proposes one untried layout per trial; subclasses choose it (`next_layout`) and learn (`observe`)."""
+@runtime_checkable
+class SweepSampler(Protocol):
+    """What the sweep loop asks of its sampler besides Optuna's own hooks (sample_relative, ...)."""
 
-    # proposals may exceed the cost model's memory prediction by this factor (the screen lets them through)
-    memory_margin = 1.0
+    memory_margin: float
+    """Proposals may exceed the cost model's memory prediction by this factor (the screen lets them through)."""
+    exhausted: bool
+    """Nothing untried is left to propose: the sweep stops asking."""
+
+
+class SearchHooks:
+    """The defaults of SweepSampler's hooks: no margin over the memory model, never exhausted."""
+
+    memory_margin: float = 1.0
+    exhausted: bool = False
+
+
+class TPESearch(SearchHooks, optuna.samplers.TPESampler):
+    """Optuna's TPE, multivariate: layout dimensions interact (TP*CP*PP must divide the world...)."""
+
+    def __init__(self, seed: int | None):
+        super().__init__(seed=seed, multivariate=True, n_startup_trials=8)
+
+
+class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
+    """Proposes one untried layout per trial; subclasses choose it (`next_layout`) and learn (`observe`)."""
 
     def __init__(self, space: SweepSpace):
         self.space = space
-        self.exhausted = False  # nothing untried is left: the sweep stops proposing
+        self.exhausted = False
         self._observed: set[int] = set()
         self._keys: dict[int, str] = {}
 
@@ -83,10 +102,10 @@ class LayoutSampler(optuna.samplers.BaseSampler):
                 continue
             self._observed.add(t.number)
             layout = self._layout_of(t.params)
-            status = t.user_attrs.get("status")
-            if layout is not None and status:
-                result = t.user_attrs.get("result") or {}
-                self.observe(layout, status, result.get("tokens_per_sec_per_gpu"), result.get("peak_memory_gib"))
+            record = TrialRecord.of(t)
+            if layout is not None and record.status:
+                self.observe(layout, record.status, record.measured("tokens_per_sec_per_gpu"),
+                             record.measured("peak_memory_gib"))
 
     def _taken(self, trials: Iterable[FrozenTrial], current: int) -> set[str]:
         keys = set()
@@ -147,68 +166,3 @@ def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:
     """NeMo Auto-Configurator's loop nesting: TP, PP, CP, EP, MBS outermost (smallest first), then the rest."""
     return sorted(layouts, key=lambda lay: ((lay.tp, lay.pp, lay.cp, lay.ep, lay.mbs),
                                             tuple(str(v) for v in lay.params().values())))
-
-
-@dataclass(frozen=True)
-class SearchKind:
-    name: str
-    """The name a spec's `search:` and `sweep --search` take."""
-    doc: str
-    """What it proposes, in a few words (CLI help, README)."""
-    make: Callable[[SweepSpace, Prior, "int | None", list[Layout]], optuna.samplers.BaseSampler]
-    """(space, prior, seed, runnable candidates) -> the Optuna sampler."""
-
-
-def _calibrated(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
-    return CalibratedSampler(space, prior, seed, candidates)
-
-
-def _tpe(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> optuna.samplers.BaseSampler:
-    # multivariate: layout dimensions interact (TP*CP*PP must divide the world...)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
-
-
-def _feasible(prior: Prior, candidates: list[Layout]) -> list[Layout]:
-    """The baselines walk the layouts the sweep's screen would let through (legal, predicted to fit)."""
-    return [lay for lay in candidates if prior.predict(lay).feasible]
-
-
-def _random(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
-    feasible = _feasible(prior, candidates)
-    return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
-
-
-def _grid(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> LayoutSampler:
-    return OrderedSampler(space, nemo_grid_order(_feasible(prior, candidates)))
-
-
-# The one table of searches by name: the spec's `search` choices, the CLI help and the README's list derive from
-# it. A new search is one SearchKind here plus its sampler.
-SEARCH_KINDS: dict[str, SearchKind] = {kind.name: kind for kind in (
-    SearchKind("calibrated", "the cost model's ranking, corrected from every measurement (default)", _calibrated),
-    SearchKind("tpe", "Optuna's multivariate TPE over the dimensions", _tpe),
-    SearchKind("random", "the legal layouts predicted to fit, in a seeded random order", _random),
-    SearchKind("grid", "the legal layouts predicted to fit, in NeMo Auto-Configurator's loop order", _grid),
-)}
-SEARCHES: tuple[str, ...] = tuple(SEARCH_KINDS)
-
-
-def make_sampler(search: str, space: SweepSpace, prior: Prior, seed: int | None,
-                 runnable: Callable[[Layout], bool] | None = None) -> optuna.samplers.BaseSampler:
-    """`runnable`: whether a layout can run at all here (e.g. its proxy fits in trial_gpus); the layout
-    samplers propose only those."""
-    kind = SEARCH_KINDS.get(search)
-    if kind is None:
-        raise SpecError(f"unknown search {search!r}; allowed: {', '.join(SEARCHES)}")
-    return kind.make(space, prior, seed, [lay for lay in prior.candidates if runnable is None or runnable(lay)])
-
-
-# ---- what the sweep loop asks of any sampler (Optuna's own have neither: their answers are the defaults) ----
-def memory_margin(sampler: optuna.samplers.BaseSampler) -> float:
-    """How far above the predicted memory limit the sampler's proposals may go (1.0: not at all)."""
-    return sampler.memory_margin if isinstance(sampler, LayoutSampler) else 1.0
-
-
-def exhausted(sampler: optuna.samplers.BaseSampler) -> bool:
-    """Nothing untried is left to propose: the sweep stops asking."""
-    return isinstance(sampler, LayoutSampler) and sampler.exhausted

@@ -20,15 +20,17 @@ from search_spaces.errors import SpecError
 from search_spaces.space import explore
 
 from orchestrator import study as studies
-from orchestrator.backends import TrialRequest
+from orchestrator.backends import TrialRequest, canonical_backend
+from orchestrator.records import StudyRecord, TrialRecord, enqueue
+from orchestrator.searches import make_sampler
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.prior import Prior, make_prior
-from orchestrator.sweep.samplers import make_sampler, memory_margin
+from orchestrator.sweep.samplers import SweepSampler
 from orchestrator.sweep.space import SweepSpace
 from orchestrator.sweep.spool import ResultSpool
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import RunRecord, Tracker
 
 log = logging.getLogger("moe_autotune")
 
@@ -41,6 +43,7 @@ class Session:
     spec: SweepSpec
     prior: Prior
     space: SweepSpace
+    sampler: SweepSampler
     study: optuna.Study
     lease: Lease
     tracker: Tracker | None
@@ -55,7 +58,7 @@ class Session:
 
     @property
     def memory_margin(self) -> float:
-        return memory_margin(self.study.sampler)
+        return self.sampler.memory_margin
 
     def request(self, number: int, size: TrialSize) -> TrialRequest:
         """What the backend runs: the layout at its size (what-if backends answer for the full layout)."""
@@ -71,12 +74,12 @@ class Session:
                             workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number)
 
-    def payload(self, number: int, attrs: dict[str, Any]) -> dict[str, Any]:
-        """A trial's MLflow record, from its stored user attrs."""
-        return {"layout": attrs.get("layout") or {}, "status": attrs.get("status", ""), "result": attrs.get("result"),
-                "prediction": attrs.get("prediction"), "backend": attrs.get("backend", self.spec.backend),
-                "command": attrs.get("command"), "reason": attrs.get("reason"), "run_name": f"trial-{number}",
-                "logs": sorted(str(p) for p in (self.workdir / f"trial-{number:04d}").glob("*.log"))}
+    def mlflow_record(self, record: TrialRecord) -> RunRecord:
+        """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs."""
+        if record.backend is None:
+            record = record.with_attrs(backend=self.spec.backend)
+        logs = sorted(str(p) for p in (self.workdir / f"trial-{record.number:04d}").glob("*.log"))
+        return RunRecord(record, tuple(logs))
 
     def close(self) -> None:
         try:
@@ -108,8 +111,8 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
     lease = Lease(study)
     lease.acquire()
-    session = Session(spec, prior, space, study, lease, tracker, ResultSpool(workdir / "results-spool.jsonl"),
-                      workdir, resumed=existed)
+    session = Session(spec, prior, space, sampler, study, lease, tracker,
+                      ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
     try:
         _start(session, existed, run_tags or {})
     except BaseException:
@@ -123,20 +126,18 @@ def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
     if existed:
         _check_situation(study, spec)
     else:
-        for key, value in {"spec": spec.dump(), "situation": spec.situation(), "model": spec.model,
-                           "seq_len": spec.seq_len, "gpu": spec.gpu, "num_gpus": spec.num_gpus,
-                           "backend": spec.backend, "memory_limit_gib": session.prior.memory_limit_gib,
-                           "tracking_uri": spec.tracking_uri, "family": spec.experiment}.items():
-            study.set_user_attr(key, value)
+        StudyRecord.write(study, spec=spec.dump(), situation=spec.situation(), model=spec.model,
+                          seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=spec.num_gpus, backend=spec.backend,
+                          memory_limit_gib=session.prior.memory_limit_gib, tracking_uri=spec.tracking_uri,
+                          family=spec.experiment)
         carried = {lay.replace(**session.prior.pinned) for lay in session.prior.carried}
         for seed in session.prior.seeds():
             source = "previous length" if seed in carried else "rule-of-thumb"
-            study.enqueue_trial(session.space.params(seed), user_attrs={"proposed_by": source}, skip_if_exists=True)
-    study.set_user_attr("budget", spec.budget.model_dump())
+            enqueue(study, session.space.params(seed), skip_if_exists=True, proposed_by=source)
+    StudyRecord.write(study, budget=spec.budget.model_dump())
     if session.tracker:
         parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
-        study.set_user_attr("mlflow_experiment_id", session.tracker.experiment_id)
-        study.set_user_attr("mlflow_parent_run_id", parent)
+        StudyRecord.write(study, mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
     if existed:
         _recover(session)
 
@@ -171,42 +172,48 @@ def _check_something_fits(spec: SweepSpec, prior: Prior) -> None:
 
 def _check_situation(study: optuna.Study, spec: SweepSpec) -> None:
     """--resume must continue the same situation (SITUATION_FIELDS): name the first field that differs."""
-    recorded = study.user_attrs.get("situation")
-    if recorded is None:  # a study from before situations were recorded: what its spec said
-        stored = study.user_attrs.get("spec") or {}
-        recorded = {k: stored.get(k) for k in spec.situation()}
+    recorded = StudyRecord.of(study).stored_situation
     for name, now in spec.situation().items():
-        if recorded.get(name) != now:
+        then = recorded.get(name)
+        if name == "backend" and isinstance(then, str):  # recorded under an older name (local is ray)
+            then = _backend_name(then)
+        if then != now:
             raise SpecError(f"cannot resume study {spec.name!r} with a different {name}: it was run with "
                             f"{recorded.get(name)!r}, the spec now says {now!r} (use --study-name for a new study)")
+
+
+def _backend_name(name: str) -> str:
+    try:
+        return canonical_backend(name)
+    except SpecError:
+        return name
 
 
 def _recover(session: Session) -> None:
     """What the last driver left: results it could not store, trials it left running or interrupted."""
     study, tracker = session.study, session.tracker
     session.lease.fence()
-    kept = {rec["trial_number"]: rec for rec in session.spool.records()  # a record of another shape is no record
-            if isinstance(rec, dict) and isinstance(rec.get("trial_number"), int)
-            and isinstance(rec.get("attrs"), dict)}
+    kept = session.spool.records()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         reason = "the driver stopped while the trial was running; its layout runs again"
-        rec = kept.get(t.number)
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if tracker:
             tracker.mark_failed(t.number, reason)
-        attrs = {"proposed_by": "resume", "retry_of": t.number, "retry_reason": reason}
-        if rec and rec["attrs"].get("result"):  # measured, but the storage refused it: recorded, not re-run
-            attrs["measured_result"] = rec["attrs"]["result"]
+        attrs: dict[str, Any] = {"proposed_by": "resume", "retry_of": t.number, "retry_reason": reason}
+        spooled = kept.get(t.number)
+        if spooled is not None and spooled.result is not None:  # measured, but the storage refused it: recorded
+            attrs["measured_result"] = TrialRecord.attrs(result=spooled.result)["result"]
         if t.params:
-            study.enqueue_trial(t.params, user_attrs=attrs)
+            enqueue(study, t.params, **attrs)
     session.spool.clear()
-    retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        if t.user_attrs.get("reason") == INTERRUPTED and t.number not in retried and t.params:
-            study.enqueue_trial(t.params, user_attrs={"proposed_by": "resume", "retry_of": t.number})
+    trials = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    retried = {r.retry_of for r in trials}
+    for r in trials:
+        if r.state == "fail" and r.reason == INTERRUPTED and r.number not in retried and r.params:
+            enqueue(study, r.params, proposed_by="resume", retry_of=r.number)
     if tracker:
         tracker.flush()
-        for t in studies.finished_trials(study):
-            status = t.user_attrs.get("status")
-            if status and not tracker.is_finished(t.number) and (session.track_rejected or status != "infeasible"):
-                tracker.record(t.number, session.payload(t.number, t.user_attrs))
+        for record in studies.finished_records(study):
+            if record.status and not tracker.is_finished(record.number) and (
+                    session.track_rejected or record.status != "infeasible"):
+                tracker.record(session.mlflow_record(record))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.records import TrialRecord
+
 log = logging.getLogger("moe_autotune")
 
 
@@ -20,27 +22,32 @@ log = logging.getLogger("moe_autotune")
 class ResultSpool:
     path: Path
 
-    def add(self, number: int, params: dict[str, Any], attrs: dict[str, Any]) -> None:
-        """Keep trial `number`'s layout params and user attrs (status, result, prediction, ...)."""
+    def add(self, number: int, params: dict[str, Any], record: TrialRecord) -> None:
+        """Keep trial `number`'s layout params and record (status, result, prediction, ...)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = {"trial_number": number, "params": params, "attrs": record.stored_attrs()}
         with open(self.path, "a") as fh:
-            fh.write(json.dumps({"trial_number": number, "params": params, "attrs": attrs}, default=str) + "\n")
+            fh.write(json.dumps(line, default=str) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> dict[int, TrialRecord]:
+        """The kept records by trial number (a line of another shape is no record)."""
         if not self.path.is_file():
-            return []
-        out = []
+            return {}
+        out = {}
         lines = self.path.read_text().splitlines()
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                kept = json.loads(line)
             except json.JSONDecodeError:
                 where = "its last line (torn by a crash)" if i == len(lines) - 1 else f"line {i + 1}"
                 log.warning("result spool %s: skipped %s, not JSON", self.path, where)
+                continue
+            if isinstance(kept, dict) and type(kept.get("trial_number")) is int and isinstance(kept.get("attrs"), dict):
+                out[kept["trial_number"]] = TrialRecord.from_attrs(kept["trial_number"], kept["attrs"])
         return out
 
     def clear(self) -> None:
