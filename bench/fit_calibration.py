@@ -9,7 +9,8 @@ Objective: mean |log(predicted / published)| tokens/s (= TF/s), bounded Nelder-M
 (search_spaces.calibration.fit), started from the packaged constants (`--from-defaults`: the Calibration defaults),
 plus the same over the fit half of the long-context MoE rows (moe_long_context.csv, each at its best CP type,
 weighted LONG_WEIGHT) and, weighted PAIR_WEIGHT, the mean |log(predicted / published)| B/A ratio of the fit half of
-the knob pairs (knob_effects.csv): the absolute rows alone do not say how much a knob moves. Fitted (`PARAMETERS`;
+the knob pairs (knob_effects.csv): the absolute rows alone do not say how much a knob moves; then, alone, the
+delta-net state pass's chunk step on the fit half of the Qwen3-Next rows (STATE_STEP). Fitted (`PARAMETERS`;
 `--shared-only`: SHARED_PARAMETERS alone): the shared constants (EP exposure, element-wise and routed passes, the
 host's time per kernel launch, the MoE layer's sync, MXFP8's GEMM rate), the
 GEMM and grouped-GEMM efficiency per GPU family, the gated delta-net kernels' efficiency, and one attention
@@ -47,7 +48,7 @@ PARAMETERS = SHARED_PARAMETERS + [
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
           "attention_release_factor", "ep_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
-          "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "sustained_rate",
+          "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "delta_net_state_step_s", "sustained_rate",
           "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software")
 # the software the published rows ran: Megatron-Bridge's performance-summary containers (their versions are not
 # published beside the rows), NeMo's for the long-sequence rows
@@ -59,6 +60,9 @@ PAIR_WEIGHT = 0.6
 # CP, GPUs, precision and dispatcher for Qwen3-Next) are scored but not fitted
 LONG_WEIGHT = 0.15
 ASSUMED_LAYOUT_SERIES = ("qwen3-next-gb200",)
+# ...except for the one constant those rows alone measure: the delta-net state pass's chunk step, moved by their CP
+# (1, 4, 16) and length, not by the assumed rest of the layout -- fitted on their fit half after the rest
+STATE_STEP = Parameter("delta_net_state_step_s", None, 5e-7, 3e-5)
 
 
 def ultra_ratio(rows) -> tuple[float, int]:
@@ -114,6 +118,12 @@ def rounded(v):
     return {k: rounded(x) for k, x in v.items()} if isinstance(v, dict) else float(f"{v:.4g}")
 
 
+def fit_state_step(cal: Calibration) -> tuple[Calibration, dict]:
+    """`cal` with STATE_STEP fitted on the fit half of the Qwen3-Next rows (the rest kept), and the fit's summary."""
+    rows = [m for m in declared_halves(long_context_moe_rows())[0] if m.release in ASSUMED_LAYOUT_SERIES]
+    return fit(rows, [STATE_STEP], cal)
+
+
 def report(cal: Calibration, rows, name: str) -> dict:
     short = [r for r in rows if r.seq_len <= 8192]
     long = [r for r in rows if r.seq_len >= 16384]
@@ -142,6 +152,9 @@ def main() -> None:
                        extra_loss=None if args.rows_only else extra_loss(pairs, long_fit))
     print(f"loss {summary['loss_before']:.4f} -> {summary['loss_after']:.4f} after {summary['evaluations']} "
           "evaluations", flush=True)
+    cal, step = fit_state_step(cal)
+    print(f"delta_net_state_step_s {cal.delta_net_state_step_s:.3g} (Qwen3-Next fit half: loss "
+          f"{step['loss_before']:.4f} -> {step['loss_after']:.4f})", flush=True)
     report(cal, fit_rows, "fitted half")
     report(cal, held, "held-out half")
     constants = cal.model_dump()

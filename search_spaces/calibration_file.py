@@ -68,6 +68,11 @@ class Calibration(BaseModel):
     """Per software release older than today's kernels: the share of today's attention rate its runs reached."""
     linear_attention_efficiency: Positive = 0.2
     """Gated delta-net's chunked kernels (convolution, state update): achieved / BF16 peak (fitted)."""
+    delta_net_state_step_s: Positive = 1.5e-6
+    """Gated delta-net: one chunk step of the sequential state pass (flash-linear-attention's
+    chunk_gated_delta_rule_fwd_h and its backward), per block of the rank's heads x value width; the pass walks
+    the whole sequence whatever CP (search_spaces/delta_net.py). Fitted on the fit half of the published Qwen3-Next
+    rows (8K CP1, 64K CP16; 32K CP4 held out): what a hybrid model's CP costs beyond its bytes."""
     elementwise_passes: Positive = 8.0
     """HBM reads + writes of the saved activations per step, forward and backward (fitted)."""
     sustained_rate: dict[Family, Positive] = {}

@@ -30,10 +30,10 @@ CHUNK = 64  # FLA's chunk size
 STATE_BLOCK_V = 64  # BV: the value width one state-pass block carries (FLA autotunes 32 or 64)
 # sequential passes over the chunks per layer and microbatch: forward; backward = recomputed forward + reverse
 STATE_PASSES_FWD, STATE_PASSES_BWD = 1, 2
-# one chunk step of one state-pass block: load k, w (64 x 128 each) and u (64 x BV), two 64-deep products with the
-# 128 x BV state, store the state and the new values: ~64 KB through one SM at ~100 GB/s plus a dependent load's
-# ~1 us latency (assumed from the kernel's shape; no published timing of this kernel)
-STATE_STEP_S = 1.5e-6
+# one chunk step of one state-pass block (load k, w (64 x 128 each) and u (64 x BV), two 64-deep products with the
+# 128 x BV state, store the state and the new values, the next step waiting on them) takes the calibration's
+# `delta_net_state_step_s`: no published timing of this kernel exists, so it is fitted on the published Qwen3-Next
+# rows, whose CP (1, 4, 16) is what moves it (bench/fit_calibration.py, CALIBRATION.md)
 # state-pass blocks resident per SM (small Triton kernels, 4 warps; assumed)
 BLOCKS_PER_SM = 2
 BACKWARD_FLOPS_RATIO = 2.5  # backward over forward FLOPs of the parallel kernels (as flash attention's)
@@ -62,26 +62,29 @@ def parallel_time(model: ModelSpec, layout: Layout, tokens_mb: float, rate: floa
     return fwd * (1 + BACKWARD_FLOPS_RATIO + (1 if recompute else 0))
 
 
-def state_pass_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, recompute: bool) -> float:
-    """Seconds of the sequential state passes of one layer per microbatch: chunk steps of the whole sequence, in
-    waves of the blocks the rank's heads give (mbs x heads x value width / BV) over the SMs."""
+def state_pass_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, recompute: bool,
+                    step_s: float) -> float:
+    """Seconds of the sequential state passes of one layer per microbatch: chunk steps of the whole sequence
+    (`step_s` each), in waves of the blocks the rank's heads give (mbs x heads x value width / BV) over the SMs."""
     steps = math.ceil(seq_len / CHUNK)
     blocks = layout.mbs * heads_per_rank(model, layout) * model.linear_value_head_dim / STATE_BLOCK_V
     waves = max(1, math.ceil(blocks / (gpu.sms * BLOCKS_PER_SM)))
     passes = STATE_PASSES_FWD + STATE_PASSES_BWD + (1 if recompute else 0)
-    return passes * steps * waves * STATE_STEP_S
+    return passes * steps * waves * step_s
 
 
-def layer_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, rate: float) -> tuple[float, float]:
-    """(fwd + bwd seconds, of which recomputed forward) of one delta-net layer per microbatch on one rank."""
+def layer_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, rate: float, step_s: float
+               ) -> tuple[float, float]:
+    """(fwd + bwd seconds, of which recomputed forward) of one delta-net layer per microbatch on one rank: the
+    parallel kernels at `rate` FLOP/s, the state passes at `step_s` per chunk step."""
     recompute = layout.recompute_granularity == "full"
     tokens = layout.mbs * seq_len
     total = parallel_time(model, layout, tokens, rate, recompute) + state_pass_time(model, layout, gpu, seq_len,
-                                                                                   recompute)
+                                                                                   recompute, step_s)
     again = 0.0
     if recompute:  # the repeated forward: its parallel kernels and one state pass
         again = parallel_time(model, layout, tokens, rate, False) / (1 + BACKWARD_FLOPS_RATIO) \
-            + state_pass_time(model, layout, gpu, seq_len, False) / (STATE_PASSES_FWD + STATE_PASSES_BWD)
+            + state_pass_time(model, layout, gpu, seq_len, False, step_s) / (STATE_PASSES_FWD + STATE_PASSES_BWD)
     return total, again
 
 

@@ -136,7 +136,7 @@ class GpuTerms:
 
     def linear_attention_layer_time(self, job: Job, rate: float) -> tuple[float, float]:
         """The chunked delta rule's parallel kernels at `rate` and its sequential state passes (delta_net.py)."""
-        return delta_net.layer_time(job.model, job.layout, job.gpu, job.seq_len, rate)
+        return delta_net.layer_time(job.model, job.layout, job.gpu, job.seq_len, rate, job.cal.delta_net_state_step_s)
 
     def recomputed_elementwise_time(self, job: Job, elementwise: float, share: float) -> float:
         """A recomputed module's forward repeats its norms, activations, permutes and casts too, in proportion to

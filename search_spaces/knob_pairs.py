@@ -6,12 +6,15 @@ layout B as the fields that change, the published metric of both (TF/s/GPU, toke
 declared half (fit / held) and its source (repository, commit, file and what was compared). `ratio` is B's
 throughput over A's, whatever the metric (a step time is inverted). The cost model's prediction of the same
 ratio is `predicted_ratio`; bench/knob_effects.py prints both, bench/fit_calibration.py fits on the fit half.
+How much a published ratio moves with no knob switched: `patch_release_changes`, the same layouts measured in a
+Megatron-Bridge release and its patch release (`noise_band`: a quantile of them).
 Pure Python.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +88,35 @@ def load_knob_pairs(path: Path = PATH) -> list[KnobPair]:
     return pairs
 
 
+SUMMARY = Path(__file__).parent / "reference" / "megatron_bridge_performance_summary.csv"
+# the summary's columns that are not the job and its layout: what a run is labelled with and what it measured
+NOT_THE_RUN = ("release", "ga", "tokens_per_sec_per_gpu", "tflops_per_gpu", "source")
+
+
+def patch_release_changes(path: Path = SUMMARY) -> list[float]:
+    """|log(TF/s ratio)| of every layout the performance summary lists in a release and in its patch release
+    (26.04 and 26.04.01, ...): two separate runs of the same job, layout and (nearly) the same software -- what
+    one published A/B comparison moves with no knob switched."""
+    by_run: dict[tuple, dict[str, float]] = {}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            try:
+                tflops = float(r["tflops_per_gpu"].split()[0])
+            except (ValueError, IndexError):
+                continue
+            run = tuple(v for k, v in r.items() if k not in NOT_THE_RUN)
+            by_run.setdefault(run, {})[r["release"]] = tflops
+    return sorted(abs(math.log(runs[rel] / runs[rel[:-3]])) for runs in by_run.values() for rel in runs
+                  if rel.endswith(".01") and rel[:-3] in runs)
+
+
+def noise_band(quantile: float, path: Path = SUMMARY) -> float:
+    """The `quantile` of patch_release_changes, as a ratio's distance from 1: a published A/B ratio within it is
+    not told apart from no change at that level."""
+    changes = patch_release_changes(path)
+    return math.exp(changes[min(len(changes) - 1, int(quantile * len(changes)))]) - 1
+
+
 def predicted_ratio(pair: KnobPair, cal: Calibration) -> float | None:
     """The cost model's tokens/s of B over A (None when a rule refuses either layout)."""
     a = predict_tokens(pair.measurement(pair.a), cal)
@@ -92,4 +124,4 @@ def predicted_ratio(pair: KnobPair, cal: Calibration) -> float | None:
     return b / a if a and b else None
 
 
-__all__ = ["KnobPair", "load_knob_pairs", "predicted_ratio"]
+__all__ = ["KnobPair", "load_knob_pairs", "noise_band", "patch_release_changes", "predicted_ratio"]

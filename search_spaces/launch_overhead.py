@@ -56,10 +56,11 @@ GEMMS_PER_EXPERT = 2
 EXPERT_ELEMENTWISE_KERNELS = 3
 # a dense MLP (dense layers, shared experts): norm (dense only), fc1, activation, fc2, add
 MLP_KERNELS = 5
-# quantisation kernels per GEMM input under each fp8 recipe: current scaling computes the amax then casts; delayed
-# and blockwise cast in one; MXFP8 casts and swizzles the scaling factors ("kernels that swizzle the MXFP8 scaling
-# factors", the blog, 2.1.2-2.1.3)
-QUANTISE_KERNELS = {"fp8-tensorwise": 2, "fp8-delayed": 1, "fp8-blockwise": 1, "mxfp8": 2}
+# quantisation kernels per GEMM input under each fp8 recipe: current scaling computes the amax, the scale from it
+# and then casts (Transformer Engine's Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax,
+# nvte_compute_scale_from_amax, nvte_quantize_v2); delayed and blockwise cast in one; MXFP8 casts and swizzles the
+# scaling factors ("kernels that swizzle the MXFP8 scaling factors", the blog, 2.1.2-2.1.3)
+QUANTISE_KERNELS = {"fp8-tensorwise": 3, "fp8-delayed": 1, "fp8-blockwise": 1, "mxfp8": 2}
 # the routed experts' inputs: one quantising kernel per expert split whatever the recipe (TE's split quantize; the
 # amax of current scaling assumed fused into it: the published per-tensor-vs-MXFP8 pairs differ by a few per cent,
 # knob_effects.csv), and MXFP8's scale swizzles "fused ... of multiple input tensors into a single kernel" (the

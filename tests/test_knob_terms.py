@@ -8,7 +8,7 @@ import pytest
 from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.costmodel import estimate
 from search_spaces.hardware import load_gpu
-from search_spaces.knob_pairs import KNOBS, load_knob_pairs, predicted_ratio
+from search_spaces.knob_pairs import KNOBS, load_knob_pairs, noise_band, patch_release_changes, predicted_ratio
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.throughput import calibration
@@ -27,6 +27,15 @@ def test_the_pairs_file_is_sourced_balanced_and_covers_the_searched_knobs():
         assert "@" in p.source and p.changed  # a commit, and B differs from A
         assert p.a.replace(**{k: getattr(p.b, k) for k in ("dispatcher", "cuda_graphs", "precision", "recompute",
                                                           "cp_comm_type", "hierarchical_cp")}) == p.b
+
+
+def test_the_noise_band_is_what_the_same_layout_moves_between_a_release_and_its_patch():
+    """bench/knob_effects.py counts a direction only beyond it: a published A/B ratio is two runs, and the same
+    layout run twice (a release and its patch release in the performance summary) moves too."""
+    changes = patch_release_changes()
+    assert len(changes) >= 50 and changes == sorted(changes) and changes[0] >= 0
+    median = math.exp(changes[len(changes) // 2]) - 1
+    assert median < noise_band(0.9) <= noise_band(0.95) < math.exp(changes[-1]) - 1
 
 
 def test_a_step_time_metric_is_inverted():
@@ -108,10 +117,14 @@ def test_fp8_pays_little_on_small_experts_and_more_on_large_gemms():
 
 def test_delta_net_state_pass_does_not_shrink_with_cp():
     model, gpu = load_model("qwen3-next-80b-a3b"), load_gpu("gb200")
-    one = delta_net.state_pass_time(model, Layout(), gpu, 65536, False)
-    sixteen = delta_net.state_pass_time(model, Layout(cp=16), gpu, 65536, False)
+    step = CAL.delta_net_state_step_s
+    one = delta_net.state_pass_time(model, Layout(), gpu, 65536, False, step)
+    sixteen = delta_net.state_pass_time(model, Layout(cp=16), gpu, 65536, False, step)
     assert sixteen == pytest.approx(one)  # the same sequential chunk steps with fewer heads per rank
-    assert one == pytest.approx(3 * math.ceil(65536 / delta_net.CHUNK) * delta_net.STATE_STEP_S)
+    assert one == pytest.approx(3 * math.ceil(65536 / delta_net.CHUNK) * step)
+    # four sequences of 32 heads (256 blocks of BV) fit one wave of 2 blocks per SM on GB200's 148; eight need two
+    assert delta_net.state_pass_time(model, Layout(mbs=8, gbs=8), gpu, 8192, False, step) == pytest.approx(
+        2 * delta_net.state_pass_time(model, Layout(mbs=4, gbs=4), gpu, 8192, False, step))
     # while the parallel work per rank falls by CP
     rate = 1e15
     assert delta_net.parallel_time(model, Layout(cp=16), 65536, rate, False) == pytest.approx(

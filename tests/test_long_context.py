@@ -135,3 +135,38 @@ def test_cpu_pays_collectives_and_shares_the_cores():
     assert four.host_contention > 0 and two.host_contention == 0  # 4 ranks on 2 cores wait for a core
     gpu = step_time(load_model("llama3-8b"), load_gpu("h100"), 8, 4096, Layout(gbs=8))
     assert gpu.host_contention == 0
+
+
+# Megatron-Bridge's long-context card (reference/moe_long_context.csv): Qwen3-Next on 32 GB200 at ~270, ~230 and
+# ~100 TF/s at 8K CP1, 32K CP4 and 64K CP16 -- the seed's "8K and 32K practicable at moderate CP, 64K possible but
+# throughput drops noticeably"
+QWEN3_NEXT_CARD = {8192: (1, 256), 32768: (4, 64), 65536: (16, 32)}  # length: (CP, GBS as the card's rows)
+
+
+def test_qwen3_next_at_the_cards_layouts_loses_throughput_at_64k():
+    """Gated delta-net under CP: Megatron-Core 0.19 all-to-alls its inputs from sequence to heads, so each rank
+    walks the whole sequence's chunk states for fewer heads; the sequential state pass does not shrink with CP while
+    the work per rank does (search_spaces/delta_net.py)."""
+    tflops = {}
+    for seq, (cp, gbs) in QWEN3_NEXT_CARD.items():
+        layout = Layout(cp=cp, ep=32, gbs=gbs, precision="bf16", dispatcher="hybridep", routing="forced_balance")
+        est = estimate("qwen3-next-80b-a3b", "gb200", 32, seq, layout)
+        assert est.legal and est.fits, seq
+        tflops[seq] = est.tflops_per_gpu
+        # the state pass is its own cost: it grows with CP x length, per token
+        assert est.time.attention > 0
+    assert tflops[32768] < tflops[8192]
+    assert tflops[65536] < 0.6 * tflops[32768]
+
+
+@pytest.mark.slow
+def test_qwen3_next_space_fits_8k_and_32k_at_moderate_cp_and_64k_only_much_tighter():
+    """`space` on 32 GB200: the best layouts at 8K and 32K fit at CP <= 4; at 64K the best needs full recompute or
+    CP >= 8 and at least 1.3x the memory of the shorter lengths' bests."""
+    best = {seq: explore("qwen3-next-80b-a3b", "gb200", 32, seq, top=1).top[0] for seq in QWEN3_NEXT_CARD}
+    for seq in (8192, 32768):
+        assert best[seq]["layout"]["cp"] <= 4, best[seq]["key"]
+    long = best[65536]
+    assert long["layout"]["recompute"] == "full" or long["layout"]["cp"] >= 8, long["key"]
+    shorter = max(best[s]["prediction"]["peak_memory_gib"] for s in (8192, 32768))
+    assert long["prediction"]["peak_memory_gib"] >= 1.3 * shorter
