@@ -11,30 +11,27 @@ Placeholders are expanded by these rules, in this order, never skipped:
 4. `...` stands for the arguments of the same block's previous command of the same subcommand.
 5. Upper-case metavariables take the values of `METAVARIABLES`.
 
-Each command then runs in-process (`orchestrator.cli.main(argv)`, argv lists, never a shell) in a temporary
-folder holding a copy of examples/, in the block's order, and must exit 0, except:
+Each command then runs as the user runs it: tests/test_wheel.py builds the wheel, installs it with its [train]
+extra in a clean venv and runs every command with its console script (argv lists, never a shell) in a folder
+outside the source tree holding a copy of examples/, in the block's order; each must exit 0, except:
 - `REAL_TRAINER_TRIALS`: a sweep of a spec whose backend runs the real trainer gets a budget of that many
   trials (the example's full budget runs in tests/test_sweep_quickstart.py);
 - `MAPPED`: commands that cannot run inside a test (a server until Ctrl-C, the setup and the suite itself)
   name the test that runs them, and that test must exist;
 - a command an earlier block already ran (the same argv) is not run again.
 The fast lane checks the extraction, every subcommand and flag against the CLI's own help, the spec snippets and
-the `estimate` lines; the slow lane runs the blocks end to end.
+the `estimate` lines; the slow lane (tests/test_wheel.py) runs the blocks end to end from the wheel.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 from orchestrator.cli import main
 from orchestrator.spec import load_spec
@@ -194,45 +191,8 @@ def test_the_estimate_lines_run(tmp_path, monkeypatch, capsys):
         assert "step" in capsys.readouterr().out
 
 
-# ---- slow: the blocks end to end ----------------------------------------------------------------------------
+# ---- the blocks end to end: tests/test_wheel.py runs them with the installed wheel -----------------------------
 
-def _is_real_trainer_sweep(argv: list[str], cwd: Path) -> bool:
+def is_real_trainer_sweep(argv: list[str], cwd: Path) -> bool:
+    """A README sweep whose spec runs the real trainer (it gets REAL_TRAINER_TRIALS trials)."""
     return argv[1] == "sweep" and load_spec(cwd / argv[2]).backend != "analytic"
-
-
-def _run(argv: list[str], cwd: Path) -> None:
-    key = (argv[0], argv[1])
-    if key in MAPPED:
-        return  # test_the_setup_lines_are_what_ci_runs checks the mapping
-    if argv[0] == "moe-autotune":
-        if _is_real_trainer_sweep(argv, cwd):
-            argv = argv + ["--n-trials", str(REAL_TRAINER_TRIALS)]
-        assert main(argv[1:]) == 0, argv
-        return
-    assert argv[0] == "torchrun"  # the same launcher, as a module of this interpreter
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], cwd=cwd, timeout=600,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_every_readme_command_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the trainer's processes import this tree
-    monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    earlier_blocks, this_block, current = [], [], None
-    for block, line, argv in commands():
-        if block != current:
-            earlier_blocks, this_block, current = earlier_blocks + this_block, [], block
-        if argv in earlier_blocks:
-            continue
-        try:
-            _run(argv, tmp_path)
-        except AssertionError as exc:
-            raise AssertionError(f"{block.where}: {line!r} -> {argv} failed") from exc
-        this_block.append(argv)
-    assert (tmp_path / "my-cluster.json").exists() and (tmp_path / "report" / "report.html").exists()
-    # trainers/README.md's torchrun line, into a folder it had to create
-    assert json.loads((tmp_path / "out" / "result.json").read_text())["status"] == "ok"

@@ -15,10 +15,12 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from orchestrator.commands.promote import EXPORT_FORMATS
 
@@ -81,19 +83,104 @@ class Installed:
         return proc
 
 
+def _venv_with(wheel: Path, venv: Path) -> None:
+    """A venv of the same interpreter with no site packages of its own, the wheel installed into it by the project
+    venv's pip (its dependencies from the package index, as a user's pip takes them)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    _checked([base, "-m", "venv", "--without-pip", str(venv)])
+    _checked([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+              "--no-compile", str(wheel)], timeout=900)
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
-    root = tmp_path_factory.mktemp("wheel")
+def wheel(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
     src = _source_copy(root / "src")
     # the build backend of the project's venv: no download, no build isolation
     _checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
               str(root / "dist"), str(src)])
-    (wheel,) = (root / "dist").glob("moe_autotune-*.whl")
-    # a venv of the same interpreter with no site packages of its own; the project venv's pip installs into it
-    base = getattr(sys, "_base_executable", sys.executable)
-    _checked([base, "-m", "venv", "--without-pip", str(root / "venv")])
-    _checked([sys.executable, "-m", "pip", "--python", str(root / "venv" / "bin" / "python"), "install", "-q",
-              "--no-compile", str(wheel)], timeout=900)
+    (built,) = (root / "dist").glob("moe_autotune-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("wheel")
+    _venv_with(wheel, root / "venv")
+    cwd = root / "work"
+    shutil.copytree(REPO / "examples", cwd / "examples")
+    return Installed(wheel, root / "venv", cwd)
+
+
+# ---- the wheel with its [train] extra: the trainer runs from site-packages too --------------------------------
+TRAIN_EXTRA = "train"
+
+
+def _extra_requirements(wheel: Path, extra: str) -> list[Requirement]:
+    """The wheel's own Requires-Dist lines of `extra`."""
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(name).decode().splitlines()
+    reqs = [Requirement(line.split(":", 1)[1]) for line in lines if line.startswith("Requires-Dist:")]
+    return [r for r in reqs if r.marker is not None and r.marker.evaluate({"extra": extra})
+            and not r.marker.evaluate({"extra": ""})]
+
+
+def _distribution_closure(requirements: list[Requirement]) -> list[metadata.Distribution]:
+    """The installed distributions of this (the project's) venv that the requirements need, their own
+    requirements (with the extras asked for) included; each must satisfy the version it is wanted at."""
+    found: dict[str, metadata.Distribution] = {}
+    extras_done: set[tuple[str, str]] = set()
+    todo = [Requirement(f"{r.name}[{','.join(r.extras)}]{r.specifier}") for r in requirements]  # whatever their marker
+    while todo:
+        req = todo.pop()
+        key = re.sub(r"[-_.]+", "-", req.name).lower()
+        dist = found.get(key) or metadata.distribution(req.name)
+        assert dist.version in req.specifier, f"the project venv has {req.name} {dist.version}, the wheel wants {req}"
+        found[key] = dist
+        for extra in ("", *req.extras):
+            if (key, extra) in extras_done:
+                continue
+            extras_done.add((key, extra))
+            for line in dist.requires or []:
+                dep = Requirement(line)
+                if dep.marker is None or dep.marker.evaluate({"extra": extra}):
+                    todo.append(dep)
+    return list(found.values())
+
+
+def _link_into(dists: list[metadata.Distribution], venv: Path) -> int:
+    """Put the distributions' files (code and dist-info) into the venv's site-packages as pip laid them out in the
+    project venv: hard links of the same files (a symlink across file systems), so the [train] extra's
+    gigabytes of torch are neither downloaded nor copied again. Returns the number of files."""
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    present = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in metadata.distributions(path=[str(site)])}
+    count = 0
+    for dist in dists:
+        if re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower() in present:  # pip installed it for the wheel
+            continue
+        for rel in dist.files or []:
+            src = Path(dist.locate_file(rel))
+            if ".." in Path(rel).parts or not src.is_file():  # console scripts live outside site-packages
+                continue
+            dst = site / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                os.symlink(src, dst)
+            count += 1
+    return count
+
+
+@pytest.fixture(scope="module")
+def installed_train(wheel, tmp_path_factory) -> Installed:
+    """The wheel in a clean venv plus its [train] extra (the trainer's torch and megatron-core)."""
+    root = tmp_path_factory.mktemp("wheel-train")
+    _venv_with(wheel, root / "venv")
+    wanted = _extra_requirements(wheel, TRAIN_EXTRA)
+    assert {r.name for r in wanted} >= {"torch", "megatron-core"}, wanted
+    assert _link_into(_distribution_closure(wanted), root / "venv") > 1000
     cwd = root / "work"
     shutil.copytree(REPO / "examples", cwd / "examples")
     return Installed(wheel, root / "venv", cwd)
@@ -182,3 +269,31 @@ def test_report_and_check(swept):
     html = (swept.cwd / "report" / "report.html").read_text()
     assert DEEPSEEK in html and "<html" in html.lower()
     assert "consistent" in swept.run("check", DEEPSEEK).stdout
+
+
+# ---- every command of the README, run by the installed package --------------------------------------------------
+def test_every_readme_command_runs_from_the_installed_wheel(installed_train):
+    """README.md and trainers/README.md, every shell line expanded by tests/test_readme.py's rules, run in order by
+    the wheel's console script (and the trainer by its interpreter) in a folder outside the source tree."""
+    from tests.test_readme import MAPPED, REAL_TRAINER_TRIALS, commands, is_real_trainer_sweep
+
+    venv, cwd = installed_train.venv, installed_train.cwd
+    earlier_blocks, this_block, current = [], [], None
+    for block, line, argv in commands():
+        if block != current:
+            earlier_blocks, this_block, current = earlier_blocks + this_block, [], block
+        if argv in earlier_blocks or (argv[0], argv[1]) in MAPPED:  # run by the test MAPPED names
+            continue
+        if argv[0] == "moe-autotune":
+            extra = ["--n-trials", str(REAL_TRAINER_TRIALS)] if is_real_trainer_sweep(argv, cwd) else []
+            run = [str(venv / "bin" / "moe-autotune"), *argv[1:], *extra]
+        else:
+            assert argv[0] == "torchrun", argv  # the same launcher, as a module of the venv's interpreter
+            run = [str(venv / "bin" / "python"), "-m", "torch.distributed.run", *argv[1:]]
+        done = subprocess.run(run, cwd=cwd, env=installed_train.env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (f"{block.where}: {line!r} -> {run} exited {done.returncode}\n"
+                                      f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}")
+        this_block.append(argv)
+    assert (cwd / "my-cluster.json").exists() and (cwd / "report" / "report.html").exists()
+    # trainers/README.md's torchrun line ran the trainer from site-packages, into a folder it had to create
+    assert json.loads((cwd / "out" / "result.json").read_text())["status"] == "ok"
