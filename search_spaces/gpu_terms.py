@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.pipeline import Unit
 from search_spaces.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time, attention_peak,
@@ -169,9 +171,17 @@ class GpuTerms:
     def launch_overhead_time(self, job: Job, units: list[Unit], busy: launch_overhead.LayerBusy) -> float:
         """The kernels each layer launches beyond what its GPU work hides, the dropless MoE sync, and the graph
         replays' static-buffer copies (launch_overhead.py)."""
-        L = job.layout
-        host = sum(launch_overhead.layer_host_time(job.model, L, u.layer, busy, job.cal, job.gpu.host)
-                   for u in units if u.is_layer)
+        L, model = job.layout, job.model
+        # a layer's host time depends on its kind alone: once per kind, times its count
+        kinds: Counter = Counter()
+        first: dict[tuple[str, bool], int] = {}
+        for u in units:
+            if u.is_layer:
+                kind = (model.attention_kind(u.layer), model.layer_is_moe(u.layer))
+                kinds[kind] += 1
+                first.setdefault(kind, u.layer)
+        host = sum(n * launch_overhead.layer_host_time(model, L, first[k], busy, job.cal, job.gpu.host)
+                   for k, n in kinds.items())
         tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
         layers = sum(1 for u in units if u.is_layer)
         return host + launch_overhead.graph_copy_bytes(job.model, L, tsp, job.act_bytes) * layers / job.hbm
