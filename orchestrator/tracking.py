@@ -171,7 +171,8 @@ class Tracker:
             for run in page:
                 number = run.data.tags.get(TRIAL_TAG)
                 if number is not None:
-                    self._children[int(number)] = _Child(run.info.run_id, run.info.status, dict(run.data.params))
+                    self._children[int(number)] = _Child(run.info.run_id, run.info.status, dict(run.data.params),
+                                                         inherited=True)
             token = page.token
             if not token:
                 return
@@ -263,6 +264,8 @@ class Tracker:
         run_id = child.run_id
         t = _now()
         metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
+        if child.inherited:
+            metrics = self._not_yet_logged(run_id, metrics)
         tags = [RunTag(k, v) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
         params = [Param(f"{PROXY_PARAM}{k}", v) for k, v in record.proxy_params().items()]
         self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
@@ -278,6 +281,16 @@ class Tracker:
                     self.client.log_artifact(run_id, path, "logs")
         self.client.set_terminated(run_id, "FINISHED")
         child.status = "FINISHED"
+
+    def _not_yet_logged(self, run_id: str, metrics: list[Metric]) -> list[Metric]:
+        """The metrics a run does not have yet: a driver killed between logging a trial's figures and closing its
+        run leaves them there, and the resume that records the trial again must not log them twice (each figure
+        is one point, each step of a history once)."""
+        logged = self.client.get_run(run_id).data.metrics
+        if not logged:
+            return metrics
+        have = {(m.key, m.step) for key in logged for m in self.client.get_metric_history(run_id, key)}
+        return [m for m in metrics if (m.key, m.step) not in have]
 
     def mark_failed(self, number: int, reason: str) -> None:
         child = self._children.get(number)
@@ -352,6 +365,7 @@ class _Child:
     run_id: str
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     params: dict[str, str]
+    inherited: bool = False  # begun by an earlier driver of the study (found on resume), not by this one
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -6,6 +6,7 @@ import re
 import optuna
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 
 from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
@@ -256,3 +257,29 @@ def test_a_trial_run_logs_loss_and_step_times_as_steps_beside_the_prediction(tmp
     state = json.loads(json.loads(client.get_experiment(tracker.experiment_id).tags[VIEW_TAG_PREFIX + TRIALS_VIEW])
                        ["state"])
     assert [c for c in state["selectedColumns"] if c.startswith("params.")] == ["params.`tp`", "params.`pp`"]
+
+
+def test_a_resume_records_a_trial_whose_run_a_killed_driver_left_open_without_logging_twice(tmp_path, monkeypatch):
+    """A driver killed after logging a trial's figures but before closing its run: the resume records the trial
+    into the same run, and every figure (and each step of a history) is there once."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9], "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    first = Tracker(uri, "killed", tmp_path / "w" / "mlflow-spool.jsonl")
+    first.start({"name": "killed"}, "killed", resume=False)
+    record = RunRecord.from_payload(0, payload).record
+    child = first._child(0, record.layout, "local")
+    first.client.log_batch(child.run_id, metrics=[Metric(k, v, 0, s) for k, v, s in record.mlflow_metrics()])
+    # ... killed here: the run stays RUNNING with its figures
+    second = Tracker(uri, "killed", tmp_path / "w" / "mlflow-spool.jsonl")
+    second.start({"name": "killed"}, "killed", resume=True)
+    assert second.record(RunRecord.from_payload(0, payload))
+    client = MlflowClient(uri)
+    assert second._children[0].run_id == child.run_id and client.get_run(child.run_id).info.status == "FINISHED"
+    for key in ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "step_time_s", "loss"):
+        steps = [m.step for m in client.get_metric_history(child.run_id, key)]
+        assert len(steps) == len(set(steps)) >= 1, (key, steps)
+    assert len(client.get_metric_history(child.run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
