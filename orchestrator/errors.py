@@ -19,5 +19,11 @@ class StorageFull(StorageError):
     exit_code = 4
 
 
+class LeaseLost(StorageError):
+    """Another driver took this study over (this one was presumed dead); this one writes nothing more
+    (orchestrator/sweep/lease.py fences every write with it)."""
+    exit_code = 5
+
+
 class TrackingError(MoeAutotuneError):
     """The MLflow tracking store cannot be used."""

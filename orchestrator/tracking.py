@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import logging
 
@@ -27,7 +27,7 @@ from mlflow.entities import Metric, Param, RunTag
 from search_spaces.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import sqlite_tuning
-from orchestrator.errors import TrackingError
+from orchestrator.errors import LeaseLost, TrackingError
 from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
 from orchestrator.redact import redact_environment, redact_mapping, redact_uri
 
@@ -47,6 +47,9 @@ TRAINING_KIND = "custom_model_development"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 TRIALS_VIEW = "moe-autotune-trials"
 LEADERBOARD_TABLE = "leaderboard.json"
+# MlflowClient methods that only read: every other call is a write and passes the tracker's fence first
+CLIENT_READS = frozenset({"search_experiments", "get_experiment", "get_experiment_by_name", "search_runs",
+                          "get_run", "get_metric_history", "list_artifacts", "download_artifacts"})
 
 
 def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
@@ -107,9 +110,11 @@ class Tracker:
         self.tracking_uri = tracking_uri
         check_sqlite_store(tracking_uri)  # before the client: MLflow retries an unusable SQLite file for minutes
         try:
-            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self.client = _FencedClient(MlflowClient(tracking_uri=tracking_uri), lambda: self.fence())
         except Exception as exc:  # noqa: BLE001 -- e.g. an unknown scheme: the URI cannot be used
             raise unusable(self.tracking_uri, exc) from None
+        # Called before every MLflow write: the sweep's study lease (LeaseLost once another driver took over)
+        self.fence: Callable[[], None] = lambda: None
         self.experiment_name = experiment_name
         self.spool_path = Path(spool_path)
         self.experiment_id: str | None = None
@@ -253,6 +258,8 @@ class Tracker:
         try:
             self._record(run)
             return True
+        except LeaseLost:  # taken over: the record is the new driver's to make, not the spool's
+            raise
         except Exception as exc:  # MLflow down/misbehaving: keep the record, say why later
             self._spool({"trial_number": run.record.number, "payload": run.payload(),
                          "error": f"{type(exc).__name__}: {exc}"})
@@ -338,6 +345,8 @@ class Tracker:
             try:
                 if not self.is_finished(rec["trial_number"]):
                     self._record(RunRecord.from_payload(rec["trial_number"], rec["payload"]))
+            except LeaseLost:
+                raise
             except Exception:  # MLflow still down: the record stays in the spool
                 left.append(line)
         self._set_aside(damaged)
@@ -357,6 +366,24 @@ class Tracker:
         self.spool_set_aside += len(lines)
         log.warning("MLflow spool %s: %d corrupt record(s) moved to %s (not delivered; the Optuna storage "
                      "still has the trials)", self.spool_path, len(lines), corrupt)
+
+
+class _FencedClient:
+    """The tracker's MlflowClient, each write behind the fence: a driver whose study was taken over while it
+    was paused stops at its next MLflow call, not after finishing the record it was in the middle of."""
+
+    def __init__(self, client: MlflowClient, fence: Callable[[], None]):
+        self._client, self._fence = client, fence
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name in CLIENT_READS or not callable(attr):
+            return attr
+
+        def fenced(*args: Any, **kwargs: Any) -> Any:
+            self._fence()
+            return attr(*args, **kwargs)
+        return fenced
 
 
 @dataclass

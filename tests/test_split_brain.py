@@ -8,6 +8,7 @@ orchestrator/sweep/lease.py; slow trials come from the replay backend's test-onl
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
 TABLE = ROOT / "tests" / "data" / "replay_small.csv"
 LEASE_S = 3.0
+REPLAY_DELAY_S = 1.0
 
 
 # ---- the lease on its own: two drivers as two Lease objects on one study -------------------------------------
@@ -90,7 +92,7 @@ def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
 # ---- real drivers: SIGSTOP past the lease, a takeover, SIGCONT -----------------------------------------------
 def _env(host: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", TIMEOUT_ENV: str(LEASE_S),
-            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": "1.0"}
+            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S)}
 
 
 def _measured(storage: str, name: str) -> int:
@@ -124,15 +126,26 @@ def _unlocked(path: Path) -> bool:
         return False
 
 
-def _pause_between_writes(proc: subprocess.Popen, dbs: list[Path]) -> None:
-    """SIGSTOP the driver at a moment it holds no database lock (a paused writer would block the other driver
-    at the SQLite level, which is not what this test is about)."""
+def _waiting_on_its_trial(data: dict) -> bool:
+    """Is the driver inside a trial's replay delay: a running trial whose MLflow run it has opened, begun less
+    than half the delay ago? (A driver paused between the fence and the write right after it could still
+    make that one write: the storage has no compare-and-set, see orchestrator/sweep/lease.py.)"""
+    study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+    now = datetime.datetime.now()
+    return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs
+               and (now - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
+               for t in study.get_trials(deepcopy=False))
+
+
+def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path]) -> None:
+    """SIGSTOP the driver while it waits on a trial and holds no database lock (a paused writer would block
+    the other driver at the SQLite level, which is not what this test is about)."""
     while True:
         os.kill(proc.pid, signal.SIGSTOP)
-        if all(_unlocked(db) for db in dbs):
+        if all(_unlocked(db) for db in dbs) and _waiting_on_its_trial(data):
             return
         os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 @pytest.mark.slow
@@ -155,7 +168,7 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
         assert refused.returncode == 2 and "being run by" in refused.stderr and "host-a" in refused.stderr, refused
         assert first.poll() is None, "the first driver finished before it could be paused; give it more trials"
 
-        _pause_between_writes(first, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
+        _pause_while_waiting(first, data, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
         paused_at = _measured(data["storage"], data["name"])
         study = optuna.load_study(study_name=data["name"], storage=data["storage"])
         while time.time() - Holder.of(study).heartbeat <= LEASE_S:

@@ -12,7 +12,7 @@ from orchestrator import study as studies
 from orchestrator.sweep import run_sweep
 from orchestrator.tracking import (EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, RunRecord, Tracker,
                                   safe_environment)
-from orchestrator.errors import TrackingError
+from orchestrator.errors import LeaseLost, TrackingError
 from tests.mlflow_server import free_port, mlflow_server  # noqa: F401  (fixture)
 from tests.sweep_helpers import make_spec, prior_for
 
@@ -283,3 +283,35 @@ def test_a_resume_records_a_trial_whose_run_a_killed_driver_left_open_without_lo
         steps = [m.step for m in client.get_metric_history(child.run_id, key)]
         assert len(steps) == len(set(steps)) >= 1, (key, steps)
     assert len(client.get_metric_history(child.run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
+
+
+def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools_nothing(tmp_path, monkeypatch):
+    """The fence stands before every MLflow write, not only before a trial's record: a driver that wakes up
+    (SIGSTOP past its lease) in the middle of a record stops at its next call, and the record is the new
+    driver's to make (not spooled for this one to deliver)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "fenced", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "fenced"}, "fenced", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    record = RunRecord.from_payload(0, payload)
+    run_id = tracker._child(0, record.record.layout, "local").run_id
+    writes = []
+
+    def fence():  # the lease is lost after the record's first write
+        if writes:
+            raise LeaseLost("study 'fenced' was taken over")
+        writes.append(1)
+    tracker.fence = fence
+    with pytest.raises(LeaseLost):
+        tracker.record(record)
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "RUNNING"  # the record's first write (its figures) went, set_terminated did not
+    assert run.data.metrics["tokens_per_sec_per_gpu"] == 100.0
+    assert "trial.json" not in {a.path for a in MlflowClient(uri).list_artifacts(run_id)}
+    assert not (tmp_path / "w" / "mlflow-spool.jsonl").exists() and tracker.pending == 0
+    with pytest.raises(LeaseLost):
+        tracker.mark_failed(0, "interrupted")  # the fence stays lost
+    assert MlflowClient(uri).get_run(run_id).info.status == "RUNNING"

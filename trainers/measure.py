@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import weakref
 from functools import partial
 from typing import Iterable, Iterator
 
@@ -107,7 +108,7 @@ class SavedActivations:
         key = _storage_id(tensor)
         if address and address not in self.exclude and key not in self.storages:
             self.storages[key] = storage
-            self.owners[key] = self._stack[-1].owner(key) if self._stack else "model"
+            self.owners[key] = self._stack[-1].owner(key, storage) if self._stack else "model"
         return tensor
 
     @contextlib.contextmanager
@@ -130,14 +131,12 @@ class SavedActivations:
 
     # Hooks return None: a value would replace the module's inputs or output.
     def _enter(self, name: str, module, args, kwargs) -> None:
-        self._stack.append(_Frame(name, _storage_keys((args, kwargs))))
+        self._stack.append(_Frame(name, _storages((args, kwargs))))
 
     def _leave(self, module, args, output) -> None:
         frame = self._stack.pop()
         if self._stack:
-            child = frame.path.rsplit(".", 1)[-1]
-            for key in _storage_keys(output):
-                self._stack[-1].children.setdefault(key, child)
+            self._stack[-1].add_child_output(frame.path.rsplit(".", 1)[-1], _storages(output))
 
     @property
     def bytes(self) -> int:
@@ -156,16 +155,27 @@ class SavedActivations:
 
 
 class _Frame:
-    """One running module forward: its path, the storages of its inputs, the outputs of its submodules."""
+    """One running module forward: its path, the storages of its inputs, the outputs of its submodules.
 
-    def __init__(self, path: str, inputs: set[int]):
-        self.path, self.inputs, self.children = path, inputs, {}
+    Storages are held by weak reference and matched by identity: a storage's id (its C++ object's address)
+    is reused once it is freed, and a submodule output freed early must not name a tensor allocated later
+    at the same address (it would be taken for that submodule's output)."""
 
-    def owner(self, key: int) -> str:
-        if key in self.inputs:
+    def __init__(self, path: str, inputs: dict[int, torch.UntypedStorage]):
+        self.path = path
+        self.inputs = {key: weakref.ref(storage) for key, storage in inputs.items()}
+        self.children: dict[int, tuple[str, weakref.ref]] = {}
+
+    def add_child_output(self, child: str, storages: dict[int, torch.UntypedStorage]) -> None:
+        for key, storage in storages.items():
+            if key not in self.children or self.children[key][1]() is None:
+                self.children[key] = (child, weakref.ref(storage))
+
+    def owner(self, key: int, storage: torch.UntypedStorage) -> str:
+        if key in self.inputs and self.inputs[key]() is storage:
             return f"{self.path}:in"
-        if key in self.children:
-            return f"{self.path}:{self.children[key]}"
+        if key in self.children and self.children[key][1]() is storage:
+            return f"{self.path}:{self.children[key][0]}"
         return self.path
 
 
@@ -175,14 +185,17 @@ def _storage_id(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-def _storage_keys(value, depth: int = 3) -> set[int]:
-    """Storages of the tensors in a module's inputs or output (tuples, lists and dicts, a few levels)."""
+def _storages(value, depth: int = 3) -> dict[int, torch.UntypedStorage]:
+    """Storages of the tensors in a module's inputs or output (tuples, lists and dicts, a few levels), by id."""
     if torch.is_tensor(value):
-        return {_storage_id(value)}
+        return {_storage_id(value): value.untyped_storage()}
     if depth == 0:
-        return set()
+        return {}
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    return set().union(*(_storage_keys(v, depth - 1) for v in items)) if items else set()
+    out: dict[int, torch.UntypedStorage] = {}
+    for item in items:
+        out.update(_storages(item, depth - 1))
+    return out
 
 
 def module_paths(chunk) -> dict[torch.nn.Module, str]:

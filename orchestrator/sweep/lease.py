@@ -12,7 +12,8 @@ lease taken. Every write of a driver (study.ask and tell, trial user attrs, MLfl
 is fenced: `fence()` reads the lease from the storage and, when another driver (a later epoch) holds it or it
 was released, raises `LeaseLost`: the driver stops with one line and exit code 5, writing nothing more.
 (Optuna's storage has no compare-and-set, so a driver paused between the fence's read and the write that
-follows it could still make that one write; the fence is read right before each group of writes.)
+follows it could still make that one write; the fence is read right before each group of Optuna writes and
+before every single MLflow call that writes, orchestrator/tracking.py's _FencedClient.)
 
 Taking a lease is write-then-verify: write our token and the next epoch, wait `SETTLE_S`, read it back. Two
 drivers that both found the lease free both write; the storage keeps the last write, so after the wait exactly
@@ -35,7 +36,7 @@ from typing import Any
 
 import optuna
 
-from orchestrator.errors import StorageError
+from orchestrator.errors import LeaseLost, StorageError
 from orchestrator.records import StudyRecord
 
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
@@ -43,11 +44,6 @@ HEARTBEAT_EVERY_S = 10.0
 SETTLE_S = 1.0
 TIMEOUT_ENV = "MOE_AUTOTUNE_LEASE_TIMEOUT_S"  # tests only
 HOST_ENV = "MOE_AUTOTUNE_LEASE_HOST"  # tests only
-
-
-class LeaseLost(StorageError):
-    """Another driver took this study over (this one was presumed dead); this one writes nothing more."""
-    exit_code = 5
 
 
 def stale_after_s() -> float:

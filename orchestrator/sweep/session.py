@@ -111,6 +111,8 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
     lease = Lease(study)
     lease.acquire()
+    if tracker:
+        tracker.fence = lease.fence
     session = Session(spec, prior, space, sampler, study, lease, tracker,
                       ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
     try:
