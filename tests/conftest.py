@@ -9,7 +9,7 @@ from hypothesis import settings
 # Property tests draw their example count from the profile: the full suite (CI) 300 per property; the inner
 # loop (scripts/test.sh --fast passes --hypothesis-profile=fast) the same properties on fewer examples.
 settings.register_profile("full", max_examples=300)
-settings.register_profile("fast", max_examples=40)
+settings.register_profile("fast", max_examples=200)
 settings.load_profile("full")
 
 # Real Ray locally/in CI without token auth or telemetry; trainer ranks single-threaded on 2 cores.
