@@ -47,7 +47,7 @@ PARAMETERS = SHARED_PARAMETERS + [
 ] + [Parameter("attention_release_factor", release, 0.2, 1.5) for release in OLD_RELEASES]
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
-          "attention_release_factor", "ep_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
+          "attention_release_factor", "ep_exposed", "ep_serial_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
           "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "delta_net_state_step_s", "sustained_rate",
           "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software")
 # the software the published rows ran: Megatron-Bridge's performance-summary containers (their versions are not

@@ -126,6 +126,7 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
     "optimizer_offload": lambda lay: _field_flags(_offload_fields(lay)),
     "distributed_optimizer": lambda lay: ["--use-distributed-optimizer"] if lay.distributed_optimizer else [],
     "sequence_parallel": lambda lay: ["--sequence-parallel"] if lay.sp else [],
+    "ep_overlap": lambda lay: ["--overlap-moe-expert-parallel-comm"] if lay.ep_overlap else [],
     "hierarchical_cp": lambda lay: (["--hierarchical-context-parallel-sizes", *map(str, lay.hierarchical_cp)]
                                     if lay.hierarchical_cp else []),
 }
@@ -303,6 +304,7 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
     p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--overlap-moe-expert-parallel-comm", action="store_true")
     p.add_argument("--optimizer-cpu-offload", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # Megatron-LM's default
     return p
@@ -357,6 +359,7 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         hierarchical_cp=tuple(ns.hierarchical_context_parallel_sizes or ()),
         optimizer_offload=ns.optimizer_offload_fraction if ns.optimizer_cpu_offload else 0.0,
         distributed_optimizer=ns.use_distributed_optimizer,
+        ep_overlap=ns.overlap_moe_expert_parallel_comm,
         sequence_parallel=None if ns.sequence_parallel == (tp > 1) else ns.sequence_parallel,
     )
     if gran == "full":
@@ -397,6 +400,17 @@ def _bridge_full_only(name: str):
     return lambda layout: {dim.megatron: getattr(layout, name)} if layout.recompute_granularity == "full" else {}
 
 
+def _bridge_comm_overlap(layout: Layout) -> dict[str, Any]:
+    """Bridge's CommOverlapConfig, whole enough to build on its own. Where a recipe has one (Qwen3-MoE on GB200
+    turns the EP overlap on there), `setup` writes its fields over the model's, the EP overlap False unless set;
+    where a recipe has none (Qwen3-MoE's common recipes), this one is built. It says what the cost model assumes:
+    the EP all-to-all overlapped exactly when the layout says, the sequence-parallel collectives overlapped
+    where TP > 1 (`tp_exposed`); the recipe's other fields are kept (YAML merges key by key)."""
+    return {"_target_": "megatron.bridge.training.comm_overlap.CommOverlapConfig",
+            "tp_comm_overlap": layout.tp > 1 and layout.sp,
+            "overlap_moe_expert_parallel_comm": layout.ep_overlap}
+
+
 # Dimensions whose Bridge override is more than `path: value` (every other one is exactly that).
 _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "vpp": lambda lay: {"model.virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None},
@@ -411,6 +425,8 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "distributed_optimizer": lambda lay: {"optimizer.use_distributed_optimizer": lay.distributed_optimizer,
                                           "ddp.use_distributed_optimizer": lay.distributed_optimizer},
     "sequence_parallel": lambda lay: {"model.sequence_parallel": lay.sp},
+    "ep_overlap": lambda lay: {"model.overlap_moe_expert_parallel_comm": lay.ep_overlap,
+                               "comm_overlap": _bridge_comm_overlap(lay)},
     "hierarchical_cp": lambda lay: {"model.hierarchical_context_parallel_sizes": list(lay.hierarchical_cp) or None},
 }
 
@@ -493,7 +509,7 @@ TRAIN_ARGS=${{TRAIN_ARGS:---train-iters 100 --lr 1e-4 --log-interval 1}}
 # sed reads every line: `head -n 1` would close the pipe early and pipefail turn the SIGPIPE into a failure
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=${{MASTER_PORT:-29500}}
-export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}
+export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-{layout.cuda_device_max_connections}}}
 
 # DATA_ARGS / TRAIN_ARGS are split into words on purpose.
 # shellcheck disable=SC2086

@@ -93,7 +93,8 @@ FAMILY_PARAMETERS: dict[str, list[Parameter]] = {
 }
 # constants shared by the GPU families (fitted by bench/fit_calibration.py on the published rows only)
 SHARED_PARAMETERS: list[Parameter] = [
-    Parameter("ep_exposed", None, 0.05, 1.0), Parameter("elementwise_passes", None, 1.0, 30.0),
+    Parameter("ep_exposed", None, 0.02, 1.0), Parameter("ep_serial_exposed", None, 0.3, 1.0),
+    Parameter("elementwise_passes", None, 1.0, 30.0),
     Parameter("routed_passes", None, 0.1, 30.0), Parameter("host_kernel_launch_s", "x86", 1e-6, 1e-4),
     Parameter("host_kernel_launch_s", "grace", 1e-6, 1e-4), Parameter("moe_sync_s", None, 1e-6, 1e-3),
     Parameter("mxfp8_gemm_factor", None, 0.8, 1.05), Parameter("linear_attention_efficiency", None, 0.05, 0.6)]

@@ -83,7 +83,12 @@ class Calibration(BaseModel):
     """No longer read (kept so that calibration files written before issue 23 load): the bytes per cast element
     are each recipe's own now (search_spaces/quantisation.py); fitted, this made casts nearly free."""
     ep_exposed: Positive = 0.5
-    """Share of the EP all-to-all that overlap does not hide (fitted)."""
+    """Share of the EP all-to-all that the EP overlap (Layout.ep_overlap: one microbatch's dispatch and combine
+    beside another's compute) does not hide, on the microbatches it pairs (fitted)."""
+    ep_serial_exposed: Positive = 1.0
+    """Share of the EP all-to-all exposed without the EP overlap: the dispatch and combine sit on the layer's
+    critical path, but for what the dispatcher's own stream runs beside the shared experts and the permutes
+    (fitted)."""
     tp_exposed: Positive = 0.5
     """Share of the sequence-parallel collectives that overlap does not hide."""
     dp_exposed: Positive = 0.2

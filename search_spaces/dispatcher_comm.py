@@ -50,6 +50,32 @@ CALLS_PER_MOE_LAYER = 4
 GLOBAL_PERMUTE_PASSES = 2 * 2 * 2
 
 
+def distinct_destinations(peers: int, topk: int) -> float:
+    """Expected distinct destinations, of `peers` equally loaded ones, that a token's top-k expert choices touch:
+    peers * (1 - (1 - 1/peers)^k) (each choice independent; the balanced routing the benchmarks force)."""
+    if peers <= 1:
+        return float(peers)
+    return peers * (1 - (1 - 1 / peers) ** topk)
+
+
+def flex_token_copies(ep: int, domains: int, topk: int) -> tuple[float, float]:
+    """(copies over NVLink, copies over the scale-out link) of one token that DeepEP/HybridEP send per dispatch:
+    one per distinct other EP rank its experts sit on ("tokens are deduplicated ... sent to each rank once", the
+    DeepEP README; HybridEP alike), and across NVLink domains one per distinct other domain, forwarded inside it
+    over NVLink (DeepEP's internode kernels: RDMA to the same-index GPU of the node, then NVLink). Megatron's
+    NCCL path sends every (token, expert) copy instead (`alltoall_token_copies`)."""
+    ranks = distinct_destinations(ep, topk) * (ep - 1) / ep
+    remote_domains = distinct_destinations(domains, topk) * (domains - 1) / domains if domains > 1 else 0.0
+    return ranks, remote_domains
+
+
+def alltoall_token_copies(ep: int, topk: int, scaleout_share: float) -> tuple[float, float]:
+    """(copies over NVLink, copies over the scale-out link) of one token on the NCCL all-to-all path: each of its
+    top-k (token, expert) copies that leaves the rank, a `scaleout_share` of them across NVLink domains."""
+    leaving = topk * (ep - 1) / ep
+    return leaving * (1 - scaleout_share), leaving * scaleout_share
+
+
 def link_efficiency(gpu: GPUSpec, dispatcher: str, span: int, nccl_efficiency: float) -> tuple[float, float]:
     """(NVLink share, scale-out share) of the link bandwidth this dispatcher's all-to-all reaches over `span`
     consecutive EP ranks."""
@@ -89,4 +115,4 @@ def recompute_repeats_dispatch(layout: Layout) -> bool:
     return layout.recompute_granularity == "full" or "moe" in layout.recompute_modules
 
 
-__all__ = ["link_efficiency", "latency_time", "global_permute_bytes", "sm_share", "recompute_repeats_dispatch"]
+__all__ = ["distinct_destinations", "flex_token_copies", "alltoall_token_copies", "link_efficiency", "latency_time", "global_permute_bytes", "sm_share", "recompute_repeats_dispatch"]

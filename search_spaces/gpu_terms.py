@@ -23,7 +23,7 @@ from collections import Counter
 from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.pipeline import Unit
 from search_spaces.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time, attention_peak,
-                                    moe_layers, precision_class, split_traffic_time)
+                                    moe_layers, precision_class)
 
 # Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
 # FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
@@ -106,6 +106,18 @@ def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
     return quantisation.cast_time(job.layout, per_gpu, gemm_input_width(job, units), job.hbm)
 
 
+def ep_exposure(job: Job) -> float:
+    """The exposed share of the EP all-to-all: `ep_serial_exposed` without the EP overlap; with it, `ep_exposed`
+    on the microbatches the split 1F1B schedule pairs (each forward beside the previous one's backward: all but
+    one of a step's GA microbatches) and `ep_serial_exposed` on the one it cannot pair."""
+    cal = job.cal
+    if not job.layout.ep_overlap:
+        return cal.ep_serial_exposed
+    ga = max(job.layout.grad_accum(job.num_gpus), 1)
+    paired = (ga - 1) / ga
+    return paired * cal.ep_exposed + (1 - paired) * cal.ep_serial_exposed
+
+
 class GpuTerms:
     """The step-time terms of an accelerator (StepTimeTerms for the GPU families)."""
     families = ("hopper", "blackwell")
@@ -147,13 +159,15 @@ class GpuTerms:
 
     def ep_alltoall_time(self, job: Job, volume: float, scaleout_share: float) -> float:
         """Each dispatcher's reach of NVLink and of the scale-out link at the EP group's span
-        (dispatcher_comm.link_efficiency), `ep_exposed` of it not hidden; whole-MoE and full recompute run the
-        forward's dispatch and combine again."""
+        (dispatcher_comm.link_efficiency); the two parts run at once (NCCL posts every peer's transfer together,
+        DeepEP forwards over NVLink what RDMA delivers), so the slower one counts; `ep_exposure` of it not hidden;
+        whole-MoE and full recompute run the forward's dispatch and combine again."""
         L, gpu = job.layout, job.gpu
-        span = L.ep * L.etp * L.tp  # EP ranks are strided by TP-sized blocks in the folded grid
+        span = L.ep * L.etp  # consecutive ranks: Megatron's expert grid is ETP-EP-EDP-PP (no TP, no CP)
         nvl, out = dispatcher_comm.link_efficiency(gpu, L.dispatcher, span, job.cal.dispatcher_efficiency["alltoall"])
-        t = split_traffic_time(volume, scaleout_share, gpu.nvlink_gbps * 1e9 * nvl, gpu.scaleout_gbps * 1e9 * out)
-        t *= job.cal.ep_exposed
+        t = max(volume * (1 - scaleout_share) / (gpu.nvlink_gbps * 1e9 * nvl),
+                volume * scaleout_share / (gpu.scaleout_gbps * 1e9 * out))
+        t *= ep_exposure(job)
         return t * (1 + 1 / FWD_AND_BWD) if dispatcher_comm.recompute_repeats_dispatch(L) else t
 
     def dispatcher_overhead_time(self, job: Job, moe: int, ep_time: float) -> float:
@@ -164,7 +178,8 @@ class GpuTerms:
             return 0.0
         tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
         permute = dispatcher_comm.global_permute_bytes(job.model, L, tsp, job.act_bytes) * moe / job.hbm
-        overlapped = ep_time * (1 - job.cal.ep_exposed) / job.cal.ep_exposed
+        exposure = ep_exposure(job)
+        overlapped = ep_time * (1 - exposure) / exposure if exposure < 1 else 0.0
         return dispatcher_comm.latency_time(L, moe) + permute + overlapped * dispatcher_comm.sm_share(job.gpu,
                                                                                                       L.dispatcher)
 

@@ -125,6 +125,11 @@ class Layout:
         "refuses it)", kind="choice", flag="--routing", megatron="model.moe_expert_capacity_factor",
         megatron_lm="--moe-expert-capacity-factor", searchable=True, opt_in=True, choices=ROUTINGS,
         aliases=ROUTING_ALIASES, **ROUTING_MEGATRON)
+    ep_overlap: bool = dimension(
+        False, "overlap one microbatch's MoE token all-to-all with another's compute (Megatron-Core's 1F1B "
+        "EP A2A overlap: overlap_moe_expert_parallel_comm); off, the dispatch and combine run exposed",
+        kind="bool", flag="--ep-overlap", megatron="model.overlap_moe_expert_parallel_comm",
+        megatron_lm="--overlap-moe-expert-parallel-comm", searchable=True)
     cp_comm_type: str = dimension(
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
         "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
@@ -158,6 +163,14 @@ class Layout:
     def sp(self) -> bool:
         """Sequence parallel in effect (Megatron requires it for MoE with TP > 1)."""
         return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def cuda_device_max_connections(self) -> int:
+        """CUDA_DEVICE_MAX_CONNECTIONS for this layout: 1 orders the kernel launches that TP/SP and CP comm
+        overlap need; the EP overlap wants more hardware queues, 32 (Megatron-LM's arguments.py: "set
+        CUDA_DEVICE_MAX_CONNECTIONS to 1 or 32, which depends on which parallelization you want to prioritize"),
+        used only without TP and CP."""
+        return 32 if self.ep_overlap and self.tp == 1 and self.cp == 1 else 1
 
     def dp(self, world: int) -> int:
         """Data-parallel size of the dense part: world / (TP·CP·PP). 0 if it does not divide."""
@@ -238,10 +251,10 @@ class Layout:
         parts = []
         for dim in DIMENSIONS:
             value = getattr(self, dim.name)
-            # an empty CP hierarchy (every cp_comm_type but a2a+p2p) and an opt-in dimension at its default are
-            # left out: keys stay as they were
+            # an empty CP hierarchy (every cp_comm_type but a2a+p2p), an opt-in dimension and a switch left off
+            # at its default are left out: keys stay as they were
             if value == dim.default and (not (dim.searchable or dim.name == "gbs") or dim.kind == "sizes"
-                                         or dim.opt_in):
+                                         or dim.opt_in or value is False):
                 continue
             text = dim.encode(value)
             parts.append(f"{dim.name}{text}" if dim.kind == "int" else f"{dim.name}={text}")

@@ -17,7 +17,7 @@ input element at the FP8 rate: for Qwen3-30B-A3B's experts (hidden 2048, FFN 768
 time as FP8 saves in the GEMM; the quantisation kernels also add host launches (launch_overhead.QUANTISE_KERNELS)
 and MXFP8 tokens are dispatched in BF16 ("EP Dispatch (which are not yet supported)" in MXFP8, the same blog
 2.1.3), so only the blockwise and per-tensor recipes halve the dispatch volume.
-Pure functions of (model, layout, tokens); gpu_terms.fp8_cast_time, throughput._ep_volume and gemm_rate call them.
+Pure functions of (model, layout, tokens); gpu_terms.fp8_cast_time, throughput._ep_traffic and gemm_rate call them.
 """
 
 from __future__ import annotations

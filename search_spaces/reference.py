@@ -73,6 +73,22 @@ RECIPE_SETTINGS = {
         ("qwen3-235b-a22b", "b200", "mxfp8"): ("none", "none", "alltoall"),
     },
 }
+# The EP all-to-all overlap (Megatron-Bridge's moe_a2a_overlap / comm_overlap.overlap_moe_expert_parallel_comm) of the
+# summary's MoE rows, from the config of each row's own release: 26.08 from the perf recipes at 067f987
+# (perf_recipes/{deepseek,gpt_oss,qwen}/common.py turn it on for every row); 26.06 from the v0.5.0 tag's legacy
+# configs (the perf recipes postdate the 26.06 table); 26.04.01 from 0a21da4's
+# scripts/performance/configs/*/*_workload_base_configs.py; 25.11 from branch gaod/r0.2.0_test (4a82e1651, the
+# configs that reproduce that table's layouts). A field left unset is off (CommOverlapConfig sets it False).
+# (release, model, gpu, precision) of the rows that ran it; every other summary row ran without it.
+EP_OVERLAP_ON = {
+    *{("26.08", model, gpu, "mxfp8") for model in ("deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b")
+      for gpu in ("gb300", "gb200")},
+    ("26.06", "qwen3-30b-a3b", "b300", "mxfp8"),
+    ("26.04.01", "deepseek-v3", "b200", "mxfp8"),
+    ("26.04.01", "gpt-oss-120b", "gb200", "bf16"),
+    ("26.04.01", "qwen3-235b-a22b", "h100", "fp8-tensorwise"),
+    ("25.11", "qwen3-235b-a22b", "b200", "mxfp8"),
+}
 # NeMo's Llama FLOP formula (nemo/utils/flops_formulas.py) uses these vocabularies (LLM_VOCAB_SIZE_MAP)
 NEMO_VOCAB = {"llama2-7b": 32000, "llama3-8b": 128256}
 
@@ -124,6 +140,8 @@ def _summary_row(r: dict) -> Measurement | None:
         rc, graphs, dispatcher = known
         layout = Layout.from_dict({**layout.to_dict(), "recompute": rc, "cuda_graphs": graphs,
                                    "dispatcher": dispatcher})
+    if (r["release"], model.replace("-no-mtp", ""), gpu, precision) in EP_OVERLAP_ON:
+        layout = layout.replace(ep_overlap=True)
     return Measurement(model, gpu, int(r["num_gpus"]), int(r["seq_len"]), layout, tflops_per_gpu=tflops,
                        source="summary " + r["release"], release="bridge-" + r["release"])
 
@@ -154,7 +172,8 @@ def _card_layout(r: dict, precision: str) -> Layout:
         dispatcher=r["dispatcher"] or "alltoall", recompute=rc.replace(";", ","),
         cuda_graphs=(r["cuda_graphs"] or "none").replace(";", ","),
         optimizer_offload=float(_int(r.get("optimizer_offload"), 0)),
-        cp_comm_type=(r.get("cp_comm_type") or "p2p").strip() or "p2p", routing=_routing(r, moe)))
+        cp_comm_type=(r.get("cp_comm_type") or "p2p").strip() or "p2p", routing=_routing(r, moe),
+        ep_overlap=(r.get("ep_overlap") or "false").strip().lower() == "true"))
 
 
 def skill_card_rows(path: Path = DATA / "skill_card_measurements.csv") -> list[Measurement]:

@@ -217,8 +217,10 @@ def _precision_supported(s: Situation) -> str | None:
     return f"{s.gpu.name} does not support {s.layout.precision} (supported: {', '.join(s.gpu.peak_tflops)})"
 
 
-@rule("gpu_only_feature", reads=("precision", "dispatcher", "cuda_graphs", "optimizer_offload", "cp", "cp_comm_type"),
-      why="fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload and a2a CP need a GPU (cpu runs gloo)")
+@rule("gpu_only_feature", reads=("precision", "dispatcher", "cuda_graphs", "optimizer_offload", "cp", "cp_comm_type",
+                                 "ep_overlap"),
+      why="fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload, a2a CP and the EP overlap (CUDA streams) need a "
+          "GPU (cpu runs gloo)")
 def _gpu_only_feature(s: Situation) -> str | None:
     if not s.gpu.is_cpu:
         return None
@@ -233,6 +235,8 @@ def _gpu_only_feature(s: Situation) -> str | None:
         bad.append("optimizer offload")
     if L.cp > 1 and L.cp_comm_type not in CPU_CP_COMM_TYPES:
         bad.append(f"cp_comm_type {L.cp_comm_type} (the CPU trainer all-gathers K/V)")
+    if L.ep_overlap:
+        bad.append("the EP overlap (it runs the all-to-all on its own CUDA stream)")
     return f"not available on cpu: {', '.join(bad)}" if bad else None
 
 
@@ -295,6 +299,43 @@ def _offload_needs_distopt(s: Situation) -> str | None:
     if L.optimizer_offload > 0 and not L.distributed_optimizer:
         return "optimizer CPU offload needs the distributed optimizer"
     return None
+
+
+# ---- the EP all-to-all overlap, as Megatron-Core 0.19.2 validates it (TransformerConfig.__post_init__; Bridge's
+# CommOverlapConfig repeats the checks) ----------------------------------------------------------------------------
+@rule("ep_overlap_needs", reads=("ep_overlap", "ep", "dispatcher", "recompute", "precision"),
+      why="Megatron-Core overlaps the EP all-to-all of one microbatch with another's compute only with EP > 1, the "
+          "alltoall or flex dispatcher, no full or whole-moe recompute (the replay would repeat the split "
+          "schedule), bf16 parameters and at most one MTP layer")
+def _ep_overlap_needs(s: Situation) -> list[str]:
+    L, out = s.layout, []
+    if not L.ep_overlap:
+        return out
+    if not s.model.is_moe or L.ep <= 1:
+        out.append("the EP overlap needs expert parallelism (a MoE model with EP > 1)")
+    if L.dispatcher == "allgather":
+        out.append("the EP overlap needs the alltoall or a flex (DeepEP/HybridEP) dispatcher, not allgather")
+    if L.recompute_granularity == "full" or "moe" in L.recompute_modules:
+        out.append("the EP overlap cannot replay a whole layer or MoE block: no full or moe recompute")
+    if L.precision == "fp32":
+        out.append("the EP overlap needs bf16 parameters, not fp32")
+    if (s.model.mtp_layers or 0) > 1:
+        out.append(f"the EP overlap allows at most one MTP layer ({s.model.name} has {s.model.mtp_layers})")
+    return out
+
+
+@rule("ep_overlap_schedule", reads=("ep_overlap", "pp", "vpp", "cuda_graphs"),
+      why="the EP overlap splits each layer's forward and backward into a combined 1F1B schedule: Megatron-Core "
+          "runs it on an interleaved pipeline only (VPP > 1 when PP > 1) and outside moe/mlp CUDA-graph scopes")
+def _ep_overlap_schedule(s: Situation) -> list[str]:
+    L, out = s.layout, []
+    if not L.ep_overlap:
+        return out
+    if L.pp > 1 and L.vpp <= 1:
+        out.append("the EP overlap needs an interleaved schedule (VPP > 1) when PP > 1")
+    if {"moe", "mlp"} & set(L.cuda_graphs):
+        out.append("the EP overlap does not run inside moe/mlp CUDA-graph scopes")
+    return out
 
 
 @rule("tp_in_nvlink", level="tp", reads=("tp",), why="TP's per-layer collectives need one NVLink domain")

@@ -121,6 +121,8 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
     else:
         v["dispatcher"] = ["alltoall"]
     v["routing"] = list(ROUTING_CHOICES) if model.is_moe else ["dropless"]
+    # the EP overlap needs CUDA streams and expert parallelism (the rules refuse it where Megatron does)
+    v["ep_overlap"] = [False, True] if model.is_moe and not cpu else [False]
     for name in OPT_IN:
         if name not in free:
             v[name] = [BY_NAME[name].default]
@@ -485,9 +487,10 @@ def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSp
         for cpc, sizes in options:
             candidates = [f for f in routed if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
                           and f.get("hierarchical_cp", ()) == sizes and f["recompute"] != "core_attn"]
-            # graphs first (launch overhead gone) at each recompute level; offload only when nothing else fits
+            # graphs first (launch overhead gone) and the EP all-to-all overlapped at each recompute level; offload
+            # only when nothing else fits
             candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99),
-                                           not f["cuda_graphs"]))
+                                           not f["cuda_graphs"], not f.get("ep_overlap", False)))
             if candidates:
                 yield candidates
 

@@ -43,11 +43,12 @@ the physical and assumed ones are the named constants below and in the terms' mo
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from search_spaces.breakdown import StepTime
 from search_spaces.calibration_file import Calibration, calibration
-from search_spaces import quantisation
+from search_spaces import dispatcher_comm, quantisation
 from search_spaces.flops import (_attention_core_per_token, _attention_proj_per_token, linear_attention_core_per_token,
                                  padded_vocab_size)
 from search_spaces.gpu_terms import GPU_TERMS
@@ -482,31 +483,40 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
     return softmax_time + linear_attention_cp_time(job, linear)
 
 
-def _ep_volume(job: Job) -> float:
-    """Bytes one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd; the busiest rank
-    receives `expert_load` x the balanced share (the all-gather dispatcher gathers every token whatever the
-    routing). DeepEP/HybridEP dispatch FP8 tokens in FP8 except MXFP8's, sent in BF16 (quantisation.py)."""
-    model, L, e = job.model, job.layout, job.act_bytes
+def _ep_traffic(job: Job) -> tuple[float, float]:
+    """(bytes, scale-out share) one rank sends per MoE layer per microbatch: dispatch + combine, fwd and bwd; the
+    busiest rank receives `expert_load` x the balanced share (the all-gather dispatcher gathers every token
+    whatever the routing). The flex dispatchers send a token once per distinct rank and, across NVLink domains,
+    once per distinct domain (dispatcher_comm.flex_token_copies); NCCL's all-to-all every (token, expert) copy.
+    DeepEP/HybridEP dispatch FP8 tokens in FP8 except MXFP8's, sent in BF16 (quantisation.py)."""
+    model, L, e, gpu = job.model, job.layout, job.act_bytes, job.gpu
     h = model.hidden_size
     tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
+    span = L.ep * L.etp  # consecutive ranks: Megatron's expert grid is ETP-EP-EDP-PP (no TP, no CP)
+    scaleout_share = max(0.0, 1.0 - gpu.nvlink_domain / span)
     if L.dispatcher == "allgather":
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
-        return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2
+        return FWD_AND_BWD * tsp * h * e * (L.ep - 1) * 2, scaleout_share
     flex = L.dispatcher in ("deepep", "hybridep")
+    if flex:
+        domains = max(1, math.ceil(span / gpu.nvlink_domain))
+        nvl, out = dispatcher_comm.flex_token_copies(L.ep, domains, model.topk)
+    else:
+        nvl, out = dispatcher_comm.alltoall_token_copies(L.ep, model.topk, scaleout_share)
     dispatch = quantisation.dispatch_bytes_per_element(L.precision, e) if flex else e
-    per_dir = tsp * model.topk * h * (L.ep - 1) / L.ep * job.expert_load
-    return FWD_AND_BWD * per_dir * (dispatch + e)
+    copies = nvl + out
+    volume = FWD_AND_BWD * tsp * copies * h * job.expert_load * (dispatch + e)
+    return volume, (out / copies if copies else 0.0)
 
 
 def ep_comm_time(job: Job, moe: int) -> float:
     """Expert-parallel all-to-all, split into NVLink-domain and scale-out traffic (at the family's reach of each
     link), partly overlapped."""
-    model, L, gpu = job.model, job.layout, job.gpu
+    model, L = job.model, job.layout
     if not (model.is_moe and L.ep > 1 and moe):
         return 0.0
-    span = L.ep * L.etp * L.tp  # EP ranks are strided by TP-sized blocks in the folded grid
-    inter = max(0.0, 1.0 - gpu.nvlink_domain / span)
-    return job.terms.ep_alltoall_time(job, _ep_volume(job), inter) * moe
+    volume, scaleout_share = _ep_traffic(job)
+    return job.terms.ep_alltoall_time(job, volume, scaleout_share) * moe
 
 
 def layer_busy(rank: RankCompute, comm: float, ep: float, moe: int) -> LayerBusy:

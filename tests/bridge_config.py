@@ -141,13 +141,15 @@ def _bridge_run(world_size: int) -> Iterator[_Refusals]:
         os.environ.update(saved_env)
 
 
-def apply_yaml(bridge: Bridge, model_fields: dict[str, Any], mla: bool, yaml_path: str, world_size: int):
-    """The recipe's ConfigContainer with the model's architecture, the YAML applied as Bridge applies one,
-    then `runtime_config_update`. Returns (ConfigContainer, refused keys)."""
+def apply_yaml(bridge: Bridge, model_fields: dict[str, Any], mla: bool, yaml_path: str, world_size: int,
+               comm_overlap: Any = None):
+    """The recipe's ConfigContainer with the model's architecture (and `comm_overlap`, as recipes that set one),
+    the YAML applied as Bridge applies one, then `runtime_config_update`. Returns (ConfigContainer, refused keys)."""
     from omegaconf import OmegaConf
 
     with _bridge_run(world_size) as refusals:
         cfg = bridge.recipe()
+        cfg.comm_overlap = comm_overlap
         provider = bridge.mla_provider if mla else bridge.gpt_provider
         names = {f.name for f in dataclasses.fields(provider)}
         cfg.model = provider(**{k: v for k, v in model_fields.items() if k in names})

@@ -73,6 +73,10 @@ CASES = [
     Case("offload-tensorwise-capacity", "qwen3-30b-a3b", dict(ep=4, gbs=64, precision="fp8-tensorwise",
                                                                optimizer_offload=0.5, dispatcher="allgather",
                                                                routing="capacity:1.25"), 4096, 16),
+    # the EP all-to-all overlap on an interleaved pipeline (what the Qwen3-235B recipes run)
+    Case("ep-overlap", "qwen3-30b-a3b", dict(ep=8, pp=2, vpp=2, gbs=64, dispatcher="hybridep", ep_overlap=True,
+                                             recompute="moe_act", cuda_graphs="attn,moe_router,moe_preprocess"),
+         4096, 16),
 ]
 H100 = load_gpu("h100")
 # What the launch script adds to the exported flags (orchestrator/export.py sbatch_script), and the one fused
@@ -266,6 +270,9 @@ def test_the_bridge_yaml_loads_in_megatron_bridge(case, bridge, tmp_path):
         if section == "mixed_precision":
             continue
         for key, value in values.items():
+            if key == "_target_":  # the class a section is built as (comm_overlap, where the recipe has none)
+                assert type(getattr(cfg, section)).__name__ == value.rsplit(".", 1)[-1]
+                continue
             assert _plain(getattr(getattr(cfg, section), key)) == value, f"{section}.{key}"
     assert cfg.data_parallel_size == layout.dp(case.world)
     mixed = overrides["mixed_precision"]
@@ -273,3 +280,23 @@ def test_the_bridge_yaml_loads_in_megatron_bridge(case, bridge, tmp_path):
     if layout.precision.startswith(("fp8", "mxfp8")):  # the named recipe is the layout's FP8 recipe
         assert (cfg.mixed_precision.fp8_recipe, cfg.mixed_precision.fp8) == (
             overrides["model"]["fp8_recipe"], overrides["model"]["fp8"])
+
+
+@pytest.mark.parametrize("ep_overlap", [False, True])
+def test_the_bridge_yaml_sets_the_ep_overlap_over_a_recipes_own_comm_overlap(bridge, tmp_path, ep_overlap):
+    """A recipe with its own CommOverlapConfig (Qwen3-MoE on GB200 turns the EP overlap on there): the layout's
+    EP overlap is what the model runs with after Bridge's setup, and the recipe's other fields are kept."""
+    from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+    model = load_model("qwen3-30b-a3b")
+    layout = Layout.from_dict(dict(ep=8, pp=2, vpp=2, gbs=64, dispatcher="hybridep", ep_overlap=ep_overlap))
+    path = tmp_path / "bridge-overrides.yaml"
+    path.write_text(export.bridge_overrides_yaml(layout, 4096, model))
+    architecture = {**trainer_config.transformer_config_kwargs(model, Layout(), on_cpu=False),
+                    "mtp_num_layers": None}
+    recipe_block = CommOverlapConfig(tp_comm_overlap=False, overlap_moe_expert_parallel_comm=not ep_overlap,
+                                     bucket_size=64 * 1024 * 1024)
+    cfg, refused = bridge_config.apply_yaml(bridge, architecture, False, str(path), 16, comm_overlap=recipe_block)
+    assert refused == []
+    assert cfg.model.overlap_moe_expert_parallel_comm is ep_overlap
+    assert cfg.comm_overlap.bucket_size == 64 * 1024 * 1024  # the recipe's own field survives the merge

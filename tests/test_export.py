@@ -35,6 +35,8 @@ LAYOUTS = [
                           routing="forced_balance")),
     Layout.from_dict(dict(tp=2, ep=8, gbs=16, precision="mxfp8", recompute="mla_up_proj,layernorm,moe")),
     Layout.from_dict(dict(ep=2, gbs=8, precision="fp8-tensorwise", cuda_graphs="moe_router,moe_preprocess")),
+    Layout.from_dict(dict(ep=4, pp=2, vpp=2, gbs=16, dispatcher="hybridep", recompute="moe_act", ep_overlap=True,
+                          cuda_graphs="attn,moe_router,moe_preprocess", precision="mxfp8")),
 ]
 MODELS = ["tiny-moe", "tiny-mla-moe", "deepseek-v3", "qwen3-30b-a3b", "tiny-qwen3-next", "qwen3-next-80b-a3b",
           "tiny-gpt-oss", "gpt-oss-120b"]
@@ -237,9 +239,9 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
         sections[section] |= names
     for layout in LAYOUTS:
         overrides = export.bridge_overrides(layout, 65536)
-        assert set(overrides) <= set(sections) | {"mixed_precision"}
+        assert set(overrides) <= set(sections) | {"mixed_precision", "comm_overlap"}
         for section, values in overrides.items():
-            if section == "mixed_precision":  # a ConfigContainer entry: tests/test_consumers.py checks it
+            if section in ("mixed_precision", "comm_overlap"):  # Bridge's own: tests/test_consumers.py checks them
                 continue
             for key in values:
                 assert key in sections[section], f"{section}.{key} is not a Megatron-Core field"
@@ -335,6 +337,18 @@ def test_sbatch_script_runs_torchrun_with_the_flags(tmp_path):
         export.sbatch_script(layout, model, 4096, num_gpus=12, gpus_per_node=8)
 
 
+def test_the_launch_gives_the_ep_overlap_its_hardware_queues():
+    """Megatron-LM wants CUDA_DEVICE_MAX_CONNECTIONS=1 for TP/CP comm overlap and more for the EP overlap
+    (arguments.py): the launch script's default follows the layout; a value the user exports wins."""
+    model = load_model("tiny-moe")
+    overlap = Layout.from_dict(dict(ep=4, gbs=8, ep_overlap=True))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}" in export.sbatch_script(
+        overlap, model, 4096, num_gpus=8)
+    for layout in (overlap.replace(tp=2), Layout.from_dict(dict(ep=4, gbs=8))):
+        assert "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}" in export.sbatch_script(
+            layout, model, 4096, num_gpus=8)
+
+
 def test_bad_megatron_args_are_one_line_errors():
     with pytest.raises(SpecError, match="global-batch-size"):
         export.layout_from_megatron_args("--tensor-model-parallel-size 2")
@@ -363,7 +377,7 @@ def test_every_layout_dimension_reaches_both_exports():
              "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
              "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
              "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2",
-             "routing": "capacity:1.5"}
+             "routing": "capacity:1.5", "ep_overlap": True}
     assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
     for name, value in other.items():
         changed = base.replace(**{name: value})

@@ -19,14 +19,14 @@ CAL = calibration()
 def test_the_pairs_file_is_sourced_balanced_and_covers_the_searched_knobs():
     pairs = load_knob_pairs()
     assert len(pairs) >= 12
-    assert {p.knob for p in pairs} >= {"dispatcher", "cuda_graphs", "precision", "recompute"}
+    assert {p.knob for p in pairs} >= {"dispatcher", "cuda_graphs", "precision", "recompute", "ep_overlap"}
     assert {p.knob for p in pairs} <= set(KNOBS)
     halves = [p.half for p in pairs]
     assert abs(halves.count("fit") - halves.count("held")) <= 1
     for p in pairs:
         assert "@" in p.source and p.changed  # a commit, and B differs from A
         assert p.a.replace(**{k: getattr(p.b, k) for k in ("dispatcher", "cuda_graphs", "precision", "recompute",
-                                                          "cp_comm_type", "hierarchical_cp")}) == p.b
+                                                          "cp_comm_type", "hierarchical_cp", "ep_overlap")}) == p.b
 
 
 def test_the_noise_band_is_what_the_same_layout_moves_between_a_release_and_its_patch():

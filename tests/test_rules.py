@@ -40,6 +40,10 @@ CASES = [
      dict(cuda_graphs="moe", routing="capacity:1.0")),
     ("offload_needs_distopt", ("tiny-moe", "h100", 2, 512), dict(optimizer_offload=0.5, distributed_optimizer=False),
      dict(optimizer_offload=0.5)),
+    ("ep_overlap_needs", ("tiny-moe", "h100", 2, 512), dict(ep=2, ep_overlap=True, recompute="moe"),
+     dict(ep=2, ep_overlap=True, recompute="moe_act")),
+    ("ep_overlap_schedule", ("tiny-moe", "h100", 4, 512), dict(ep=2, pp=2, gbs=2, ep_overlap=True),
+     dict(ep=2, pp=2, vpp=2, gbs=2, ep_overlap=True)),
     ("tp_in_nvlink", ("deepseek-v3", "h100", 16, 4096), dict(tp=16), dict(tp=8, cp=2)),
     ("ep_in_nvlink", ("deepseek-v3", "h100", 128, 4096), dict(ep=128), dict(ep=64)),
     # tiny-qwen3-next: 2 key / 4 value delta-net heads, a 2*32 + 2*(64+4) = 200-wide in_proj (not 16-aligned)
@@ -78,7 +82,7 @@ def test_reasons_are_one_human_line():
 
 
 @pytest.mark.parametrize("fields", [dict(precision="fp8"), dict(cuda_graphs="attn"), dict(optimizer_offload=0.5),
-                                    dict(cp=2, cp_comm_type="a2a")])
+                                    dict(cp=2, cp_comm_type="a2a"), dict(ep=2, ep_overlap=True)])
 def test_cpu_refuses_gpu_only_features(fields):
     assert "gpu_only_feature" in rules_broken("tiny-moe", "cpu", 2, 512, **fields)
 
@@ -189,3 +193,27 @@ def test_a_rule_declared_twice_or_reading_an_unknown_field_is_refused():
         rules.rule("world_dense", why="again", reads=("tp",))
     with pytest.raises(ValueError):
         rules.rule("new_rule", why="typo", reads=("tensor_parallel",))
+
+
+@pytest.mark.parametrize("fields,why", [
+    (dict(ep_overlap=True), "needs expert parallelism"),
+    (dict(ep=2, ep_overlap=True, dispatcher="allgather"), "not allgather"),
+    (dict(ep=2, ep_overlap=True, recompute="full", cuda_graphs="full_iteration"), "no full or moe recompute"),
+    (dict(ep=2, pp=2, ep_overlap=True, gbs=2), "VPP > 1"),
+    (dict(ep=2, ep_overlap=True, cuda_graphs="moe", routing="capacity:1.0"), "moe/mlp CUDA-graph"),
+])
+def test_ep_overlap_says_why(fields, why):
+    # Megatron-Core 0.19.2's TransformerConfig asserts each of these (tests/test_consumers.py builds the legal ones)
+    violations = check(load_model("tiny-moe"), load_gpu("h100"), 4, 512, Layout.from_dict(fields))
+    assert any(v.rule.startswith("ep_overlap") and why in v.reason for v in violations), violations
+
+
+def test_ep_overlap_allows_what_megatron_allows():
+    assert not {"ep_overlap_needs", "ep_overlap_schedule"} & rules_broken(
+        "tiny-moe", "h100", 4, 512, ep=2, pp=2, vpp=2, gbs=4, ep_overlap=True, dispatcher="hybridep",
+        recompute="moe_act", cuda_graphs="attn,moe_router,moe_preprocess")
+    # DeepSeek-V3's one MTP layer is allowed, two are not
+    dsv3, layout = load_model("deepseek-v3"), Layout(ep=64, ep_overlap=True)
+    assert "ep_overlap_needs" not in {v.rule for v in check(dsv3, load_gpu("h100"), 64, 4096, layout)}
+    two = {v.rule for v in check(dataclasses.replace(dsv3, mtp_layers=2), load_gpu("h100"), 64, 4096, layout)}
+    assert "ep_overlap_needs" in two

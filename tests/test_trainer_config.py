@@ -114,6 +114,43 @@ def test_routing_rules_refuse_exactly_what_megatron_core_refuses():
         assert bool(ours) == refused, (layout.key(), ours)
 
 
+def test_ep_overlap_rules_refuse_exactly_what_megatron_core_refuses():
+    """The EP overlap over dispatcher x recompute x pipeline x graph scope x precision: the sweep's
+    ep_overlap_needs and ep_overlap_schedule rules and TransformerConfig.__post_init__ agree (the GPU config: on cpu the overlap is a
+    gpu_only_feature)."""
+    import itertools
+    import warnings
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from search_spaces.rules import check
+
+    checked = 0
+    for dispatcher, recompute, (pp, vpp), graphs, precision in itertools.product(
+            ("alltoall", "allgather", "hybridep"), ("none", "moe_act", "moe", "full"), ((1, 1), (2, 1), (2, 2)),
+            ("none", "attn,moe_router,moe_preprocess", "moe_router,moe_preprocess"), ("bf16", "fp32")):
+        layout = L(ep=2, pp=pp, vpp=vpp, gbs=4, dispatcher=dispatcher, recompute=recompute, cuda_graphs=graphs,
+                   precision=precision, ep_overlap=True)
+        kwargs = config.transformer_config_kwargs(TINY, layout, on_cpu=False)
+        assert kwargs["overlap_moe_expert_parallel_comm"] is True
+
+        def refused(kw) -> bool:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    TransformerConfig(**kw)
+                    return False
+                except (ValueError, AssertionError):
+                    return True
+
+        if refused({**kwargs, "overlap_moe_expert_parallel_comm": False}):
+            continue  # Megatron refuses the layout for another reason (e.g. full recompute beside graph scopes)
+        checked += 1
+        ours = [v.rule for v in check(TINY, load_gpu("h100"), 4, 512, layout) if v.rule.startswith("ep_overlap")]
+        assert bool(ours) == refused(kwargs), (layout.key(), ours)
+    assert checked >= 40
+
+
 def test_the_trainer_places_layers_where_the_cost_model_does():
     both = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
     five = TINY.with_overrides(num_layers=5)

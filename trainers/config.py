@@ -157,6 +157,8 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
         kwargs.update(BY_NAME["dispatcher"].megatron_fields(layout.dispatcher))
         # the router's mode (dropless, capacity with padding, forced balance), on CPU too
         kwargs.update(BY_NAME["routing"].megatron_fields(layout.routing))
+        # the EP all-to-all overlap (1F1B split schedule); the rules keep it to GPUs
+        kwargs.update(BY_NAME["ep_overlap"].megatron_fields(layout.ep_overlap))
     if layout.cp > 1 and not on_cpu:
         kwargs.update(BY_NAME["cp_comm_type"].megatron_fields(layout.cp_comm_type))
         if layout.hierarchical_cp:

@@ -27,10 +27,11 @@ from trainers import measure
 from trainers import routing_load
 
 
-def _init_process_group(on_cpu: bool, timeout_s: float) -> torch.device:
+def _init_process_group(on_cpu: bool, timeout_s: float, max_connections: int = 1) -> torch.device:
     if not on_cpu:
-        # Megatron-Core needs ordered kernel launches for TP/SP comm overlap; set before the CUDA context.
-        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        # Megatron-Core needs ordered kernel launches for TP/SP comm overlap, more queues for the EP overlap
+        # (Layout.cuda_device_max_connections); set before the CUDA context.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(max_connections))
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     else:
@@ -205,7 +206,7 @@ def _build(args, layout, model, on_cpu: bool) -> Built:
         from trainers import cpu_compat
 
         cpu_compat.apply()
-    device = _init_process_group(on_cpu, args.comm_timeout)
+    device = _init_process_group(on_cpu, args.comm_timeout, layout.cuda_device_max_connections)
     have_te = _have_te() and not on_cpu
 
     from megatron.core import parallel_state as ps
