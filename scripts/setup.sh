@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command setup: system packages (when root and apt is there), a Python 3.12 venv at .venv,
-# and the project with the trainer (torch, megatron-core) and test extras. Safe to run twice.
+# and the project with the trainer (torch, megatron-core), test and team (PostgreSQL driver) extras. Safe to run twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,9 +24,9 @@ find_python() {
 }
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ "${MOE_AUTOTUNE_SKIP_APT:-0}" != 1 ]; then
-  # Real Slurm for the Slurm tests, Chromium for the report test.
+  # Real Slurm for the Slurm tests, Chromium for the report test, PostgreSQL for the team-stack test.
   missing=()
-  for pkg in slurmctld slurmd slurm-client munge chromium; do
+  for pkg in slurmctld slurmd slurm-client munge chromium postgresql; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -38,7 +38,7 @@ fi
 PY=$(find_python)
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[train,dev]"
+.venv/bin/python -m pip install -q -e ".[train,dev,team]"
 # Megatron-Bridge's config layer, for tests/test_consumers.py: without its runtime requirements (GPU-only
 # packages); the light ones its config modules import are in the dev extra.
 .venv/bin/python -m pip install -q --no-deps megatron-bridge==0.6.2

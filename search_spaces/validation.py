@@ -237,6 +237,9 @@ def _not_in_effect(result: TrialResult, layout: Layout) -> list[str]:
     routing = applied.get("routing")
     if routing and _routing_value(routing) != layout.routing:  # dense models have no router: nothing to check
         out.append(f"routing {layout.routing} was requested but {_short(routing)} was in effect")
+    overlap = applied.get("ep_overlap")
+    if isinstance(overlap, bool) and overlap != layout.ep_overlap:  # reported by MoE trainers (None: dense)
+        out.append(f"ep_overlap {layout.ep_overlap} was requested but {overlap} was in effect")
     return out
 
 

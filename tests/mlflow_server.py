@@ -1,4 +1,4 @@
-"""A real `mlflow server` on 127.0.0.1 for tests (sqlite backend in a temp dir, free port).
+"""A real `mlflow server` on 127.0.0.1 for tests (sqlite backend in a temp dir, or a given store; free port).
 
 Use as a context manager or through the `mlflow_server` fixture (the lead wires it into conftest.py):
 
@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None, startup_timeout_s: float = 120.0):
+    def __init__(self, root: Path, port: int | None = None, startup_timeout_s: float = 120.0,
+                 backend_store_uri: str | None = None):
         self.root = Path(root)
+        self.backend_store_uri = backend_store_uri  # default: SQLite in `root` (a team's server: PostgreSQL)
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
@@ -39,7 +41,7 @@ class MlflowServer:
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         mlflow_bin = Path(sys.executable).with_name("mlflow")
         argv = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--backend-store-uri", f"sqlite:///{self.root / 'mlflow-server.db'}",
+                "--backend-store-uri", self.backend_store_uri or f"sqlite:///{self.root / 'mlflow-server.db'}",
                 "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
         self.log = open(self.root / "mlflow-server.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -196,3 +196,17 @@ def test_sweep_never_picks_an_impossible_measurement_as_best(tmp_path, monkeypat
         if t.user_attrs["status"] == "invalid":
             assert "peak" in t.user_attrs["reason"]
             assert t not in outcome.pareto
+
+
+@pytest.mark.parametrize("requested,reported,ok", [
+    (True, True, True), (False, False, True),
+    (True, False, False),  # the overlap silently off: the trial measured the serial all-to-all
+    (False, True, False),
+    (True, None, True),  # dense model: nothing to check
+])
+def test_ep_overlap_not_in_effect_is_invalid(requested, reported, ok):
+    layout = LAYOUT.replace(ep_overlap=requested)
+    result = validate(_honest(layout, applied=_applied(layout, ep_overlap=reported)), layout, H100)
+    assert (result.status == "ok") is ok, result.error
+    if not ok:
+        assert "ep_overlap" in result.error

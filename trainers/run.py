@@ -375,6 +375,7 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
         "sequence_parallel": bool(config.sequence_parallel),
         "dispatcher": sorted({d for g in gathered for d in g["dispatchers"]}),
         "routing": routing_load.routing_in_effect(config) if model.num_experts else None,
+        "ep_overlap": bool(getattr(config, "overlap_moe_expert_parallel_comm", False)) if model.num_experts else None,
         "expert_load": routing_load.expert_load(gathered, model.topk, layout.etp) if model.num_experts else None,
         "core_attention": sorted({a for g in gathered for a in g["core_attention"]}),
         "attention": sorted({a for g in gathered for a in g["attention"]}),  # e.g. GatedDeltaNet, SelfAttention
