@@ -143,3 +143,41 @@ def test_qwen3_next_loses_throughput_with_cp_at_length():
 def test_the_held_out_pairs_are_predicted_in_the_right_direction_for_the_dispatcher():
     hybrid = next(p for p in load_knob_pairs() if p.name == "dsv3-gb200-deepep-hybridep")
     assert predicted_ratio(hybrid, CAL) > 1.02
+
+
+def test_flex_dispatchers_send_a_token_once_per_rank_and_domain():
+    """DeepEP/HybridEP deduplicate: one copy per distinct destination rank, one per distinct remote NVLink domain;
+    NCCL's path sends every (token, expert) copy."""
+    assert dispatcher_comm.distinct_destinations(1, 8) == 1.0
+    assert dispatcher_comm.distinct_destinations(8, 1) == pytest.approx(1.0)
+    assert dispatcher_comm.distinct_destinations(8, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    nvl, out = dispatcher_comm.flex_token_copies(ep=8, domains=1, topk=8)
+    assert out == 0.0 and nvl < 8 * 7 / 8  # fewer copies than the 7 top-k copies that leave the rank
+    assert sum(dispatcher_comm.alltoall_token_copies(8, 8, 0.0)) == pytest.approx(7.0)
+    nvl, out = dispatcher_comm.flex_token_copies(ep=32, domains=4, topk=8)
+    assert out == pytest.approx(4 * (1 - 0.75 ** 8) * 3 / 4) and out < 3  # at most one per other node
+
+
+def test_an_ep_group_spans_ep_x_etp_consecutive_ranks_whatever_the_tp():
+    """Megatron's expert grid is ETP-EP-EDP-PP: with TP 2, EP 8 still sits in one 8-GPU node (no scale-out);
+    EP 16 spans two."""
+    from search_spaces.throughput import _ep_traffic, job_for
+
+    model, h100 = load_model("qwen3-235b-a22b"), load_gpu("h100")
+    for dispatcher in ("alltoall", "deepep"):
+        one_node = job_for(model, h100, 64, 4096, Layout(tp=2, ep=8, pp=4, gbs=64, dispatcher=dispatcher))
+        assert _ep_traffic(one_node)[1] == 0.0, dispatcher
+        two_nodes = job_for(model, h100, 64, 4096, Layout(tp=2, ep=16, pp=4, gbs=64, dispatcher=dispatcher))
+        assert _ep_traffic(two_nodes)[1] > 0.0, dispatcher
+
+
+def test_the_ep_overlap_hides_the_all_to_all_on_the_microbatches_it_pairs():
+    model, gpu = load_model("qwen3-30b-a3b"), load_gpu("h100")
+    serial = Layout.from_dict(dict(ep=16, gbs=1024, dispatcher="hybridep", cuda_graphs="moe_router,moe_preprocess"))
+    overlapped = serial.replace(ep_overlap=True)
+    off, on = (estimate(model, gpu, 16, 4096, lay).time for lay in (serial, overlapped))
+    assert on.ep_comm < 0.2 * off.ep_comm  # 64 microbatches: all but one paired
+    assert on.dispatcher_overhead > off.dispatcher_overhead  # the dispatcher's SMs are held beside compute
+    one = serial.replace(gbs=16)  # one microbatch per step: nothing to pair it with
+    assert estimate(model, gpu, 16, 4096, one.replace(ep_overlap=True)).time.ep_comm == pytest.approx(
+        estimate(model, gpu, 16, 4096, one).time.ep_comm)
