@@ -148,7 +148,7 @@ def test_ep_overlap_rules_refuse_exactly_what_megatron_core_refuses():
         checked += 1
         ours = [v.rule for v in check(TINY, load_gpu("h100"), 4, 512, layout) if v.rule.startswith("ep_overlap")]
         assert bool(ours) == refused(kwargs), (layout.key(), ours)
-    assert checked >= 40
+    assert checked >= 150, checked  # 180 of the 216 build without the overlap
 
 
 def test_the_trainer_places_layers_where_the_cost_model_does():
