@@ -252,12 +252,17 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     # Megatron refuses user forward hooks on the modules it graphs: no counts under CUDA graphs
     copies = routing_load.RoutedCopies(built.chunks) if model.num_experts and not layout.cuda_graphs else None
 
-    def forward_step(data_iterator, chunk):
+    def forward_step(data_iterator, chunk, return_schedule_plan: bool = False):
         if state.first_call:
             state.first_call = False
             if fault:
                 fault.fire(state.step, rank)
         batch = next(data_iterator)
+        if return_schedule_plan:
+            # the EP overlap's combined 1F1B schedule asks the (unwrapped) GPTModel for the plan it then runs
+            # beside another microbatch's backward: nothing runs here to record
+            plan = chunk.build_schedule_plan(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+            return plan, partial(_loss_func, batch["loss_mask"])
         index = chunk_index[id(chunk)]
         record = state.step == state.measure_step and index not in state.measured_chunks
         # by module too, unless CUDA graphs: Megatron refuses user forward hooks on the modules it graphs
