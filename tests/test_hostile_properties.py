@@ -25,6 +25,7 @@ from orchestrator.cli import main
 from search_spaces import heuristics, models, pipeline, proxy, rules, space
 from search_spaces.errors import SpecError
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_name
+from search_spaces.layout import DIMENSIONS
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,3 +320,15 @@ def test_divisors_are_exact_and_take_at_most_sqrt_of_the_range_steps(n, upto):
     assert steps[0] <= 1024
     if n <= 5000:
         assert found == [d for d in builtins.range(1, limit + 1) if n % d == 0]
+
+
+# every layout dimension's flag (`--ep-overlap` and `--routing` as much as `--tp`), whatever text follows it
+@PROPERTY
+@given(flag=st.sampled_from(sorted({d.flag for d in DIMENSIONS})),
+       value=st.one_of(st.text(max_size=40), st.sampled_from(["true", "False", "yes", "2", "-1", "1e999", "nan",
+                                                               "none", "auto", "capacity:1e9", "a2a+p2p", "8,4"])))
+def test_any_layout_flag_value_answers_or_is_refused_with_one_line(flag, value):
+    argv = ["estimate", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "4", "--seq-len", "512", "--gbs", "8",
+            "--json", flag, value]
+    code, out, err = run(argv)
+    assert_answered(code, out, err)
