@@ -50,6 +50,11 @@ CALLS_PER_MOE_LAYER = 4
 GLOBAL_PERMUTE_PASSES = 2 * 2 * 2
 
 
+def ep_span(layout: Layout) -> int:
+    """Consecutive ranks one EP group spans: Megatron's expert grid is ETP-EP-EDP-PP (no TP, no CP in it)."""
+    return layout.ep * layout.etp
+
+
 def distinct_destinations(peers: int, topk: int) -> float:
     """Expected distinct destinations, of `peers` equally loaded ones, that a token's top-k expert choices touch:
     peers * (1 - (1 - 1/peers)^k) (each choice independent; the balanced routing the benchmarks force)."""
@@ -115,5 +120,5 @@ def recompute_repeats_dispatch(layout: Layout) -> bool:
     return layout.recompute_granularity == "full" or "moe" in layout.recompute_modules
 
 
-__all__ = ["distinct_destinations", "flex_token_copies", "alltoall_token_copies", "link_efficiency", "latency_time",
+__all__ = ["ep_span", "distinct_destinations", "flex_token_copies", "alltoall_token_copies", "link_efficiency", "latency_time",
            "global_permute_bytes", "sm_share", "recompute_repeats_dispatch"]

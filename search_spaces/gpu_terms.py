@@ -163,7 +163,7 @@ class GpuTerms:
         DeepEP forwards over NVLink what RDMA delivers), so the slower one counts; `ep_exposure` of it not hidden;
         whole-MoE and full recompute run the forward's dispatch and combine again."""
         L, gpu = job.layout, job.gpu
-        span = L.ep * L.etp  # consecutive ranks: Megatron's expert grid is ETP-EP-EDP-PP (no TP, no CP)
+        span = dispatcher_comm.ep_span(L)
         nvl, out = dispatcher_comm.link_efficiency(gpu, L.dispatcher, span, job.cal.dispatcher_efficiency["alltoall"])
         t = max(volume * (1 - scaleout_share) / (gpu.nvlink_gbps * 1e9 * nvl),
                 volume * scaleout_share / (gpu.scaleout_gbps * 1e9 * out))

@@ -492,7 +492,7 @@ def _ep_traffic(job: Job) -> tuple[float, float]:
     model, L, e, gpu = job.model, job.layout, job.act_bytes, job.gpu
     h = model.hidden_size
     tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
-    span = L.ep * L.etp  # consecutive ranks: Megatron's expert grid is ETP-EP-EDP-PP (no TP, no CP)
+    span = dispatcher_comm.ep_span(L)
     scaleout_share = max(0.0, 1.0 - gpu.nvlink_domain / span)
     if L.dispatcher == "allgather":
         # all-gather of the tokens and reduce-scatter of the outputs, fwd and bwd
