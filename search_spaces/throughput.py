@@ -164,6 +164,13 @@ def _layer_flops(model: ModelSpec, seq_len: int, unit: Unit) -> tuple[float, flo
     return proj, core, expert, mlp
 
 
+def linear_attention_rate(gpu: GPUSpec, precision: str, cal: Calibration) -> float:
+    """FLOP/s of the chunked delta rule's parallel kernels: `linear_attention_efficiency` of the BF16 peak (the
+    kernels run in the activations' 16-bit dtype whatever the GEMM precision; fp32 runs at the fp32 peak)."""
+    base = "fp32" if precision == "fp32" else "bf16"
+    return gpu.peak(base) * 1e12 * cal.linear_attention_efficiency * cal.sustained_factor(gpu)
+
+
 def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
     """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch, their
     kernels at `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates), as the
@@ -171,9 +178,8 @@ def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
     layers = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) == "linear")
     if not layers:
         return 0.0, 0.0
-    base = "fp32" if job.layout.precision == "fp32" else "bf16"
-    rate = job.gpu.peak(base) * 1e12 * job.cal.linear_attention_efficiency * job.cal.sustained_factor(job.gpu)
-    total, again = job.terms.linear_attention_layer_time(job, rate)
+    total, again = job.terms.linear_attention_layer_time(job, linear_attention_rate(job.gpu, job.layout.precision,
+                                                                                    job.cal))
     return layers * total, layers * again
 
 
