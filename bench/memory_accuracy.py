@@ -67,6 +67,7 @@ def _case(name: str, nproc: int, flags: str, model: str = "tiny-moe", part: str 
 
 MLA = "tiny-mla-moe"
 GQA, GQA_NOQK, MHA = "tiny-gqa-moe", "tiny-gqa-noqknorm-moe", "tiny-mha-moe"
+QWEN3_NEXT = "tiny-qwen3-next"
 CASES: list[Case] = [
     # read module by module while the CPU terms were written
     _case("d_h256_s1024", 1, "--hidden-size 256 --seq-len 1024", part="derive"),
@@ -122,6 +123,14 @@ CASES: list[Case] = [
     _case("mla_pp2_vpp2_h128", 2, "--hidden-size 128 --seq-len 1024 --pp 2 --vpp 2 --gbs 4", MLA),
     _case("pp2_uneven_5layers", 2, "--hidden-size 256 --seq-len 512 --pp 2 --num-layers 5 --gbs 4"),
     _case("tp2_ep2_etp2", 4, "--hidden-size 256 --seq-len 1024 --tp 2 --ep 2 --etp 2 --gbs 2"),
+    # Qwen3-Next's hybrid stack (3 gated delta-net layers to 1 full attention) at longer lengths: under CP
+    # Megatron-Core all-to-alls each delta-net layer to whole sequences of fewer heads; does a rank keep
+    # anything that grows with the whole sequence rather than its share?
+    _case("qwen3next_h256_s2048", 1, "--hidden-size 256 --seq-len 2048", QWEN3_NEXT),
+    _case("qwen3next_cp2_h256_s4096", 2, "--hidden-size 256 --seq-len 4096 --cp 2", QWEN3_NEXT),
+    _case("qwen3next_cp2_full_h256_s4096", 2, "--hidden-size 256 --seq-len 4096 --cp 2 --recompute full",
+          QWEN3_NEXT),
+    _case("qwen3next_cp2_ep2_h256_s2048", 2, "--hidden-size 256 --seq-len 2048 --cp 2 --ep 2", QWEN3_NEXT),
 ]
 
 
