@@ -49,27 +49,35 @@ class Parameter:
     upper: float
     """The largest value the fit may give it."""
     every_precision: bool = False
-    """The entry is a table of precision classes (gemm_efficiency), all moved together: BF16 and FP8 share one
-    efficiency (CALIBRATION.md)."""
+    """The entry is a table of precision classes (gemm_efficiency), all moved together: the first class (BF16)
+    takes the value and the others keep their ratio to it (a sweep that measured one precision rescales the
+    family without losing what the packaged fit knows of the other)."""
+    precision: str | None = None
+    """The one precision class of such a table that moves (gemm_efficiency.hopper.fp8); None: see every_precision."""
 
     @property
     def name(self) -> str:
-        """How a calibration file's `fitted` list names it: constant.family, or the constant alone."""
-        return f"{self.constant}.{self.family}" if self.family else self.constant
+        """How a calibration file's `fitted` list names it: constant.family[.precision], or the constant alone."""
+        return ".".join(part for part in (self.constant, self.family, self.precision) if part)
 
     def value(self, cal: Calibration) -> float:
         node: Any = getattr(cal, self.constant)
         if self.family is not None:
             node = node[self.family]
+        if self.precision is not None:
+            node = node[self.precision]
         return float(next(iter(node.values())) if isinstance(node, dict) else node)
 
     def constants(self, cal: Calibration, value: float) -> dict[str, Any]:
-        """The constants that give it `value` in `cal` (to lay over it)."""
+        """The constants that give it `value` in `cal` (to lay over it; tables merge entry by entry)."""
         if self.family is None:
             return {self.constant: value}
-        if self.every_precision:
-            classes = list(getattr(cal, self.constant).get(self.family) or {}) or ["bf16"]
-            return {self.constant: {self.family: dict.fromkeys(classes, value)}}
+        if self.precision is not None:
+            return {self.constant: {self.family: {self.precision: value}}}
+        if self.every_precision:  # the first class takes `value`, the others keep their ratio to it
+            classes = dict(getattr(cal, self.constant).get(self.family) or {}) or {"bf16": value}
+            first = next(iter(classes.values()))
+            return {self.constant: {self.family: {k: value * v / first for k, v in classes.items()}}}
         return {self.constant: {self.family: value}}
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
 from orchestrator.cli import main
-from search_spaces.calibration import (FAMILY_PARAMETERS, Calibration, Measurement, fit, load_calibration, log_loss,
-                                       nelder_mead, parameters_for, predict_tokens)
+from search_spaces.calibration import (FAMILY_PARAMETERS, Calibration, Measurement, Parameter, fit, load_calibration,
+                                       log_loss, nelder_mead, parameters_for, predict_tokens, with_values)
 from search_spaces.calibration_file import calibration
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
@@ -47,7 +47,20 @@ def test_fit_recovers_the_constants_that_made_the_measurements():
     gemm = FAMILY_PARAMETERS["hopper"][0]
     assert gemm.name == "gemm_efficiency.hopper" and summary["fitted"][0] == gemm.name
     assert gemm.value(cal) == pytest.approx(0.5, rel=0.05)
-    assert cal.gemm_efficiency["hopper"] == {"bf16": gemm.value(cal), "fp8": gemm.value(cal)}  # one rate for both
+    # BF16 measurements rescale the family: FP8 keeps the packaged ratio to BF16, it is not overwritten
+    packaged = start.gemm_efficiency["hopper"]
+    assert cal.gemm_efficiency["hopper"]["bf16"] == gemm.value(cal)
+    assert cal.gemm_efficiency["hopper"]["fp8"] == pytest.approx(gemm.value(cal) * packaged["fp8"] / packaged["bf16"])
+
+
+def test_a_parameter_of_one_precision_class_moves_that_class_alone():
+    fp8 = Parameter("gemm_efficiency", "hopper", 0.2, 0.85, precision="fp8")
+    assert fp8.name == "gemm_efficiency.hopper.fp8"
+    start = calibration()
+    cal = with_values(start, [fp8], [0.33])
+    assert fp8.value(cal) == 0.33 == cal.gemm_efficiency["hopper"]["fp8"]
+    assert cal.gemm_efficiency["hopper"]["bf16"] == start.gemm_efficiency["hopper"]["bf16"]
+    assert cal.gemm_efficiency["blackwell"] == start.gemm_efficiency["blackwell"]
 
 
 def _write_table(path, ms: list[Measurement]) -> None:
