@@ -27,9 +27,12 @@ from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 from search_spaces.routing import capacity_router_bytes, expert_load
 
-# Fixed buffers (bytes): DeepEP/HybridEP pre-allocate NVL + RDMA buffers; TE-scoped CUDA graphs keep static
+# Fixed buffers (bytes): DeepEP pre-allocates chunked NVL + RDMA buffers whose size does not grow with the tokens
+# (assumed 2 GiB); HybridEP's grow with them (hybridep_buffer_bytes). TE-scoped CUDA graphs keep static
 # inputs/outputs and a private pool ("a few GB" per the Megatron-Bridge CUDA-graph skill).
-DISPATCHER_BUFFER = {"deepep": 2.0 * GIB, "hybridep": 2.0 * GIB}
+DISPATCHER_BUFFER = {"deepep": 2.0 * GIB}
+# HybridEP's scaling factors: one fp32 per 128 hidden elements of a token
+HYBRIDEP_SCALE_BLOCK = 128
 GRAPH_SCOPE_BUFFER = 1.0 * GIB
 FULL_ITERATION_GRAPH_FACTOR = 0.5  # full-iteration graphs: +50% of the activations (notes: 1.5-2x peak)
 RUNTIME_OVERHEAD = 2.5 * GIB  # CUDA context, NCCL communicators, cuBLAS/TE workspaces (0 on cpu)
@@ -38,6 +41,20 @@ ALLOCATOR_MARGIN = 0.05  # caching-allocator fragmentation, fraction of the rest
 
 def act_bytes(layout: Layout) -> int:
     return 4 if layout.precision == "fp32" else 2
+
+
+def hybridep_buffer_bytes(model: ModelSpec, gpu: GPUSpec, layout: Layout, tokens_rank: float) -> float:
+    """What HybridEP's buffer pre-allocates on each rank (deepseek-ai/DeepEP's hybrid-ep NVLCoordinator and
+    RDMACoordinator; Megatron-Core's fused_a2a sizes it by the MoE input's tokens per rank, `tokens_rank`):
+    for the worst case of every token of the group routed to one rank, tokens_rank x EP tokens of `hidden` BF16
+    and their routing probabilities in fp32 (one per expert of the NVLink domain), one buffer shared by the
+    dispatch and the combine (HybridEPBuffer's use_shared_buffer default), plus fp32 scaling factors; across
+    NVLink domains, staging buffers for tokens_rank x (domains - 1) tokens, dispatch and combine."""
+    ranks_in_domain = min(layout.ep, gpu.nvlink_domain)
+    domains = max(1, layout.ep // ranks_in_domain)
+    experts_in_domain = model.num_experts / layout.ep * ranks_in_domain
+    per_token = 2 * model.hidden_size + 4 * experts_in_domain + 4 * model.hidden_size / HYBRIDEP_SCALE_BLOCK
+    return tokens_rank * (layout.ep + 2 * (domains - 1)) * per_token
 
 
 def gemm_input_bytes(layout: Layout) -> int:
@@ -482,7 +499,9 @@ def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBr
     tsp = t / layout.tp if layout.sp else t
     dispatcher = 0.0
     if model.is_moe:
-        if layout.dispatcher in DISPATCHER_BUFFER and not cpu:
+        if layout.dispatcher == "hybridep" and not cpu:
+            dispatcher = hybridep_buffer_bytes(model, gpu, layout, tsp)
+        elif layout.dispatcher in DISPATCHER_BUFFER and not cpu:
             dispatcher = DISPATCHER_BUFFER[layout.dispatcher]
         elif layout.dispatcher == "allgather":
             dispatcher = tsp * layout.ep * layout.tp * model.hidden_size * act_bytes(layout)

@@ -125,6 +125,29 @@ def test_gpu_extras_cuda_graphs_and_dispatcher_buffers():
     assert plain.runtime_overhead > 0 and plain.allocator_margin > 0
 
 
+def test_hybridep_buffers_grow_with_the_tokens_per_rank_and_the_ep_group():
+    """HybridEP sizes its buffer for every token of the EP group landing on one rank (DeepEP's hybrid-ep
+    NVLCoordinator): tokens per rank x EP tokens of BF16 hidden, fp32 probabilities per expert of the NVLink
+    domain and fp32 scales; DeepEP's chunked buffers do not grow with the tokens."""
+    nxt, gb200 = load_model("qwen3-next-80b-a3b"), load_gpu("gb200")
+    base = Layout(ep=8, gbs=32, precision="bf16", dispatcher="hybridep")
+    long = memory_breakdown(nxt, gb200, 32, 65536, base)
+    assert long.dispatcher_buffers == 65536 * 8 * (2 * 2048 + 4 * 64 * 8 + 4 * 2048 / 128)  # 3.0 GiB
+    assert memory_breakdown(nxt, gb200, 32, 65536, base.replace(cp=2)).dispatcher_buffers \
+        == pytest.approx(long.dispatcher_buffers / 2)
+    assert memory_breakdown(nxt, gb200, 32, 8192, base).dispatcher_buffers == pytest.approx(
+        long.dispatcher_buffers / 8)
+    deepep = base.replace(dispatcher="deepep")
+    assert memory_breakdown(nxt, gb200, 32, 65536, deepep).dispatcher_buffers \
+        == memory_breakdown(nxt, gb200, 32, 8192, deepep).dispatcher_buffers
+    # across NVLink domains (EP16 over two 8-GPU B200 nodes) the staging buffers come on top
+    q = load_model("qwen3-235b-a22b")
+    b200 = load_gpu("b200")
+    one = memory_breakdown(q, b200, 64, 4096, Layout(ep=8, gbs=64, precision="bf16", dispatcher="hybridep"))
+    two = memory_breakdown(q, b200, 64, 4096, Layout(ep=16, gbs=64, precision="bf16", dispatcher="hybridep"))
+    assert two.dispatcher_buffers > 2 * one.dispatcher_buffers
+
+
 def test_estimate_reports_the_named_keys_in_gib():
     est = estimate(TINY, CPU, 1, 512, Layout(precision="fp32"))
     mem_gib = est.to_dict()["breakdown"]["memory_gib"]  # the public JSON form
