@@ -131,6 +131,10 @@ def _summary_row(r: dict) -> Measurement | None:
                         precision=precision, dispatcher=_default_dispatcher(gpu) if spec.is_moe else "alltoall",
                         routing=_routing(r, spec.is_moe))
         tflops = float(r["tflops_per_gpu"].split()[0])
+        # the measured quantity is tokens/s; the TF/s beside it is in that release's FLOP count, which for
+        # gpt-oss up to 26.04.01 was 0.83x today's (TF/s / tokens/s per release; flops.py counts today's)
+        tokens = float(r["tokens_per_sec_per_gpu"].split()[0]) if (r.get("tokens_per_sec_per_gpu") or "").strip() \
+            else None
         if not load_gpu(gpu).supports(precision):
             return None
     except (SpecError, ValueError):
@@ -143,7 +147,8 @@ def _summary_row(r: dict) -> Measurement | None:
     if (r["release"], model.replace("-no-mtp", ""), gpu, precision) in EP_OVERLAP_ON:
         layout = layout.replace(ep_overlap=True)
     return Measurement(model, gpu, int(r["num_gpus"]), int(r["seq_len"]), layout, tflops_per_gpu=tflops,
-                       source="summary " + r["release"], release="bridge-" + r["release"])
+                       tokens_per_sec_per_gpu=tokens, source="summary " + r["release"],
+                       release="bridge-" + r["release"])
 
 
 def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") -> list[Measurement]:
