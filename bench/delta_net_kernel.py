@@ -125,26 +125,11 @@ def predict_case(case: tuple[int, int, int], gpu_name: str, precision: str) -> d
     layout = Layout(cp=cp, mbs=batch, gbs=batch, precision=precision)
     gpu, cal = load_gpu(gpu_name), calibration()
     rate = linear_attention_rate(gpu, precision, cal)
-    flops = kernel_flops_per_token_head(model) * (1 + delta_net.BACKWARD_FLOPS_RATIO) * batch * seq_len * heads
+    flops = delta_net.rule_flops_per_token_head(model) * (1 + delta_net.BACKWARD_FLOPS_RATIO) * batch * seq_len * heads
     state = delta_net.state_pass_time(model, layout, gpu, seq_len, False, cal.delta_net_state_step_s)
     return {"parallel_s": flops / rate, "state_pass_s": state, "fwd_bwd_s": flops / rate + state,
             "chunk_states_bytes": delta_net.chunk_state_bytes(model, layout, seq_len, 2),
-            "waves": state_waves(model, layout, gpu)}
-
-
-def kernel_flops_per_token_head(model) -> float:
-    """Forward FLOPs per token and value head of the chunked rule alone (delta_net.chunked_flops_per_token
-    without the short convolution, over its value heads)."""
-    conv = model.linear_conv_kernel_dim * (2 * model.linear_key_head_dim * model.linear_num_key_heads
-                                           + model.linear_value_head_dim * model.linear_num_value_heads)
-    return (delta_net.chunked_flops_per_token(model) - 2 * conv) / model.linear_num_value_heads
-
-
-def state_waves(model, layout: Layout, gpu) -> int:
-    """Waves of state-pass blocks over the SMs (delta_net.state_pass_time's)."""
-    blocks = layout.mbs * delta_net.heads_per_rank(model, layout) * model.linear_value_head_dim \
-        / delta_net.STATE_BLOCK_V
-    return max(1, math.ceil(blocks / (gpu.sms * delta_net.BLOCKS_PER_SM)))
+            "waves": delta_net.state_waves(model, layout, gpu)}
 
 
 def split_constants(rows: list[dict], gpu_name: str, precision: str) -> dict:
@@ -152,20 +137,16 @@ def split_constants(rows: list[dict], gpu_name: str, precision: str) -> dict:
     parallel kernels' rate (as a share of the peak: `linear_attention_efficiency`), c / the passes one forward
     and backward make gives one chunk step (`delta_net_state_step_s`)."""
     model, gpu, cal = load_model(MODEL), load_gpu(gpu_name), calibration()
-    xs = [(r["batch"] * r["seq_len"] * r["heads"], math.ceil(r["seq_len"] / delta_net.CHUNK) * r["predicted"]["waves"])
-          for r in rows]
-    ts = [r["measured"]["fwd_bwd_s"] for r in rows]
-    s11 = sum(x1 * x1 for x1, _ in xs)
-    s12 = sum(x1 * x2 for x1, x2 in xs)
-    s22 = sum(x2 * x2 for _, x2 in xs)
-    b1 = sum(x1 * t for (x1, _), t in zip(xs, ts))
-    b2 = sum(x2 * t for (_, x2), t in zip(xs, ts))
-    det = s11 * s22 - s12 * s12
-    if det <= 0:
+    import numpy as np
+
+    xs = np.array([(r["batch"] * r["seq_len"] * r["heads"],
+                    math.ceil(r["seq_len"] / delta_net.CHUNK) * r["predicted"]["waves"]) for r in rows], dtype=float)
+    ts = np.array([r["measured"]["fwd_bwd_s"] for r in rows])
+    if np.linalg.matrix_rank(xs) < 2:
         return {}
-    a, c = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
+    a, c = (float(v) for v in np.linalg.lstsq(xs, ts, rcond=None)[0])
     full_rate = linear_attention_rate(gpu, precision, cal) / cal.linear_attention_efficiency
-    flops = kernel_flops_per_token_head(model) * (1 + delta_net.BACKWARD_FLOPS_RATIO)
+    flops = delta_net.rule_flops_per_token_head(model) * (1 + delta_net.BACKWARD_FLOPS_RATIO)
     return {"seconds_per_token_head": a, "seconds_per_chunk_step_and_wave": c,
             "linear_attention_efficiency": flops / a / full_rate if a > 0 else None,
             "delta_net_state_step_s": c / (delta_net.STATE_PASSES_FWD + delta_net.STATE_PASSES_BWD),
@@ -189,18 +170,20 @@ def _kernel(reference: bool):
     return torch, chunk_gated_delta_rule, "cuda", None
 
 
-def _gpu_name(torch, device: str) -> str:
+def _gpu_name(device: str) -> str:
+    """The catalog GPU to predict for: the device's, as the trainer names it; the CPU harness predicts for h100
+    (its times are not comparable)."""
     if device != "cuda":
-        return "h100"  # the CPU harness predicts for a catalog GPU; its times are not comparable
-    name = torch.cuda.get_device_name().lower()
-    return next((g for g in ("gb300", "gb200", "b300", "b200", "h200", "h100") if g in name), "h100")
+        return "h100"
+    from trainers.megatron_moe import _gpu_name as trainer_gpu_name
+    return trainer_gpu_name("auto", on_cpu=False)
 
 
 def run(reference: bool = False, cases: list[tuple[int, int, int]] | None = None) -> dict:
     torch, kernel, device, why = _kernel(reference)
     if kernel is None:
         return {"skipped": why}
-    gpu_name = _gpu_name(torch, device)
+    gpu_name = _gpu_name(device)
     precision = "fp32" if device == "cpu" else "bf16"
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     dim = load_model(MODEL).linear_value_head_dim if device == "cuda" else 16

@@ -44,15 +44,20 @@ def heads_per_rank(model: ModelSpec, layout: Layout) -> float:
     return model.linear_num_value_heads / (layout.tp * layout.cp)
 
 
-def chunked_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token of one delta-net layer's chunked kernels, all value heads: k k^T, the triangular
-    solve, w and u (C (2 dk + dv)), the intra-chunk output (C (dk + dv)), q h, u - w h and the state update
-    (3 dk dv); 2 FLOPs per multiply-add."""
+def rule_flops_per_token_head(model: ModelSpec) -> float:
+    """Forward FLOPs per token and value head of the chunked delta rule alone (FLA's chunk_gated_delta_rule):
+    k k^T, the triangular solve, w and u (C (2 dk + dv)), the intra-chunk output (C (dk + dv)), q h, u - w h and
+    the state update (3 dk dv); 2 FLOPs per multiply-add."""
     dk, dv, c = model.linear_key_head_dim, model.linear_value_head_dim, CHUNK
-    per_head = c * (3 * dk + 2 * dv) + c * c / 3 + 3 * dk * dv
-    # the short causal convolution over q, k and v (Bridge counts it with the projections)
+    return 2 * (c * (3 * dk + 2 * dv) + c * c / 3 + 3 * dk * dv)
+
+
+def chunked_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of one delta-net layer's chunked kernels, all value heads: the delta rule and the
+    short causal convolution over q, k and v (Bridge counts it with the projections)."""
+    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
     conv = model.linear_conv_kernel_dim * (2 * dk * model.linear_num_key_heads + dv * model.linear_num_value_heads)
-    return 2 * (per_head * model.linear_num_value_heads + conv)
+    return rule_flops_per_token_head(model) * model.linear_num_value_heads + 2 * conv
 
 
 def parallel_time(model: ModelSpec, layout: Layout, tokens_mb: float, rate: float, recompute: bool) -> float:
@@ -66,11 +71,14 @@ def state_pass_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int
                     step_s: float) -> float:
     """Seconds of the sequential state passes of one layer per microbatch: chunk steps of the whole sequence
     (`step_s` each), in waves of the blocks the rank's heads give (mbs x heads x value width / BV) over the SMs."""
-    steps = math.ceil(seq_len / CHUNK)
-    blocks = layout.mbs * heads_per_rank(model, layout) * model.linear_value_head_dim / STATE_BLOCK_V
-    waves = max(1, math.ceil(blocks / (gpu.sms * BLOCKS_PER_SM)))
     passes = STATE_PASSES_FWD + STATE_PASSES_BWD + (1 if recompute else 0)
-    return passes * steps * waves * step_s
+    return passes * math.ceil(seq_len / CHUNK) * state_waves(model, layout, gpu) * step_s
+
+
+def state_waves(model: ModelSpec, layout: Layout, gpu: GPUSpec) -> int:
+    """Waves of state-pass blocks (mbs x the rank's heads x value width / BV) over the SMs."""
+    blocks = layout.mbs * heads_per_rank(model, layout) * model.linear_value_head_dim / STATE_BLOCK_V
+    return max(1, math.ceil(blocks / (gpu.sms * BLOCKS_PER_SM)))
 
 
 def layer_time(model: ModelSpec, layout: Layout, gpu: GPUSpec, seq_len: int, rate: float, step_s: float
@@ -98,4 +106,4 @@ def chunk_state_bytes(model: ModelSpec, layout: Layout, seq_len: int, act_bytes:
         * act_bytes
 
 
-__all__ = ["chunked_flops_per_token", "state_pass_time", "layer_time", "chunk_state_bytes", "heads_per_rank"]
+__all__ = ["rule_flops_per_token_head", "chunked_flops_per_token", "state_waves", "state_pass_time", "layer_time", "chunk_state_bytes", "heads_per_rank"]

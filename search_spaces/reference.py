@@ -100,6 +100,11 @@ def _int(text: str | None, default: int = 1) -> int:
     return int(float(text.split()[0]))
 
 
+def _first_number(cell: str) -> float:
+    """A table cell's figure: the first of "37556 (36108)" (the summary prints a second run in brackets)."""
+    return float(cell.split()[0])
+
+
 def _release(text: str) -> tuple:
     """'bridge-26.04.01' -> (26, 4, 1)."""
     return tuple(int(p) for p in text.rsplit("-", 1)[-1].split(".") if p.isdigit())
@@ -130,10 +135,10 @@ def _summary_row(r: dict) -> Measurement | None:
                         ep=_int(r["ep"]) if spec.is_moe else 1, mbs=int(r["mbs"]), gbs=int(r["gbs"]),
                         precision=precision, dispatcher=_default_dispatcher(gpu) if spec.is_moe else "alltoall",
                         routing=_routing(r, spec.is_moe))
-        tflops = float(r["tflops_per_gpu"].split()[0])
+        tflops = _first_number(r["tflops_per_gpu"])
         # the measured quantity is tokens/s; the TF/s beside it is in that release's FLOP count, which for
         # gpt-oss up to 26.04.01 was 0.83x today's (TF/s / tokens/s per release; flops.py counts today's)
-        tokens = float(r["tokens_per_sec_per_gpu"].split()[0]) if (r.get("tokens_per_sec_per_gpu") or "").strip() \
+        tokens = _first_number(r["tokens_per_sec_per_gpu"]) if (r.get("tokens_per_sec_per_gpu") or "").strip() \
             else None
         if not load_gpu(gpu).supports(precision):
             return None
