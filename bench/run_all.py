@@ -84,6 +84,7 @@ BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("search_efficiency", "Search efficiency", lambda m, a: m.run(quick=a.quick, verbose=True)),
     ("sweep_speed", "What-if speed", lambda m, a: m.run()),
     ("sweep_overhead", "Orchestration overhead", lambda m, a: m.run()),
+    ("refusal_speed", "Time to refuse bad input (and --help)", lambda m, a: m.run(runs=3 if a.quick else 5)),
 ]
 
 

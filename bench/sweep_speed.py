@@ -1,13 +1,27 @@
-"""How fast the what-if side answers: `space` over DeepSeek-V3 at 128K on 1024 H100, and an analytic sweep of
-200 trials of the same situation with each of the sweep's samplers (storage, MLflow and all).
+"""How fast the what-if side answers, as a user sees it (the command's wall time, start-up and imports included):
 
-    python bench/sweep_speed.py
+- `moe-autotune space` over DeepSeek-V3 at 128K on 1,024 H100;
+- `moe-autotune sweep examples/deepseek-v3-128k-h100x1024.yaml`: 200 analytic trials of the same situation with
+  the default search, SQLite Optuna storage and MLflow store;
+- `moe-autotune estimate` of one layout of it;
 
-Timings belong here, not in tests/ (tests assert behaviour; a shared CI machine makes times noisy).
+each in seconds and as a ratio to BASELINE (the figures of 2026-12-02, before the cost model was memoised), and
+an analytic sweep of 200 trials with each of the sweep's searches (in this process, stores included).
+
+    python bench/sweep_speed.py                 # every figure
+    python bench/sweep_speed.py --no-searches   # the three commands only
+
+Timings belong here, not in tests/ (tests assert behaviour; a shared machine makes times noisy: the figures are
+one run each, the estimate's the median of three).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -17,42 +31,91 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SPEC = ROOT / "examples" / "deepseek-v3-128k-h100x1024.yaml"
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+SITUATION = ["--model", "deepseek-v3", "--gpu", "h100", "--num-gpus", "1024", "--seq-len", "131072"]
+# the layout `space` ranks first there
+LAYOUT = ["--tp", "2", "--cp", "8", "--ep", "16", "--pp", "8", "--vpp", "8", "--gbs", "128", "--precision", "fp8",
+          "--dispatcher", "deepep", "--recompute", "mla_up_proj,layernorm,moe,mlp", "--cp-comm-type", "a2a+p2p",
+          "--hierarchical-cp", "4,2"]
+# The commands' wall times on a quiet 2-core machine on 2026-12-02 (commit e7f2161, before the cost model was
+# memoised): the ratios below are to these.
+BASELINE_DATE = "2026-12-02"
+BASELINE_S = {"space": 31.0, "sweep": 90.0, "estimate": 1.1}
+GOAL_S = {"space": 3.0, "sweep": 10.0, "estimate": 0.5}  # issue 33
 
 
-def run(searches: tuple[str, ...] = ("calibrated", "tpe", "random", "grid")) -> dict:
+def _timed(argv: list[str], cwd: Path | None = None) -> tuple[float, str]:
+    """(wall seconds, stdout) of `moe-autotune ARGV` in a fresh process."""
+    start = time.perf_counter()
+    done = subprocess.run([*CLI, *argv], cwd=cwd or ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"moe-autotune {' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    return seconds, done.stdout
+
+
+def commands() -> dict:
+    """The three commands' wall times (and what `space` found)."""
+    space_s, out = _timed(["space", *SITUATION, "--json"])
+    found = json.loads(out)
+    with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
+        sweep_s, _ = _timed(["sweep", str(SPEC), "--storage", f"sqlite:///{tmp}/optuna.db", "--tracking-uri",
+                             f"sqlite:///{tmp}/mlflow.db", "--seed", "0", "--quiet"], cwd=Path(tmp))
+    estimate_s = statistics.median(_timed(["estimate", *SITUATION, *LAYOUT, "--json"])[0] for _ in range(3))
+    return {"space": round(space_s, 2), "sweep": round(sweep_s, 2), "estimate": round(estimate_s, 2),
+            "space_total": found["total"], "space_legal": found["legal_count"], "space_cut_short": found["cut_short"]}
+
+
+def searches(names: tuple[str, ...] = ("calibrated", "tpe", "random", "grid")) -> dict:
+    """An analytic sweep of 200 trials of the example with each search, in this process (stores included)."""
     from orchestrator.spec import load_spec
     from orchestrator.sweep import run_sweep
-    from search_spaces.space import explore
 
-    start = time.perf_counter()
-    found = explore("deepseek-v3", "h100", 1024, 131072, top=10)
-    out: dict = {"space_seconds": round(time.perf_counter() - start, 2), "space_legal": found.legal_count,
-                 "space_total": found.total, "sweeps": {}}
-    for search in searches:
+    out = {}
+    for search in names:
         with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
-            spec = load_spec(SPEC, {"storage": f"sqlite:///{tmp}/optuna.db", "tracking_uri": f"sqlite:///{tmp}/mlflow.db",
-                                    "search": search, "seed": 0})
+            spec = load_spec(SPEC, {"storage": f"sqlite:///{tmp}/optuna.db",
+                                    "tracking_uri": f"sqlite:///{tmp}/mlflow.db", "search": search, "seed": 0})
             spec = spec.model_copy(update={"workdir": f"{tmp}/runs"})
             start = time.perf_counter()
             result = run_sweep(spec, show_progress=False)
-            out["sweeps"][search] = {"seconds": round(time.perf_counter() - start, 1), "trials": result.n_measured,
-                                     "rejected": result.n_infeasible,
-                                     "best_tokens_per_sec_per_gpu": round(result.best.values[0], 1) if result.best else None}
+            out[search] = {"seconds": round(time.perf_counter() - start, 1), "trials": result.n_measured,
+                           "rejected": result.n_infeasible,
+                           "best_tokens_per_sec_per_gpu": round(result.best.values[0], 1) if result.best else None}
     return out
 
 
+def run(with_searches: bool = True) -> dict:
+    return {"commands": commands(), "sweeps": searches() if with_searches else {}}
+
+
 def section(result: dict) -> list[str]:
-    lines = [f"`space` DeepSeek-V3 131072 tokens on 1024 H100: {result['space_total']:,} combinations, "
-             f"{result['space_legal']:,} legal, **{result['space_seconds']} s**. An analytic sweep of the same situation "
-             f"(examples/deepseek-v3-128k-h100x1024.yaml, SQLite storage and MLflow store, seed 0):", "",
-             "| search | trials | rejected by the cost model | seconds | best tokens/s/GPU |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {s['trials']} | {s['rejected']} | {s['seconds']} | {s['best_tokens_per_sec_per_gpu']} |"
-              for name, s in result["sweeps"].items()]
+    c = result["commands"]
+    what = {"space": f"`space` DeepSeek-V3 131072 tokens on 1024 H100 ({c['space_total']:,} combinations, "
+                     f"{c['space_legal']:,} legal{', cut short by --budget' if c['space_cut_short'] else ''})",
+            "sweep": "`sweep` examples/deepseek-v3-128k-h100x1024.yaml: 200 analytic trials, SQLite storage and "
+                     "MLflow store",
+            "estimate": "`estimate` of one layout of it (median of 3)"}
+    lines = [f"Each command's wall time, start-up and imports included; ratio to the figures of {BASELINE_DATE} "
+             f"(a quiet 2-core machine, before the cost model was memoised):", "",
+             "| command | seconds | ratio to baseline | baseline s | goal s |", "|---|---|---|---|---|"]
+    lines += [f"| {what[k]} | **{c[k]}** | {c[k] / BASELINE_S[k]:.2f} | {BASELINE_S[k]} | {GOAL_S[k]} |"
+              for k in BASELINE_S]
+    if result["sweeps"]:
+        lines += ["", "An analytic sweep of the same situation with each search (in one process, seed 0):", "",
+                  "| search | trials | rejected by the cost model | seconds | best tokens/s/GPU |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['trials']} | {s['rejected']} | {s['seconds']} | {s['best_tokens_per_sec_per_gpu']} |"
+                  for name, s in result["sweeps"].items()]
     return lines
 
 
 def main() -> None:
-    print("\n".join(section(run())))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-searches", action="store_true", help="the three commands only")
+    args = parser.parse_args()
+    print("\n".join(section(run(with_searches=not args.no_searches))))
 
 
 if __name__ == "__main__":

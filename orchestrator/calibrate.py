@@ -103,10 +103,9 @@ def _keep(judged: tuple[Measurement | None, str | None], out: list[Measurement],
 
 def from_experiment(tracking_uri: str, experiment: str, skipped: list[str] | None = None) -> list[Measurement]:
     """The measured child runs of an MLflow experiment (their trial.json artifact: result and layout)."""
-    import mlflow.artifacts
-    from mlflow.tracking import MlflowClient
+    from orchestrator.stores import open_mlflow
 
-    client = MlflowClient(tracking_uri)
+    client = open_mlflow(tracking_uri)  # bounded: an unreachable server is one line, not a hang
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise SpecError(f"no MLflow experiment {experiment!r} at {tracking_uri}")
@@ -117,18 +116,19 @@ def from_experiment(tracking_uri: str, experiment: str, skipped: list[str] | Non
             backend = run.data.tags.get("backend", "")
             if backend == "analytic" or "trial.json" not in {a.path for a in client.list_artifacts(run.info.run_id)}:
                 continue
-            local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="trial.json",
-                                                       dst_path=tmp, tracking_uri=tracking_uri)
+            local = client.download_artifacts(run.info.run_id, "trial.json", tmp)
             record = TrialRecord.from_attrs(-1, _read_json(Path(local)))  # trial.json: a record's evidence
             _keep(judge(record, f"experiment {experiment} run {run.info.run_id[:8]}", backend), out, skipped)
     return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    import json
+    """A run's trial.json read back from MLflow, within search_spaces.bounded's bounds; {} when it is none."""
+    from search_spaces.bounded import read_json
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(path, "trial.json", limit=16 << 20)
+    except SpecError:  # missing, too large, not UTF-8, not JSON, nested too deep, a huge integer: no record
         return {}
     return data if isinstance(data, dict) else {}
 

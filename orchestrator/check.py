@@ -4,11 +4,13 @@ The Optuna storage is the source of truth; MLflow is a view of it that must not 
 anything. Checked: no more measured trials than the budget, no layout measured twice; one live child run
 per finished trial (rejected proposals too when the sweep tracks them), whose layout params equal the
 trial's layout, whose status tag and metrics equal the stored result (one point per summary metric); no
-child run that belongs to no trial, and none left running by a trial that is not running.
+child run that belongs to no trial, none left running by a trial that is not running, none finished for a
+trial that failed (an interrupted trial is closed FAILED), and no layout counted by two finished child runs.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from typing import Any
@@ -18,10 +20,11 @@ from mlflow import MlflowClient
 
 from search_spaces.result import MEASURED_STATUSES
 
+from orchestrator import stores
 from orchestrator import study as studies
-from orchestrator.records import HEADLINE, StudyRecord, TrialRecord, metrics
+from orchestrator.records import HEADLINE, PROMOTION_TAG, StudyRecord, TrialRecord, metrics
 from orchestrator.spec import tracks_rejections
-from orchestrator.tracking import PROXY_PARAM, TRIAL_TAG, layout_params, require_existing_store
+from orchestrator.tracking import PROXY_PARAM, SUPERSEDED_TAG, TRIAL_TAG, layout_params, require_existing_store
 
 # the figures logged as one MLflow metric of the same name that must equal the study's (records.HEADLINE)
 CHECKED_METRICS = tuple(m.name for m in metrics(HEADLINE))
@@ -48,16 +51,22 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     parent, experiment = context.mlflow_parent_run_id, context.mlflow_experiment_id
     if not parent or not experiment:
         return ["the study records no MLflow parent run (it ran with tracking_uri none?)"]
-    client = MlflowClient(tracking_uri)
+    client = stores.open_mlflow(tracking_uri)  # bounded: an unreachable server is one line, not a hang
     runs: dict[int, list[Any]] = {}
+    # neither a trial's run, nor one superseded (closed when its trial number ran another layout), nor a promotion's
+    orphans = []
     for run in _children(client, experiment, parent):
         number = run.data.tags.get(TRIAL_TAG)
         if number is not None:
             runs.setdefault(int(number), []).append(run)
+        elif SUPERSEDED_TAG not in run.data.tags and PROMOTION_TAG not in run.data.tags:
+            orphans.append(run.info.run_id)
     trials = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
-    problems = [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
+    problems = [f"child run {run_id} names no trial" for run_id in orphans]
+    problems += [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
     problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
                  for n, r in sorted(runs.items()) if n not in trials]
+    problems += _measured_twice([run for n, r in sorted(runs.items()) for run in r])
     tracked = tracks_rejections(context.track_rejected, context.backend or "")
     for number, trial in sorted(trials.items()):
         run = runs.get(number, [None])[0]
@@ -70,6 +79,10 @@ def _trial_problems(client: MlflowClient, trial: TrialRecord, run, track_rejecte
     if not trial.finished or not status:
         if run is not None and trial.state != "running" and run.info.status == "RUNNING":
             return [f"trial {trial.number} is {trial.state} but its child run is still running"]
+        if run is not None and trial.state == "fail" and run.info.status == "FINISHED":
+            # the child counts a measurement its trial never committed (an interrupted trial, kept)
+            return [f"trial {trial.number} failed but its child run {run.info.run_id} finished as "
+                    f"{run.data.tags.get('status')!r}"]
         return []
     if run is None:
         return [] if status == "infeasible" and not track_rejected else [f"trial {trial.number} has no child run"]
@@ -84,6 +97,18 @@ def _trial_problems(client: MlflowClient, trial: TrialRecord, run, track_rejecte
     if status in MEASURED_STATUSES:
         out += _metric_problems(client, trial, run)
     return out
+
+
+def _measured_twice(runs: list[Any]) -> list[str]:
+    """Finished child runs that count one layout (at one fidelity) as measured more than once."""
+    by_layout: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        if run.info.status == "FINISHED" and run.data.tags.get("status") in MEASURED_STATUSES:
+            params = {k: v for k, v in run.data.params.items() if not k.startswith(PROXY_PARAM)}
+            key = (json.dumps(params, sort_keys=True), run.data.tags.get("fidelity") or "full")
+            by_layout.setdefault(key, []).append(run.data.tags.get(TRIAL_TAG, "?"))
+    return [f"one layout was measured by {len(n)} child runs at {fidelity} size (trials {', '.join(sorted(n))})"
+            for (_, fidelity), n in by_layout.items() if len(n) > 1]
 
 
 def _metric_problems(client: MlflowClient, trial: TrialRecord, run) -> list[str]:

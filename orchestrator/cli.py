@@ -2,7 +2,13 @@
 
 Any of the project's errors (search_spaces.errors.MoeAutotuneError: bad input, a store that cannot be used or
 fails) and Click usage errors become one line `error: ...` on stderr and the error's exit code (2: bad input;
-4: the storage failed mid-sweep, what was measured is kept).
+4: the storage failed mid-sweep, what was measured is kept). Anything else is a bug of ours: one line
+`error: internal error: <kind>; details in <log file>` and exit 70 (orchestrator/crashlog.py); `--debug` shows
+the traceback instead.
+
+Commands import what they need when they run (Ray, MLflow, Optuna, pandas only behind the checks of their input):
+refusing bad input costs the start-up of this module and the spec's parser, not the sweep's libraries
+(bench/refusal_speed.py measures it).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import sys
 import click
 import typer
 
+from orchestrator import crashlog
 from orchestrator.redact import redact_uri
 from search_spaces.errors import MoeAutotuneError
 
@@ -22,6 +29,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+_debug = {"on": False}
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an internal error "
+                                                                "(instead of one line and a log file).")) -> None:
+    """Find the fastest layout for long-context MoE training on Megatron-Core."""
+    _debug["on"] = debug
+
 
 # Each module defines register(app). Kept as a list so a new command is one line here.
 from orchestrator.commands import estimate as _estimate  # noqa: E402
@@ -48,6 +65,22 @@ _ABORTS = (click.exceptions.Abort, typer.Abort)
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry (setuptools wraps it in sys.exit); tests call main([...]) directly."""
+    _debug["on"] = False
+    crashlog.here(None)
+    try:
+        return _run(argv)
+    except Exception as exc:  # the last line of defence: a bug is one line and a log file, not a traceback
+        if _debug["on"] or crashlog.should_raise():
+            raise
+        line = crashlog.report(exc, argv)
+        try:
+            typer.echo(line, err=True)
+        except OSError:  # not even stderr takes it: the exit code still says what happened
+            pass
+        return crashlog.INTERNAL_ERROR_EXIT
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         return rv if isinstance(rv, int) else 0

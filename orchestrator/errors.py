@@ -27,3 +27,15 @@ class LeaseLost(StorageError):
 
 class TrackingError(MoeAutotuneError):
     """The MLflow tracking store cannot be used."""
+
+
+class TrackingFull(TrackingError):
+    """The device under the MLflow store is full (it could not even be created); free space and rerun."""
+    exit_code = 4
+
+
+class OutputError(MoeAutotuneError):
+    """An output the user named (a file of `status --csv`, `calibrate --out`, `report --out`, or standard output
+    itself) could not be written: a full device, a closed pipe, an I/O error. The environment, not the input:
+    exit 6, and nothing half-written is left (orchestrator/commands/output.py)."""
+    exit_code = 6

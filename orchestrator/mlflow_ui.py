@@ -29,6 +29,7 @@ from search_spaces.errors import SpecError
 
 from orchestrator.errors import TrackingError
 from orchestrator.redact import redact_uri
+from orchestrator.stores import open_mlflow
 from orchestrator.tracking import (PARENT_TAG, mark_training_experiment, require_existing_store, runs_page_url,
                                    unusable)
 
@@ -92,7 +93,7 @@ def open_sweep(tracking_uri: str, study: str | None) -> Experiment:
     cannot be used or holds no such sweep."""
     require_existing_store(tracking_uri)  # opening a missing store would create an empty one
     try:
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = open_mlflow(tracking_uri)  # bounded: an unreachable server is one line, not a hang
         experiment = _find(client, tracking_uri, study)
         mark_training_experiment(client, experiment.experiment_id)  # sweeps recorded before the tag existed
     except TrackingError:

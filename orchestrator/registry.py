@@ -30,9 +30,9 @@ from mlflow.exceptions import MlflowException
 from search_spaces.errors import SpecError
 from search_spaces.layout import Layout
 
-from orchestrator import export
+from orchestrator import connections, export
 from orchestrator.economics import to_train
-from orchestrator.records import StudyRecord
+from orchestrator.records import PROMOTION_TAG, StudyRecord
 from orchestrator.winner import TrialView
 
 log = logging.getLogger("moe_autotune")
@@ -58,6 +58,7 @@ def use_tracking_uri(uri: str | None) -> str:
     for noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stdout is the export
+    connections.bound_mlflow()  # also mlflow.artifacts' calls (download) are bounded
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
@@ -65,9 +66,12 @@ def use_tracking_uri(uri: str | None) -> str:
 
 
 def _client():
-    from mlflow import MlflowClient
+    """The registry's client (the URI use_tracking_uri set), bounded; a missing SQLite store is created whole."""
+    import mlflow
 
-    return MlflowClient()
+    from orchestrator.stores import open_mlflow
+
+    return open_mlflow(mlflow.get_registry_uri(), create=True)
 
 
 def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: int | None = None) -> dict[str, str]:
@@ -128,7 +132,7 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     client = _client()
     name = registered_model_name(ctx.model, ctx.seq_len)
     files = render(view, ctx, study_name)
-    tags = {"moe_autotune.study": study_name, "moe_autotune.trial": str(view.number),
+    tags = {"moe_autotune.study": study_name, PROMOTION_TAG: str(view.number),
             "moe_autotune.layout_key": view.layout.key()}
     if ctx.mlflow_parent_run_id:
         tags["mlflow.parentRunId"] = str(ctx.mlflow_parent_run_id)
@@ -192,11 +196,6 @@ def model_uri(ref: str) -> str:
     return ref if ref.startswith("models:/") else f"models:/{ref}"
 
 
-def is_registry_ref(ref: str) -> bool:
-    # study names are plain ([A-Za-z0-9._-]), so '@' or '/' means a registered version
-    return ref.startswith("models:/") or "@" in ref or "/" in ref
-
-
 def download(ref: str, dst: str | os.PathLike | None = None) -> Path:
     """The artifact folder of a registered version (models:/<name>@production and the like)."""
     import mlflow
@@ -204,7 +203,11 @@ def download(ref: str, dst: str | os.PathLike | None = None) -> Path:
 
     try:
         return Path(mlflow.artifacts.download_artifacts(model_uri(ref), dst_path=None if dst is None else str(dst)))
-    except MlflowException as exc:
+    except Exception as exc:
+        if connections.no_answer(exc):  # the registry's server did not answer (within the bounds)
+            raise connections.unreachable(mlflow.get_registry_uri(), exc) from None
+        if not isinstance(exc, MlflowException):
+            raise
         raise SpecError(f"cannot load {model_uri(ref)}: {str(exc).splitlines()[0]}") from None
 
 

@@ -26,6 +26,7 @@ from plotly.subplots import make_subplots
 
 from search_spaces.breakdown import COUNT_KEYS, PEAK_KEYS
 
+from orchestrator.commands.output import write_text
 from orchestrator.records import StudyRecord
 from orchestrator.winner import TrialView, views
 
@@ -267,7 +268,8 @@ def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | No
 def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path], str | None]:
     """<name>.png for every figure, all in one headless Chrome session (kaleido); ({}, why) without Chrome."""
     import kaleido  # imported here: only the PNG export needs it (and its browser machinery)
-    from kaleido.errors import BrowserClosedError, BrowserFailedError, ChromeNotFoundError
+    from kaleido.errors import (BrowserClosedError, BrowserFailedError, ChromeNotFoundError, JavascriptError,
+                                KaleidoError)
 
     paths = {name: out / f"{name}.png" for name in figs}
     width, height = PNG_SIZE
@@ -289,6 +291,9 @@ def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path],
         note = f"the browser {browser or 'found on PATH'} did not start: {why[0]}"
     except TimeoutError:  # kaleido's per-figure limit, on a machine too loaded to render in time
         note = "Chrome took longer than kaleido's limit to render a figure"
+    except (JavascriptError, KaleidoError) as exc:  # e.g. the page's scripts not loaded yet on a loaded machine
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        note = f"Chrome could not render the figures: {why}"
     for path in paths.values():  # all or none: the page links no PNG that is missing
         path.unlink(missing_ok=True)
     return {}, note
@@ -349,7 +354,7 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
         png_note=png_note if png_note and pngs else None, table_head=_TABLE_HEAD, table_rows=_table_rows(trials),
         sections=[_section(name, fig, i == 0, pngs_written.get(name)) for i, (name, fig) in enumerate(figs.items())])
     html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
+    write_text(html_path, "report", page)  # renamed over the old page once whole (commands/output.py)
     return Report(html_path, pngs_written, winner, png_note)
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Literal
 
 import jinja2
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from search_spaces.bounded import read_yaml
 from search_spaces.errors import SpecError
 from search_spaces.pydantic_line import one_line
 
@@ -105,12 +105,7 @@ def load_settings(site_file: str | Path | None = None, **overrides) -> SlurmSett
     data: dict = {}
     if site_file:
         path = Path(site_file)
-        if not path.is_file():
-            raise SpecError(f"site file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise SpecError(f"site file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = read_yaml(path, "site file") or {}  # search_spaces.bounded: size, nesting, digits, keys once
         if not isinstance(data, dict):
             raise SpecError(f"site file {path}: top level must be a mapping of settings")
     for key, value in overrides.items():

@@ -65,20 +65,21 @@ def link_run(storage: str, study_name: str, tags: dict[str, str]) -> str | None:
     A resumed study runs in several jobs: `slurm_job_ids` keeps them all, `slurm_job_id` the latest.
     """
     import optuna
-    from mlflow.tracking import MlflowClient
 
     from orchestrator.records import StudyRecord
+    from orchestrator.stores import open_mlflow
+    from orchestrator.study import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
+    try:  # both stores bounded (orchestrator/connections.py): a server that does not answer is one line
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage, create=False))
     except KeyError:
         raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}") from None
     context = StudyRecord.of(study)
     run_id = context.mlflow_parent_run_id
     if not run_id or not tags:
         return None
-    client = MlflowClient(tracking_uri=context.tracking_uri)
+    client = open_mlflow(context.tracking_uri)
     run = client.get_run(run_id)
     job_ids = [j for j in run.data.tags.get("slurm_job_ids", "").split(",") if j]
     if tags.get("slurm_job_id") and tags["slurm_job_id"] not in job_ids:

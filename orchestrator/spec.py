@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from search_spaces.bounded import loads_yaml
 from search_spaces.errors import SpecError
 from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
                                   check_name, read_text_file)
@@ -259,7 +259,8 @@ class SweepSpec(_Strict):
         data = self.dump()
         out = {name: data[name] for name in SITUATION_FIELDS}
         if self.replay_table and Path(self.replay_table).is_file():
-            out["replay_table"] = "sha256:" + hashlib.sha256(Path(self.replay_table).read_bytes()).hexdigest()
+            with open(self.replay_table, "rb") as fh:  # streamed: the table is read whole (and bounded) elsewhere
+                out["replay_table"] = "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
         return out
 
 
@@ -287,58 +288,11 @@ def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = N
         raise SpecError(one_line(exc, SweepSpec, noun="spec field", whole="spec")) from None
 
 
-class _Refused(Exception):
-    """Valid YAML that a spec may not use (the message says what and where)."""
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases (a spec has no use for them, and nested aliases are a
-    "billion laughs" bomb) before any object is built, and duplicate keys at any depth (YAML would let
-    the last one win silently); numbers are read as YAML 1.2 writes them (see below)."""
-
-    def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            mark = f"{'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}"
-            raise _Refused(f"YAML anchors and aliases are not allowed in a spec ({mark} at line "
-                           f"{event.start_mark.line + 1})")
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader refuses it itself
-                continue
-            if first is not None:
-                raise _Refused(f"duplicate key {key!r} at line {line} (first at line {first})")
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-# YAML 1.1 (PyYAML's schema) reads `1e12` and `1.0e12` as strings: a float needs a dot and a signed exponent.
-# YAML 1.2's core schema, what users write (the README's `train_tokens: 1.0e12`), makes them floats. The
-# resolver is added to the spec loader only (not to yaml.SafeLoader), and after PyYAML's own: what YAML 1.1
-# already reads as a number, a bool or a string keeps its meaning. The field types then decide: a float where
-# an integer is wanted (`nodes: 1e3`) is still refused, as `nodes: 1.7` is.
-YAML12_FLOAT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
-_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+.0123456789"))
-
-
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
-    """Read and validate a spec file (at most 1 MiB of UTF-8 YAML, no anchors/aliases or duplicate keys)."""
+    """Read and validate a spec file (at most 1 MiB of UTF-8 YAML within search_spaces.bounded's bounds: no
+    anchors/aliases or duplicate keys, nesting and integers bounded)."""
     path = Path(path)
-    text = read_text_file(path, "spec file")
-    try:
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader subclass)
-    except _Refused as exc:
-        raise SpecError(f"spec {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"spec {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = loads_yaml(read_text_file(path, "spec file"), f"spec {path}")
     if data is not None and not isinstance(data, dict):
         raise SpecError(f"spec {path}: top level must be a mapping of fields")
     return parse_spec(data, overrides)

@@ -13,6 +13,8 @@ import sqlite3
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from orchestrator import connections
+
 _installed = False
 
 
@@ -31,6 +33,7 @@ def _on_connect(dbapi_connection, _record) -> None:
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=60000")
+        # a file another process holds locked: waited for as long as every other SQLite opening waits
+        cursor.execute(f"PRAGMA busy_timeout={int(connections.SQLITE_BUSY_S * 1000)}")
     finally:
         cursor.close()

@@ -7,16 +7,27 @@ a store that is not there (or is not that kind of store) is one SpecError line, 
 
 SQLite files are probed with the standard library, not SQLAlchemy: every SQLAlchemy connection of this process
 switches the file to WAL (orchestrator/sqlite_tuning.py), which writes to it.
+
+A sweep creates its SQLite stores all at once (`create_sqlite`): the schema is made in a hidden file beside the
+store and linked into place complete, so a full disk or a refused write during creation leaves nothing, and a
+store is never half made. An MLflow store half made by an older version (a disk that filled during MLflow's
+migration: `table ... already exists` on every later opening) that holds nothing is made again (`ready_mlflow`).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import secrets
 import sqlite3
+from contextlib import closing
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from search_spaces.errors import SpecError
 
+from orchestrator import connections
 from orchestrator.redact import redact_uri
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -48,6 +59,18 @@ def require_file_store(uri: str, what: str, hint: str = "") -> None:
                         + (f" ({hint})" if hint else ""))
 
 
+def require_mlflow_store(tracking_uri: str) -> None:
+    """The MLflow store a read-only command reads (check, ui, export, calibrate, report, promote --rollback) must
+    already exist: MLflow would create a missing SQLite file, the schema of an empty database, or a file store's
+    folder just by opening it. One SpecError line instead; a server is left to answer (within the bounds)."""
+    scheme = urlsplit(tracking_uri).scheme.lower()
+    hint = "run a sweep with tracking first, or pass --tracking-uri"
+    if scheme in ("", "file") or (len(scheme) == 1 and tracking_uri[1:3] in (":\\", ":/")):  # a path
+        require_file_store(tracking_uri, "MLflow store", hint)
+    else:
+        require_existing(tracking_uri, MLFLOW_TABLE, "MLflow store", hint)
+
+
 def _require_sqlite(url: str, table: str, what: str, shown: str, hint: str) -> None:
     raw = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
     if not raw or raw.startswith(":memory:") or raw.startswith("file:"):
@@ -75,7 +98,7 @@ def _sqlite_has_table(path: Path, table: str) -> bool:
     wal = path.with_name(path.name + "-wal").exists()
     uri = path.resolve().as_uri() + ("?mode=ro" if wal else "?immutable=1")
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=60)
+        conn = sqlite3.connect(uri, uri=True, timeout=connections.SQLITE_BUSY_S)
         try:
             return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (table,)).fetchone() is not None
@@ -89,12 +112,262 @@ def _server_has_table(url: str, table: str, what: str, shown: str) -> bool:
     import sqlalchemy
 
     try:
-        engine = sqlalchemy.create_engine(url)
+        engine = connections.sql_engine(url)  # bounded: a silent server is one line, not a hang
         try:
             return sqlalchemy.inspect(engine).has_table(table)
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 -- a missing driver, server or database: it cannot be read
-        text = str(exc).strip().splitlines()
-        why = redact_uri(text[0])[:300] if text else type(exc).__name__
-        raise SpecError(f"cannot open the {what} {shown}: {why}") from None
+        raise connections.unreachable(url, exc, what, SpecError) from None
+
+
+# ---- a store a sweep writes ------------------------------------------------------------------------------
+def sqlite_file(url: str) -> Path | None:
+    """The file of a `sqlite:///path` URL (None for other URLs and in-memory databases)."""
+    raw = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    if not raw or raw.startswith(":memory:") or raw.startswith("file:"):
+        return None
+    return Path(raw.split("?", 1)[0])
+
+
+def require_writable(url: str, what: str) -> None:
+    """A SQLite store a sweep will write: its folder (for a new file, and SQLite's -wal/-shm files) and the file
+    itself must take writes, and the file must not be held locked past SQLITE_BUSY_S; one StorageError line
+    naming which, before anything is written. Other URLs are left to their server."""
+    from orchestrator.errors import StorageError
+
+    path = sqlite_file(url)
+    if path is None:
+        return
+    shown = redact_uri(url)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise StorageError(f"cannot use the {what} {shown}: folder {str(folder)!r} does not exist")
+    for target in ((path, folder) if path.exists() else (folder,)):
+        if not os.access(target, os.W_OK):
+            raise StorageError(f"the {what} {shown} refuses writes: {_why_not_writable(target)}")
+    if path.exists():
+        _require_unlocked(path, what, shown)
+
+
+def _why_not_writable(target: Path) -> str:
+    """Why os.access said no: a read-only file system, an immutable file (chattr +i) or permissions."""
+    try:
+        if target.is_dir():
+            fd = os.open(target, os.O_RDONLY)
+            os.close(fd)
+            probe = target / f".moe-autotune-probe-{secrets.token_hex(4)}"
+            probe.touch()
+            probe.unlink()
+        else:
+            os.close(os.open(target, os.O_RDWR))
+    except OSError as exc:
+        hint = {errno.EROFS: "on a read-only file system", errno.EPERM: "immutable (chattr +i) or not permitted",
+                errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
+        return f"{str(target)!r} is {hint}" if exc.errno in (errno.EROFS, errno.EPERM) else f"{str(target)!r}: {hint}"
+    return f"{str(target)!r} is not writable"
+
+
+def _require_unlocked(path: Path, what: str, shown: str) -> None:
+    """Take SQLite's write lock once (waiting SQLITE_BUSY_S for another writer), then let it go."""
+    from orchestrator.errors import StorageError
+
+    try:
+        with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S, isolation_level=None)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if disk_full(exc, path):
+            from orchestrator.errors import StorageFull
+
+            raise StorageFull(f"the {what}'s disk is full: {device(path, shown)}; nothing was stored; free space "
+                              "and rerun") from None
+        if "locked" in text or "busy" in text:
+            raise StorageError(f"the {what} {shown} is locked by another process (waited "
+                               f"{connections.SQLITE_BUSY_S} s); stop it or wait, then rerun") from None
+        raise StorageError(f"the {what} {shown} refuses writes: {text}") from None
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"cannot use the {what} {shown}: {exc}") from None
+
+
+def create_sqlite(path: Path, build: Callable[[str], None]) -> bool:
+    """Create the SQLite store `path` all at once: `build(url)` makes it in a hidden file beside `path`, which is
+    then linked into place complete (never over a store another process made meanwhile: that one is used). A
+    failure (a full disk, a refused write) leaves nothing behind. True when this call made the store."""
+    if path.exists():
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.creating")
+    try:
+        build(f"sqlite:///{tmp}")
+        _settle(tmp)
+        try:
+            os.link(tmp, path)  # fails when the name exists: a store is never replaced
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if path.exists():  # a file system without hard links: rename, after a last look
+                return False
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        return True
+    finally:
+        for leftover in _sqlite_family(tmp):
+            leftover.unlink(missing_ok=True)
+
+
+def _settle(path: Path) -> None:
+    """Everything in the main file (no -wal beside it), on disk: what is linked into place is the whole store."""
+    with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S, isolation_level=None)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA journal_mode=DELETE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder if str(folder) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot sync a folder: the link is made all the same
+    finally:
+        os.close(fd)
+
+
+def _sqlite_family(path: Path) -> list[Path]:
+    return [path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+
+
+# ---- the MLflow store ------------------------------------------------------------------------------------
+def ready_mlflow(uri: str, create: bool) -> None:
+    """Make a SQLite MLflow store ready to open: a missing one is created all at once (`create`), one half made
+    earlier that holds nothing is made again (`create`) or refused (a read-only command changes nothing)."""
+    from orchestrator.errors import TrackingError
+
+    path = sqlite_file(uri)
+    if path is None:
+        return
+    if path.exists() and _half_made_mlflow(path):
+        if not create:
+            raise TrackingError(f"the MLflow store {redact_uri(uri)} was never finished (its creation stopped "
+                                "half way, e.g. on a full disk) and holds nothing; a sweep makes it again")
+        _remake(path, _mlflow_schema)
+    elif not path.exists() and create:
+        create_sqlite(path, _mlflow_schema)
+
+
+def _mlflow_schema(url: str) -> None:
+    """MLflow's own store creation (its migrations, then its Default experiment), as MlflowClient would do it."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+
+    try:
+        _get_sqlalchemy_store(url, None)
+    finally:  # MLflow keeps one engine per URL: its pool would hold the file (made or failed) open
+        engine = SqlAlchemyStore._engine_map.pop(url, None)
+        if engine is not None:
+            engine.dispose()
+
+
+def _half_made_mlflow(path: Path) -> bool:
+    """A store MLflow began and never finished (no Default experiment yet: it is made after the migrations) and
+    that holds nothing of anyone's (no run, experiment or registered model)."""
+    wal = path.with_name(path.name + "-wal").exists()  # as _sqlite_has_table: read without writing anything
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + ("?mode=ro" if wal else "?immutable=1"), uri=True,
+                               timeout=connections.SQLITE_BUSY_S)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                return False  # an empty file: not MLflow's half, SQLAlchemy makes it a store
+            if "experiments" in tables and conn.execute("SELECT 1 FROM experiments LIMIT 1").fetchone():
+                return False
+            return not any(conn.execute(f'SELECT 1 FROM "{t}" LIMIT 1').fetchone()
+                           for t in ("runs", "registered_models", "logged_models", "trace_info") if t in tables)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False  # not a database: whoever opens it says so
+
+
+def _remake(path: Path, build: Callable[[str], None]) -> None:
+    """Replace a store that holds nothing with a complete one, made beside it first."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.remade")
+    try:
+        create_sqlite(tmp, build)
+        for side in _sqlite_family(path)[1:]:
+            side.unlink(missing_ok=True)  # the old store's journal must not be replayed into the new one
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def open_mlflow(uri: str, create: bool = False) -> "connections.BoundedClient":
+    """The MLflow store at `uri` as a bounded client (orchestrator/connections.py); a SQLite file made ready
+    first (`ready_mlflow`). A read-only command passes create=False and asks `require_existing` before."""
+    from orchestrator.errors import TrackingError, TrackingFull
+
+    try:
+        ready_mlflow(uri, create)
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the store could not be made: a full disk, a refused write
+        if disk_full(exc):
+            raise TrackingFull(f"the MLflow store's disk is full: {device(sqlite_file(uri), uri)}; nothing was "
+                               "recorded; free space and rerun") from None
+        raise connections.unreachable(uri, exc, connections.MLFLOW, TrackingError) from None
+    return connections.mlflow_client(uri)
+
+
+# ---- a full disk -----------------------------------------------------------------------------------------
+def disk_full(exc: BaseException, path: Path | None = None) -> bool:
+    """Did a write fail because the device is full (SQLite's "database or disk is full", ENOSPC)? SQLite says
+    "disk I/O error" when not even its shared-memory file fits: with `path`, that and a device with under
+    LOW_SPACE bytes free count too."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen).lower()
+        if getattr(seen, "errno", None) == errno.ENOSPC or "disk is full" in text or "no space left" in text:
+            return True
+        if path is not None and "disk i/o error" in text and _free_bytes(path) < LOW_SPACE:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+LOW_SPACE = 1 << 20
+
+
+def _free_bytes(path: Path) -> int:
+    import shutil
+
+    try:
+        return shutil.disk_usage(path.parent if str(path.parent) else ".").free
+    except OSError:
+        return LOW_SPACE
+
+
+def device(path: Path | None, url: str) -> str:
+    """The device a store's file lives on, and its free space: what a "disk is full" line names."""
+    import shutil
+
+    import psutil
+
+    if path is None:
+        return f"the database server of {redact_uri(url)}"
+    where = Path(os.path.realpath(path.parent if path.parent.exists() else "."))
+    mounts = [p for p in psutil.disk_partitions(all=True) if str(where).startswith(p.mountpoint)]
+    mount = max(mounts, key=lambda p: len(p.mountpoint)) if mounts else None
+    free = shutil.disk_usage(where).free / 2 ** 20
+    name = f"{mount.device} mounted at {mount.mountpoint}" if mount else str(where)
+    return f"{name} ({free:.1f} MiB free) holding {path}"

@@ -6,21 +6,17 @@ What the storage holds of the study and of each trial is the storage contract of
 
 from __future__ import annotations
 
-import errno
-import os
-import shutil
 import time
 from pathlib import Path
 
 import optuna
 import pandas as pd
-import psutil
 import sqlalchemy.exc
 
 from search_spaces.errors import SpecError
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator import economics, sqlite_tuning
+from orchestrator import connections, economics, sqlite_tuning, stores
 from orchestrator.errors import StorageError, StorageFull
 from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
 from orchestrator.redact import redact_uri
@@ -30,89 +26,123 @@ DIRECTIONS = ["maximize", "minimize"]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def open_storage(url: str, attempts: int = 10) -> optuna.storages.BaseStorage:
+def open_storage(url: str, attempts: int = 10, create: bool = True) -> optuna.storages.BaseStorage:
+    """The Optuna storage at `url`, every connection bounded (orchestrator/connections.py). A missing SQLite file
+    is created all at once (`create`; stores.create_sqlite): a failure leaves no file behind."""
     sqlite_tuning.install()
+    path = sqlite_path(url)
+    if create and path is not None:
+        try:
+            stores.create_sqlite(path, _optuna_schema)
+        except Exception as exc:  # noqa: BLE001 -- a full disk, a folder that refuses the file
+            raise storage_failure(exc, url, "cannot create") from None
     for attempt in range(attempts):
         try:
-            if url.startswith("sqlite:///"):
-                # several processes (resume, status) may touch the file: wait instead of failing on locks
-                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-            return optuna.storages.RDBStorage(url)
+            return optuna.storages.RDBStorage(url, engine_kwargs=connections.engine_kwargs(url))
         except Exception as exc:
             text = str(exc)
-            # two sweeps creating one new storage at once race on the schema: the loser retries
-            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or (
-                isinstance(exc, sqlalchemy.exc.OperationalError) and ("already exists" in text or "locked" in text))
+            # two sweeps creating one new database server's schema at once race: the loser retries (a SQLite file
+            # is created whole, above; "locked" was already waited for, SQLITE_BUSY_S)
+            racing = path is None and (isinstance(exc, sqlalchemy.exc.IntegrityError) or (
+                isinstance(exc, sqlalchemy.exc.OperationalError) and "already exists" in text))
             if racing and attempt + 1 < attempts:
                 time.sleep(0.2 + 0.1 * attempt)
                 continue
             failure = storage_failure(exc, url)
             if isinstance(failure, StorageFull):
                 raise failure from None
-            raise StorageError(redact_uri(f"cannot open storage {url!r}: {_root_line(exc)}")) from None
+            raise connections.unreachable(url, exc, "Optuna storage", StorageError) from None
     raise AssertionError("unreachable")
 
 
+def _optuna_schema(url: str) -> None:
+    """Optuna's tables in a new SQLite file (stores.create_sqlite links it into place)."""
+    from sqlalchemy.pool import NullPool
+
+    # no pool: a connection is closed as soon as it is let go, also when the creation fails half way
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={**connections.engine_kwargs(url), "poolclass": NullPool})
+    storage.scoped_session.remove()
+    storage.engine.dispose()
+
+
+def check_storage(url: str, resume: bool = False) -> None:
+    """The storage a sweep will write, checked before anything is created: a SQLite file (or its folder) that
+    refuses writes or is held locked, a database server that cannot be reached (within the bounds) is one line;
+    so is a --resume whose storage is not there."""
+    connections.probe_sql(url, "Optuna storage", StorageError)
+    if resume:
+        stores.require_existing(url, stores.OPTUNA_TABLE, "Optuna storage", "nothing to resume")
+    stores.require_writable(url, "Optuna storage")
+
+
 # what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors)
-STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
+STORAGE_WRITE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+STORAGE_ERRORS = (*STORAGE_WRITE_ERRORS, OSError)
 
 
-def storage_failure(exc: BaseException, url: str) -> StorageError:
+def storage_failure(exc: BaseException, url: str, doing: str = "") -> StorageError:
     """One line for a failed storage write: a full disk names its device (Optuna's own message, "exceeding
-    max length", would mislead), anything else its first line."""
-    chain, seen = [], exc
-    while seen is not None:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    text = " | ".join(str(e) for e in chain).lower()
-    if "disk is full" in text or "no space left" in text or any(
-            getattr(e, "errno", None) == errno.ENOSPC for e in chain):
-        return StorageFull(f"the Optuna storage's disk is full: {_device(url)}; what was measured is kept "
-                           f"(in the storage, or in the result spool); free space and rerun with --resume")
-    return StorageError(f"the Optuna storage {url!r} failed: {_root_line(exc)}")
+    max length", would mislead), a store that refuses writes or is locked says so, anything else its first
+    line. `doing`: what failed ("cannot create": nothing was stored)."""
+    shown = redact_uri(url)
+    if stores.disk_full(exc, sqlite_path(url)):
+        kept = ("nothing was stored; free space and rerun" if doing else
+                "what was measured is kept (in the storage, or in the result spool); free space and rerun with "
+                "--resume")
+        return StorageFull(f"the Optuna storage's disk is full: {stores.device(sqlite_path(url), url)}; {kept}")
+    line = _root_line(exc)
+    low = line.lower()
+    if "readonly" in low or "read-only" in low or "permission denied" in low:
+        return StorageError(f"the Optuna storage {shown} refuses writes: {line} (a read-only or immutable file "
+                            "or folder: make it writable, or use another --storage)")
+    if "locked" in low:
+        return StorageError(f"the Optuna storage {shown} is locked by another process: {line} (waited "
+                            f"{connections.SQLITE_BUSY_S} s; stop it or wait, then rerun)")
+    if doing:
+        return StorageError(f"{doing} the Optuna storage {shown}: {redact_uri(line)}")
+    return StorageError(f"the Optuna storage {shown} failed: {redact_uri(line)}")
 
 
 def _root_line(exc: BaseException) -> str:
     """The first line of the innermost cause (SQLAlchemy's and Optuna's wrappers say less)."""
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+    return connections.root_line(exc)[:300]
 
 
 def sqlite_path(url: str) -> Path | None:
-    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    return stores.sqlite_file(url)
 
 
-def _device(url: str) -> str:
-    path = sqlite_path(url)
-    if path is None:
-        return f"the database server of {url}"
-    where = Path(os.path.realpath(path.parent if path.parent.exists() else "."))
-    mounts = [p for p in psutil.disk_partitions(all=True) if str(where).startswith(p.mountpoint)]
-    mount = max(mounts, key=lambda p: len(p.mountpoint)) if mounts else None
-    free = shutil.disk_usage(where).free / 2 ** 20
-    device = f"{mount.device} mounted at {mount.mountpoint}" if mount else str(where)
-    return f"{device} ({free:.1f} MiB free) holding {path}"
+def check_study(storage: optuna.storages.BaseStorage, storage_url: str, name: str, resume: bool):
+    """Refuse (SpecError) a new sweep of a study that exists (nothing is overwritten) and a --resume of one that does
+    not; the existing study's summary, or None. Asked before anything else is created (the MLflow store)."""
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    found = summaries.get(name)
+    shown = redact_uri(storage_url)
+    if found is not None and not resume:
+        raise SpecError(_already(name, shown))
+    if found is None and resume:
+        raise SpecError(f"no study {name!r} in {shown} to resume")
+    return found
+
+
+def _already(name: str, shown: str) -> str:
+    return f"study {name!r} already exists in {shown}; pass --resume to continue it or --study-name for a new one"
 
 
 def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, name: str, sampler,
                      resume: bool) -> tuple[optuna.Study, bool]:
-    """Returns (study, existed). Without --resume an existing study is refused (nothing is overwritten)."""
-    existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    shown = redact_uri(storage_url)
-    already = (f"study {name!r} already exists in {shown}; pass --resume to continue it "
-               f"or --study-name for a new one")
-    if name in existing and not resume:
-        raise SpecError(already)
-    if name not in existing and resume:
-        raise SpecError(f"no study {name!r} in {shown} to resume")
+    """Returns (study, existed); refusals as check_study. A study whose setup never finished (created, then the
+    storage failed before its spec was recorded: no spec, no trial) is set up again by --resume, as a new one (the
+    lease settles two drivers that find it)."""
+    found = check_study(storage, storage_url, name, resume)
+    if found is not None:  # reading it writes nothing: a store that refuses writes says so at the first write
+        set_up = bool(found.user_attrs.get("spec") or found.n_trials)
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler), set_up
     try:  # a second sweep creating the same name at the same moment loses here, not by sharing the study
-        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS,
-                                    load_if_exists=resume)
+        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS)
     except optuna.exceptions.DuplicatedStudyError:
-        raise SpecError(already) from None
-    return study, name in existing
+        raise SpecError(_already(name, redact_uri(storage_url))) from None
+    return study, False
 
 
 def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
@@ -121,7 +151,7 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
     from orchestrator.stores import OPTUNA_TABLE, require_existing
 
     require_existing(url, OPTUNA_TABLE, "Optuna storage", "run a sweep first, or pass --storage")
-    return open_storage(url)
+    return open_storage(url, create=False)
 
 
 def load_study(storage: str, study_name: str | None = None) -> optuna.Study:

@@ -24,12 +24,14 @@ import logging
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from search_spaces.bounded import loads_json, parse_count
 from search_spaces.layout import PARALLEL_SIZES, Layout
 
-from orchestrator import sqlite_tuning
+from orchestrator import connections, sqlite_tuning, stores
 from orchestrator.errors import LeaseLost, TrackingError
 from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
-from orchestrator.redact import redact_environment, redact_mapping, redact_uri
+from orchestrator.environment import recorded_environment
+from orchestrator.redact import redact_mapping, redact_text, redact_uri
 
 log = logging.getLogger("moe_autotune")
 
@@ -70,20 +72,8 @@ def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
                             f"{str(target)!r} is not writable")
 
 
-def require_existing_store(tracking_uri: str) -> None:
-    """The MLflow store a read-only command reads (check, ui, export, calibrate, report, promote --rollback) must
-    already exist: MLflow would create a missing SQLite file, the schema of an empty database, or a file store's
-    folder just by opening it. One SpecError line instead (orchestrator/stores.py); a server is left to answer."""
-    from urllib.parse import urlsplit
-
-    from orchestrator.stores import MLFLOW_TABLE, require_existing, require_file_store
-
-    hint = "run a sweep with tracking first, or pass --tracking-uri"
-    scheme = urlsplit(tracking_uri).scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and tracking_uri[1:3] in (":\\", ":/")):  # a path
-        require_file_store(tracking_uri, "MLflow store", hint)
-    else:
-        require_existing(tracking_uri, MLFLOW_TABLE, "MLflow store", hint)
+# a read-only command's check that its MLflow store exists lives with the other store checks (no MLflow import)
+require_existing_store = stores.require_mlflow_store
 
 
 def unusable(tracking_uri: str, exc: Exception) -> TrackingError:
@@ -94,25 +84,21 @@ def unusable(tracking_uri: str, exc: Exception) -> TrackingError:
     return TrackingError(f"cannot use the MLflow tracking URI {redact_uri(tracking_uri)!r}: {why}")
 
 
-def safe_environment(prefixes: Iterable[str] = ("MOE_AUTOTUNE_", "OMP_", "CUDA_", "NCCL_", "RAY_", "MLFLOW_")
-                     ) -> dict[str, str]:
-    """The environment worth recording: secret-named variables dropped, credentials stripped from URIs."""
-    return redact_environment({k: v for k, v in os.environ.items() if k.startswith(tuple(prefixes))})
+def safe_environment() -> dict[str, Any]:
+    """environment.json: the software's versions and the allow-listed variables, redacted
+    (orchestrator/environment.py)."""
+    return recorded_environment()
 
 
 class Tracker:
     def __init__(self, tracking_uri: str, experiment_name: str, spool_path: Path):
         sqlite_tuning.install()
-        # MLflow's default HTTP retries (7, with backoff) would block a trial's record for minutes while a
-        # server is down; the spool keeps records anyway, so fail fast unless the user chose otherwise
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        # every MLflow call bounded (orchestrator/connections.py): a server that is down costs a trial's record
+        # seconds, not minutes (the spool keeps the record)
+        connections.bound_mlflow()
         self.tracking_uri = tracking_uri
         check_sqlite_store(tracking_uri)  # before the client: MLflow retries an unusable SQLite file for minutes
-        try:
-            self.client = _FencedClient(MlflowClient(tracking_uri=tracking_uri), lambda: self.fence())
-        except Exception as exc:  # noqa: BLE001 -- e.g. an unknown scheme: the URI cannot be used
-            raise unusable(self.tracking_uri, exc) from None
+        self._client: _FencedClient | None = None  # made at the first call: a new SQLite store is created then
         # Called before every MLflow write: the sweep's study lease (LeaseLost once another driver took over)
         self.fence: Callable[[], None] = lambda: None
         self.experiment_name = experiment_name
@@ -125,10 +111,28 @@ class Tracker:
         self.spool_torn = 0  # torn last records skipped
         self.spool_set_aside = 0  # damaged records moved to mlflow-spool.corrupt.jsonl
 
+    @property
+    def client(self) -> "_FencedClient":
+        """The store's bounded client (stores.open_mlflow: a missing SQLite store is created whole here)."""
+        if self._client is None:
+            self._client = _FencedClient(stores.open_mlflow(self.tracking_uri, create=True), lambda: self.fence())
+        return self._client
+
+    def open(self) -> None:
+        """Open the store now (a new SQLite store is created whole): before the sweep creates its study."""
+        self.client  # noqa: B018 -- the property opens it
+
     def check(self) -> None:
-        """Can this store be used at all? One line naming the problem, before the sweep creates anything."""
+        """Can this store be used at all? One line naming the problem, before the sweep creates anything: a
+        SQLite store that is not there yet is only checked (its folder takes writes: check_sqlite_store), and is
+        created at the first record."""
+        path = stores.sqlite_file(self.tracking_uri)
+        if path is not None and not path.exists():
+            return
         try:
             self.client.search_experiments(max_results=1)
+        except TrackingError:
+            raise
         except Exception as exc:  # noqa: BLE001 -- any failure here means the URI cannot be used
             raise unusable(self.tracking_uri, exc) from None
 
@@ -158,14 +162,14 @@ class Tracker:
         self.study_name = study_name
         # e.g. the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
         for key, value in (tags or {}).items():
-            self.client.set_tag(self.parent_run_id, key, value)
+            self.client.set_tag(self.parent_run_id, key, redact_text(str(value)))
         self._load_children()
         return self.parent_run_id
 
     def _log_calibration(self, run_id: str, path: Path) -> None:
         """The calibration file the cost model used: a param (its name and content hash) and the file itself."""
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        self.client.log_param(run_id, "calibration", f"{path.name} sha256:{digest[:16]}")
+        self.client.log_param(run_id, "calibration", redact_text(f"{path.name} sha256:{digest[:16]}"))
         self.client.log_artifact(run_id, str(path), "calibration")
 
     def _load_children(self) -> None:
@@ -174,9 +178,9 @@ class Tracker:
             page = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
                                            max_results=1000, page_token=token)
             for run in page:
-                number = run.data.tags.get(TRIAL_TAG)
+                number = parse_count(run.data.tags.get(TRIAL_TAG) or "")  # a value read back: bounded
                 if number is not None:
-                    self._children[int(number)] = _Child(run.info.run_id, run.info.status, dict(run.data.params),
+                    self._children[number] = _Child(run.info.run_id, run.info.status, dict(run.data.params),
                                                          inherited=True)
             token = page.token
             if not token:
@@ -193,9 +197,9 @@ class Tracker:
         if "rejected_by_model" in summary:
             metrics.append(Metric("rejected_by_model", float(len(summary["rejected_by_model"])), _now(), 0))
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
-        self.client.log_dict(run_id, summary, "summary.json")
+        self.client.log_dict(run_id, redact_mapping(summary), "summary.json")
         if pareto_csv is not None:
-            self.client.log_text(run_id, pareto_csv, "pareto.csv")
+            self.client.log_text(run_id, redact_text(pareto_csv), "pareto.csv")
         self.client.set_terminated(run_id, status)
 
     def log_views(self, leaderboard: Any, pareto_figure: Any, report_files: Iterable[Path]) -> None:
@@ -222,7 +226,7 @@ class Tracker:
             return self._child(number, layout, backend).run_id
         except Exception as exc:  # noqa: BLE001 -- MLflow down: the record waits in the storage and the spool
             log.warning("MLflow: no run for trial %d yet (%s: %s); it is recorded when MLflow is back",
-                        number, type(exc).__name__, exc)
+                        number, type(exc).__name__, redact_text(str(exc)))
             return None
 
     def _child(self, number: int, layout: Layout | None, backend: str) -> "_Child":
@@ -262,7 +266,7 @@ class Tracker:
             raise
         except Exception as exc:  # MLflow down/misbehaving: keep the record, say why later
             self._spool({"trial_number": run.record.number, "payload": run.payload(),
-                         "error": f"{type(exc).__name__}: {exc}"})
+                         "error": redact_text(f"{type(exc).__name__}: {exc}")})
             return False
 
     def _record(self, run: "RunRecord") -> None:
@@ -273,21 +277,33 @@ class Tracker:
         metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
         if child.inherited:
             metrics = self._not_yet_logged(run_id, metrics)
-        tags = [RunTag(k, v) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
-        params = [Param(f"{PROXY_PARAM}{k}", v) for k, v in record.proxy_params().items()]
+        # a reason may quote a trainer's error: what is recorded is redacted (orchestrator/redact.py)
+        tags = [RunTag(k, redact_text(v)) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
+        params = [Param(f"{PROXY_PARAM}{k}", redact_text(v)) for k, v in record.proxy_params().items()]
         self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         if record.composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
             self.client.log_dict(run_id, {"composed": record.composed, "proxy": record.proxy_plan}, "composed.json")
         # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
         if record.status != "infeasible" and record.backend != "analytic":
-            self.client.log_dict(run_id, record.evidence(), "trial.json")
+            self.client.log_dict(run_id, redact_mapping(record.evidence()), "trial.json")
             if record.command:
-                self.client.log_text(run_id, json.dumps(record.command, indent=1), "command.json")
+                self.client.log_text(run_id, json.dumps(redact_mapping(record.command), indent=1), "command.json")
             for path in run.logs:
                 if Path(path).is_file():
-                    self.client.log_artifact(run_id, path, "logs")
+                    self._log_redacted(run_id, Path(path), "logs")
         self.client.set_terminated(run_id, "FINISHED")
         child.status = "FINISHED"
+
+    def _log_redacted(self, run_id: str, path: Path, folder: str) -> None:
+        """A trainer's log as an artifact of the same name, line by line with every credential shape masked."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="moe-autotune-log-") as tmp:
+            copy = Path(tmp) / path.name
+            with open(path, encoding="utf-8", errors="replace") as src, open(copy, "w", encoding="utf-8") as dst:
+                for line in src:
+                    dst.write(redact_text(line))
+            self.client.log_artifact(run_id, str(copy), folder)
 
     def _not_yet_logged(self, run_id: str, metrics: list[Metric]) -> list[Metric]:
         """The metrics a run does not have yet: a driver killed between logging a trial's figures and closing its
@@ -303,7 +319,7 @@ class Tracker:
         child = self._children.get(number)
         if child is not None and child.status == "RUNNING":
             self.client.set_tag(child.run_id, "status", "interrupted")
-            self.client.set_tag(child.run_id, "reason", reason)
+            self.client.set_tag(child.run_id, "reason", redact_text(reason))
             self.client.set_terminated(child.run_id, "FAILED")
             child.status = "FAILED"
 
@@ -404,7 +420,7 @@ def _ends_with_newline(path: Path) -> bool:
 def _spool_record(line: str) -> dict[str, Any] | None:
     """The record a spool line holds, or None when the line is damaged."""
     try:
-        rec = json.loads(line)
+        rec = loads_json(line, "MLflow spool line")  # bounded: nesting, digits (SpecError is a ValueError)
     except ValueError:
         return None
     ok = (isinstance(rec, dict) and isinstance(rec.get("trial_number"), int)
@@ -471,7 +487,7 @@ def mark_training_experiment(client: MlflowClient, experiment_id: str, free: Ite
 def _saved_view(value: str | None) -> dict[str, Any] | None:
     """A saved view's envelope, or None when there is none (or it is not one: it is rewritten)."""
     try:
-        view = json.loads(value) if value else None
+        view = loads_json(value, "saved view") if value else None  # a tag read back: bounded
     except ValueError:
         return None
     return view if isinstance(view, dict) else None

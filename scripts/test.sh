@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # The test command (README and .ci/run use this same line).
 #   scripts/test.sh          the whole suite, slow end-to-end tests included (CI): starts the emulated Slurm
-#                            cluster when Slurm is installed, and prints the 15 slowest tests
+#                            cluster when Slurm is installed
 #   scripts/test.sh --fast   the inner loop: no Slurm, Ray or real trainer (the tests not marked slow), the
-#                            property tests on fewer examples (tests/conftest.py)
-# Further arguments go to pytest. PYTHON names the interpreter (default: the repository's .venv).
+#                            property tests on few examples (Hypothesis profile "fast", tests/conftest.py)
+#   scripts/test.sh --deep   the fast lane's tests with the property tests on thousands of examples each
+#                            (profile "deep": a nightly-size run)
+# Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
+# prints the 15 slowest tests and its wall time. Further arguments go to pytest.
+# Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
+# (default logical: one per logical CPU; 0 runs all tests in this one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYTHON=${PYTHON:-.venv/bin/python}
-if [ "${1:-}" = "--fast" ]; then
-  shift
-  exec "$PYTHON" -m pytest -m "not slow" --hypothesis-profile=fast --durations=15 "$@"
-fi
-if command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -x slurm/ci-cluster.sh ]; then
-  bash slurm/ci-cluster.sh start
-fi
-exec "$PYTHON" -m pytest --durations=15 "$@"
+LANE=(--hypothesis-profile=full)
+case "${1:-}" in
+  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast) ;;
+  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep) ;;
+  *)
+    if command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -x slurm/ci-cluster.sh ]; then
+      bash slurm/ci-cluster.sh start
+    fi ;;
+esac
+XDIST=(-n "${TEST_WORKERS:-logical}" --dist loadgroup)
+start=$(date +%s)
+rc=0
+"$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?
+elapsed=$(($(date +%s) - start))
+printf 'scripts/test.sh %s: wall time %dm %02ds (exit %d)\n' "${LANE[*]}" $((elapsed / 60)) $((elapsed % 60)) "$rc"
+exit "$rc"

@@ -69,10 +69,14 @@ class MemoryBreakdown:
     @property
     def peak(self) -> float:
         """The PEAK components summed: the rank's peak in bytes."""
-        base = self.weights + self.gradients + self.optimizer_states + self.activations + self.dispatcher_buffers \
-            + self.cuda_graphs
-        return base + self.runtime_overhead + self.allocator_margin \
-            + (self.cp_attention_buffers + self.delta_net_chunk_states + self.host_process)
+        return self.peak_with(self.cp_attention_buffers, self.delta_net_chunk_states, self.host_process)
+
+    def peak_with(self, cp_attention_buffers: float, delta_net_chunk_states: float, host_process: float) -> float:
+        """The peak with these extra_memory terms in place of the breakdown's own (what `space` asks of
+        candidates, without building a breakdown for each)."""
+        return peak_bytes(self.weights, self.gradients, self.optimizer_states, self.activations,
+                          self.dispatcher_buffers, self.cuda_graphs, self.runtime_overhead, self.allocator_margin,
+                          cp_attention_buffers, delta_net_chunk_states, host_process)
 
     def to_gib(self) -> dict[str, float]:
         """Every component in GiB and the counts as they are, in declaration order (the `memory_gib` of
@@ -84,6 +88,15 @@ class MemoryBreakdown:
             else:
                 out[f.name] = getattr(self, f.name) / GIB
         return out
+
+
+def peak_bytes(weights: float, gradients: float, optimizer_states: float, activations: float,
+               dispatcher_buffers: float, cuda_graphs: float, runtime_overhead: float, allocator_margin: float,
+               cp_attention_buffers: float = 0.0, delta_net_chunk_states: float = 0.0,
+               host_process: float = 0.0) -> float:
+    """The PEAK components of a MemoryBreakdown summed (the one formula: memory.py compares ranks by it)."""
+    base = weights + gradients + optimizer_states + activations + dispatcher_buffers + cuda_graphs
+    return base + runtime_overhead + allocator_margin + (cp_attention_buffers + delta_net_chunk_states + host_process)
 
 
 PEAK_KEYS = tuple(f.name for f in fields(MemoryBreakdown) if f.metadata.get("peak"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from search_spaces.calibration_file import (Calibration, CalibrationDocument, calibration, calibration_document,
-                                            load_calibration, merge, write_calibration)
+                                            calibration_text, load_calibration, merge, write_calibration)
 from search_spaces.costmodel import estimate
 from search_spaces.errors import MoeAutotuneError
 from search_spaces.flops import flops_per_token
@@ -30,7 +30,7 @@ from search_spaces.throughput import step_time
 
 # the calibration's file API lives in calibration_file; the fit's callers find it here too
 __all__ = ["Calibration", "CalibrationDocument", "Measurement", "Parameter", "FAMILY_PARAMETERS",
-           "SHARED_PARAMETERS", "calibration", "calibration_document", "cp_variants", "errors", "fit", "for_release",
+           "SHARED_PARAMETERS", "calibration", "calibration_document", "calibration_text", "cp_variants", "errors", "fit", "for_release",
            "load_calibration", "log_loss", "mape", "measurement_problems", "model_spec", "nelder_mead",
            "parameters_for", "predict_peak_gib", "predict_tokens", "predict_tokens_best_cp", "usable", "with_values",
            "write_calibration"]

@@ -8,7 +8,7 @@ from typing import Any
 from search_spaces.breakdown import GIB, MemoryBreakdown, StepTime
 from search_spaces.calibration_file import Calibration, calibration
 from search_spaces.errors import SpecError
-from search_spaces.extra_memory import with_extra_memory
+from search_spaces.extra_memory import extra_memory_terms, with_extra_memory
 from search_spaces.flops import flops_per_step
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import Layout
@@ -103,19 +103,45 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
     place = placement(model, layout.pp, layout.vpp)
     est.pipeline_layout = place.layout_string() if place else ""
     cal = cal or calibration()
-    est.memory = with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len,
-                                   layout, cal)
+    est.memory = _memory(model, gpu, num_gpus, seq_len, layout, cal)
     est.peak_memory_gib = est.memory.peak / GIB
     est.fits = est.peak_memory_gib <= gpu.memory_gib
     if with_time:
         est.time = step_time(model, gpu, num_gpus, seq_len, layout, cal)
         step = est.time.step
         est.step_time_s = step
-        tokens = layout.gbs * seq_len
-        est.tokens_per_sec_per_gpu = tokens / step / num_gpus
+        est.tokens_per_sec_per_gpu = _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step)
         est.tflops_per_gpu = flops_per_step(model, seq_len, layout.gbs) / step / num_gpus / 1e12
         est.mfu = est.tflops_per_gpu / gpu.peak(layout.precision)
     return est
 
 
-__all__ = ["Estimate", "estimate"]
+def tokens_per_sec_per_gpu(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+                           cal: Calibration | None = None) -> float:
+    """`estimate(...).tokens_per_sec_per_gpu` of a legal layout without the rest of the estimate: what `space`
+    ranks its candidates by (it estimates only the fastest whole)."""
+    step = step_time(model, gpu, num_gpus, seq_len, layout, cal or calibration()).step
+    return _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step)
+
+
+def _tokens_per_sec_per_gpu(layout: Layout, seq_len: int, num_gpus: int, step: float) -> float:
+    return layout.gbs * seq_len / step / num_gpus
+
+
+def peak_memory_gib(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+                    cal: Calibration | None = None) -> float | None:
+    """`estimate(...).peak_memory_gib` without the rest of the estimate (None for an illegal layout): what
+    `space` asks of tens of thousands of candidates."""
+    if check(model, gpu, num_gpus, seq_len, layout):
+        return None
+    extra = extra_memory_terms(model, gpu, seq_len, layout, cal or calibration())
+    return memory_breakdown(model, gpu, num_gpus, seq_len, layout).peak_with(*extra) / GIB
+
+
+def _memory(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
+            cal: Calibration) -> MemoryBreakdown:
+    return with_extra_memory(memory_breakdown(model, gpu, num_gpus, seq_len, layout), model, gpu, seq_len, layout,
+                             cal)
+
+
+__all__ = ["Estimate", "estimate", "peak_memory_gib", "tokens_per_sec_per_gpu"]

@@ -21,6 +21,8 @@ from search_spaces.errors import SpecError
 
 # The primitive a value becomes in Optuna params, CSV cells and MLflow params.
 Primitive = int | float | str | bool | None
+# canonical values a dimension remembers (Dimension.canonical): sizes and batches of every space explored
+MAX_SEEN_CANONICAL = 1 << 14
 
 
 @dataclass(frozen=True, eq=False)  # one object per dimension: identity is equality (and hashable)
@@ -67,6 +69,29 @@ class Dimension:
         if self._canonical(value):  # the common case (enumerations build millions of layouts): no work
             return value
         return _PARSERS[self.kind](self, value)
+
+    def canonical(self, value: Any) -> Any:
+        """`parse(value)`, at the cost of a set lookup for a value seen before: Layout runs it on every field of
+        every layout it builds (enumerations build hundreds of thousands). parse is idempotent, so what it
+        returns is canonical and remembered, keyed with its type (True never passes for 1)."""
+        seen = self.seen_canonical
+        try:
+            if (type(value), value) in seen:
+                return value
+        except TypeError:  # unhashable (a list): parsed below
+            pass
+        parsed = self.parse(value)
+        if len(seen) < MAX_SEEN_CANONICAL:
+            seen.add((type(parsed), parsed))
+        return parsed
+
+    @property
+    def seen_canonical(self) -> set:
+        """The canonical values seen (per dimension; not a field: equality and hashing are identity)."""
+        try:
+            return self.__dict__["_seen_canonical"]
+        except KeyError:
+            return self.__dict__.setdefault("_seen_canonical", set())
 
     def _canonical(self, value: Any) -> bool:
         kind = type(value)

@@ -27,6 +27,7 @@ from search_spaces.breakdown import GIB, MemoryBreakdown
 from search_spaces.calibration_file import Calibration
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
+from search_spaces.memo import Memo
 from search_spaces.memory import act_bytes
 from search_spaces.models import ModelSpec
 
@@ -34,10 +35,15 @@ from search_spaces.models import ModelSpec
 P2P_RING_BUFFERS = 4
 
 
+# the layout fields cp_attention_buffers reads (search_spaces/space.py keys its probe by them)
+CP_BUFFER_FIELDS = ("tp", "cp", "mbs", "precision", "cp_comm_type")
+_ALL_LINEAR = Memo("all layers linear attention")
+
+
 def cp_attention_buffers(model: ModelSpec, layout: Layout, seq_len: int, cpu: bool) -> float:
     """Bytes the layout's cp_comm_type holds for one attention layer beyond the saved activations (0 without CP
     or without softmax attention; 0 on cpu, where memory.py counts the trainer's gathered K/V itself)."""
-    if cpu or layout.cp <= 1 or set(model.attention_kinds()) == {"linear"}:
+    if cpu or layout.cp <= 1 or _ALL_LINEAR.get((model,), None, lambda: set(model.attention_kinds()) == {"linear"}):
         return 0.0
     e = act_bytes(layout)
     heads = model.num_attention_heads / layout.tp
@@ -62,9 +68,17 @@ def host_process_bytes(gpu: GPUSpec, cal: Calibration) -> float:
     return cal.cpu_process_baseline_gib * GIB if gpu.is_cpu else 0.0
 
 
+def extra_memory_terms(model: ModelSpec, gpu: GPUSpec, seq_len: int, layout: Layout,
+                       cal: Calibration) -> tuple[float, float, float]:
+    """(cp_attention_buffers, delta_net_chunk_states, host_process), bytes: MemoryBreakdown's fields of this
+    module."""
+    states = 0.0 if gpu.is_cpu else delta_net.chunk_state_bytes(model, layout, seq_len, act_bytes(layout))
+    return cp_attention_buffers(model, layout, seq_len, gpu.is_cpu), states, host_process_bytes(gpu, cal)
+
+
 def with_extra_memory(breakdown: MemoryBreakdown, model: ModelSpec, gpu: GPUSpec, seq_len: int, layout: Layout,
                       cal: Calibration) -> MemoryBreakdown:
     """memory.py's breakdown (bytes) with these terms in it (and so in its peak)."""
-    states = 0.0 if gpu.is_cpu else delta_net.chunk_state_bytes(model, layout, seq_len, act_bytes(layout))
-    return dataclasses.replace(breakdown, cp_attention_buffers=cp_attention_buffers(model, layout, seq_len, gpu.is_cpu),
-                               delta_net_chunk_states=states, host_process=host_process_bytes(gpu, cal))
+    buffers, states, host = extra_memory_terms(model, gpu, seq_len, layout, cal)
+    return dataclasses.replace(breakdown, cp_attention_buffers=buffers, delta_net_chunk_states=states,
+                               host_process=host)

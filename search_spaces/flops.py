@@ -9,7 +9,10 @@ is counted once per output head on the vocabulary padded to a multiple of 128. R
 
 from __future__ import annotations
 
+from search_spaces.memo import Memo
 from search_spaces.models import ModelSpec
+
+_PER_STEP = Memo("flops per step")
 
 MAKE_VOCAB_DIVISIBLE_BY = 128
 
@@ -94,8 +97,9 @@ def flops_breakdown(model: ModelSpec, seq_len: int, gbs: int = 1) -> dict[str, f
 
 
 def flops_per_step(model: ModelSpec, seq_len: int, gbs: int) -> float:
-    """Model FLOPs of one optimizer step over gbs sequences of seq_len tokens (recompute not counted)."""
-    return float(sum(flops_breakdown(model, seq_len, gbs).values()))
+    """Model FLOPs of one optimizer step over gbs sequences of seq_len tokens (recompute not counted; once per
+    model, length and batch)."""
+    return _PER_STEP.get((model,), (seq_len, gbs), lambda: float(sum(flops_breakdown(model, seq_len, gbs).values())))
 
 
 def flops_per_token(model: ModelSpec, seq_len: int) -> float:

@@ -22,8 +22,9 @@ from collections import Counter
 
 from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.pipeline import Unit
+from search_spaces.memo import Memo
 from search_spaces.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time, attention_peak,
-                                    moe_layers, precision_class)
+                                    census, moe_layers, passes_key, precision_class)
 
 # Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
 # FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
@@ -46,6 +47,8 @@ ATTENTION_HALF_RATE_TOKENS = 1300
 # (0.65 / 1.2) corrects both directions (the backward assumed alike)
 WIDEST_HEAD_DIM = 256
 BLACKWELL_WIDEST_HEAD_FACTOR = 0.54
+# per units object (a rank's): the widths fp8 casts, the layers by kind
+_WIDTHS, _KINDS, _ELEMENTWISE = Memo("gemm input widths"), Memo("layer kinds"), Memo("elementwise")
 
 
 def shard_length_factor(length: float) -> float:
@@ -68,8 +71,12 @@ def element_bytes(precision: str) -> int:
 
 
 def gemm_input_width(job: Job, units: list[Unit]) -> float:
-    """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts)."""
-    model = job.model
+    """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts); once per units
+    object (a rank's: Placement.rank_units)."""
+    return _WIDTHS.get_for((job.model,), units, lambda: _gemm_input_width(job.model, units))
+
+
+def _gemm_input_width(model, units: list[Unit]) -> float:
     h = model.hidden_size
     total = 0.0
     for u in units:
@@ -143,10 +150,12 @@ class GpuTerms:
         return 1.0 / (1.0 + rate / (job.hbm * intensity))
 
     def elementwise_time(self, job: Job, rank: int, units: list[Unit], per_gpu: float) -> float:
-        """Passes over the activations and the routed token copies, and fp8 casts, over HBM."""
-        return (activation_passes_time(job, rank, cpu_trainer=False, passes=job.cal.elementwise_passes)
-                + routed_passes_time(job, units, per_gpu)
-                + fp8_cast_time(job, units, per_gpu))
+        """Passes over the activations and the routed token copies, and fp8 casts, over HBM (memoised on
+        step_job.PASSES_FIELDS: the routed passes and the casts read a subset)."""
+        return _ELEMENTWISE.get((job.model, job.gpu, job.cal), (passes_key(job.layout), job.seq_len, rank, per_gpu),
+                                lambda: activation_passes_time(job, rank, cpu_trainer=False,
+                                                               passes=job.cal.elementwise_passes)
+                                + routed_passes_time(job, units, per_gpu) + fp8_cast_time(job, units, per_gpu))
 
     def linear_attention_layer_time(self, job: Job, rate: float) -> tuple[float, float]:
         """The chunked delta rule's parallel kernels at `rate` and its sequential state passes (delta_net.py)."""
@@ -188,17 +197,11 @@ class GpuTerms:
         replays' static-buffer copies (launch_overhead.py)."""
         L, model = job.layout, job.model
         # a layer's host time depends on its kind alone: once per kind, times its count
-        kinds: Counter = Counter()
-        first: dict[tuple[str, bool], int] = {}
-        for u in units:
-            if u.is_layer:
-                kind = (model.attention_kind(u.layer), model.layer_is_moe(u.layer))
-                kinds[kind] += 1
-                first.setdefault(kind, u.layer)
+        kinds, first = _KINDS.get_for((model,), units, lambda: _layer_kinds(model, units))
         host = sum(n * launch_overhead.layer_host_time(model, L, first[k], busy, job.cal, job.gpu.host)
                    for k, n in kinds.items())
         tsp = job.tokens_rank / L.tp if L.sp else job.tokens_rank
-        layers = sum(1 for u in units if u.is_layer)
+        layers = census(model, units).layers
         return host + launch_overhead.graph_copy_bytes(job.model, L, tsp, job.act_bytes) * layers / job.hbm
 
     def dp_latency(self, job: Job, ranks: int) -> float:
@@ -211,3 +214,15 @@ class GpuTerms:
 
 
 GPU_TERMS = GpuTerms()
+
+
+def _layer_kinds(model, units) -> tuple[Counter, dict[tuple[str, bool], int]]:
+    """The rank's layers counted by (attention kind, MoE), and the first layer of each kind."""
+    kinds: Counter = Counter()
+    first: dict[tuple[str, bool], int] = {}
+    for u in units:
+        if u.is_layer:
+            kind = (model.attention_kind(u.layer), model.layer_is_moe(u.layer))
+            kinds[kind] += 1
+            first.setdefault(kind, u.layer)
+    return kinds, first

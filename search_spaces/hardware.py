@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from search_spaces.errors import SpecError
+from search_spaces.inputs import excerpt
 from search_spaces.layout import PRECISION_ALIASES
 
 
@@ -102,5 +103,5 @@ def load_gpu(name: str) -> GPUSpec:
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
     if key not in GPUS:
-        raise SpecError(f"unknown GPU {name!r}; known: {', '.join(GPU_NAMES)}")
+        raise SpecError(f"unknown GPU {excerpt(name)}; known: {', '.join(GPU_NAMES)}")  # may come from a file
     return GPUS[key]

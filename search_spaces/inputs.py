@@ -1,7 +1,7 @@
 """The rules for what a user hands in, one home each: a file a user named (a sweep spec, a model config.json:
 missing, a directory, not a regular file, unreadable, too large, not UTF-8), an output path, a name (study,
-experiment, registered model, output file stem) and a size (GPUs, sequence length, batch). Each refusal is one
-SpecError line."""
+experiment, registered model, output file stem), a size (GPUs, sequence length, batch), and what an error line
+may quote of a file (`excerpt`: short, one line, obvious secrets masked). Each refusal is one SpecError line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numbers
 import re
 import stat
 from pathlib import Path
+from typing import Iterable
 
 from search_spaces.errors import SpecError
 
@@ -106,8 +107,7 @@ def check_optional_name(value: str | None, what: str) -> str | None:
 
 
 def _shown(value: str, limit: int = 60) -> str:
-    text = ascii(value)  # escapes line breaks, control and non-ASCII characters: always one printable line
-    return text if len(text) <= limit else text[:limit - 4] + "...'"
+    return excerpt(value, limit)
 
 
 def _char(c: str) -> str:
@@ -153,3 +153,63 @@ def _short_value(value: object) -> str:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value) if isinstance(value, (int, float, str)) else type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ---- quoting what a file holds --------------------------------------------------------------------------
+# An error line goes to terminals and to whatever log captures the command: it may quote a file (a spec, a
+# table, a calibration file, a value read back from a store) only as a short excerpt, one line, with the obvious
+# shapes of a secret masked. A file pointed at by mistake (an environment file, a netrc, a kubeconfig) then never
+# reaches the log whole. orchestrator/redact.py masks what moe-autotune records; this masks what it quotes.
+EXCERPT_CHARS = 40  # the most an error line quotes of a file: a cell, a column name, a key, a line's start
+MESSAGE_CHARS = 600  # a message built elsewhere (a validator, PyYAML, csv) that may embed a piece of a file: cut here
+_SECRET_WORD = (r"pass(?:word|wd|phrase)?|pwd|secret|token|key|credential|cred|auth\w*|private|cookie|signature|"
+                r"session|login|bearer")
+_SECRET_SHAPES = (
+    # scheme://user:password@host: the user-info
+    (re.compile(r"(?P<keep>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@'\"]+@"), r"\g<keep>***@"),
+    # an HTTP authorization: `Bearer <token>`, `Basic <base64>`
+    (re.compile(r"(?P<keep>\b(?:bearer|basic|digest|token)\s+)[^\s'\",;]+", re.I), r"\g<keep>***"),
+    # NAME=value, NAME: value, "name": "value", a netrc's `password value`, a DSN's `password=value`
+    (re.compile(r"(?P<keep>[\w.\-]*(?:" + _SECRET_WORD + r")[\w.\-]*[\"']?\s*(?:[=:]\s*|\s+))"
+                r"(?:\"[^\"\n]*\"?|'[^'\n]*'?|[^\s'\",;&}]+)", re.I), r"\g<keep>***"),
+    # tokens by their vendors' shapes: GitHub, GitLab, AWS access key ids, Slack, OpenAI-style, JWTs
+    (re.compile(r"\b(?:gh[pousr]_\w{16,}|github_pat_\w{20,}|glpat-[\w\-]{16,}|AKIA[0-9A-Z]{16}|"
+                r"xox[abprs]-[\w\-]{10,}|sk-[\w\-]{16,}|eyJ[\w\-]{8,}\.[\w\-]{8,}\.[\w\-]{8,})"), "***"),
+    # any other long run of base64/hex with letters and digits (a key, a digest): no word is that long
+    (re.compile(r"(?=[A-Za-z0-9+/=_]{32,})(?=[A-Za-z+/=_]*[0-9])(?=[0-9+/=_]*[A-Za-z])[A-Za-z0-9+/=_]{32,}"), "***"),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with the obvious shapes of a secret masked (***): URL user-info, an HTTP authorization, the value of a
+    secret-named key (`PASSWORD=`, `"token":`, a netrc's `password`, a DSN's `password=`), vendors' token
+    shapes and long key-like runs. A heuristic for quoting: what it misses, the excerpt's length bounds."""
+    for pattern, replacement in _SECRET_SHAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
+    """What an error line may quote of a file or of a value read from one: quoted and escaped (ascii(): one
+    printable line), obvious secrets masked (redact_secrets), at most `limit` characters, cut with '...'."""
+    text = redact_secrets(str(text)[:limit * 8])
+    shown = ascii(text)
+    return shown if len(shown) <= limit else shown[:limit - 4] + "...'"
+
+
+def bounded_message(message: str, quoted: Iterable[object] = ()) -> str:
+    """A message built by other code (a library, a parser) that may embed values read from a file: each of
+    `quoted` (as repr() shows it) replaced by its excerpt, obvious secrets masked, at most MESSAGE_CHARS, one line."""
+    for value in quoted:
+        text = repr(value)
+        if len(text) > 2 and text in message:
+            message = message.replace(text, excerpt(value))
+    # any other quoted piece (a validator's repr of what it read) cut to an excerpt's length
+    message = _QUOTED.sub(lambda m: m.group() if len(m.group()) <= EXCERPT_CHARS else
+                          m.group()[:EXCERPT_CHARS - 4] + "..." + m.group()[0], message[:MESSAGE_CHARS * 4])
+    message = " ".join(redact_secrets(message).split())
+    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS - 3] + "..."
+
+
+# a quoted piece as repr() writes one: a quote not inside a word (an apostrophe, `row's`, is none) to its mate
+_QUOTED = re.compile(r"(?<!\w)(?:'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")(?!\w)")

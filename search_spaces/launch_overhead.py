@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from search_spaces.calibration_file import Calibration
 from search_spaces.layout import Layout
+from search_spaces.memo import Memo, fields
 from search_spaces.models import ModelSpec
 
 # ---- kernels per layer and microbatch, forward (each an assumption from the module structure unless noted) -----
@@ -77,6 +78,12 @@ P = 4.0
 # experts overlap is enabled"); the routed experts are captured only by `moe` (token-drop MoE)
 SCOPE_PARTS = {"attn": ("attention",), "mlp": ("mlp",), "moe_router": ("router", "shared"),
                "moe_preprocess": ("preprocess",), "moe": ("router", "preprocess", "dispatch", "experts", "shared")}
+
+
+# the layout fields a layer's launches read (layer_launches; memoised on them: search_spaces/memo.py)
+LAUNCH_FIELDS = ("precision", "dispatcher", "ep", "cuda_graphs", "recompute")
+_launch_fields = fields(*LAUNCH_FIELDS)
+_LAUNCHES = Memo("layer launches")
 
 
 class LayerBusy(NamedTuple):
@@ -162,24 +169,40 @@ def layer_host_time(model: ModelSpec, layout: Layout, index: int, busy: LayerBus
     if "full_iteration" in layout.cuda_graphs:
         return 0.0
     t = cal.host_kernel_launch_s.get(host, cal.host_kernel_launch_s["x86"])
-    parts = layer_kernels(model, layout, index)
-    captured = _captured(layout)
-    h_fwd = t * _launches(parts, captured)
-    recomputed = _recomputed_parts(model, layout)
-    # the backward: twice the forward's kernels, plus the recomputed forwards launched within it
-    h_bwd = t * (BACKWARD_KERNEL_FACTOR * _launches(parts, captured) + _launches(parts, captured, recomputed))
+    n = _LAUNCHES.get((model,), (_launch_fields(layout), model.attention_kind(index), model.layer_is_moe(index)),
+                      lambda: layer_launches(model, layout, index))
+    h_fwd = t * n.fwd
+    h_bwd = t * n.bwd
     exposed = excess(h_bwd, busy.bwd)
     if model.layer_is_moe(index):
-        h_post = t * _launches(parts, captured, {"dispatch", "experts"})
-        # token-drop MoE captured whole (`moe` scope) has static shapes: no sync. Capacity routing alone would
-        # need none either (Megatron-Core 0.19's alltoall dispatcher skips its sync under drop_and_pad), but the
-        # fitted moe_sync_s (at its 1 ms bound) holds more than the sync: every MoE layer's fixed cost per
-        # microbatch; charged to every mode until a published capacity-vs-dropless pair can tell them apart
-        syncs = 0 if "moe" in layout.cuda_graphs else 1 + (1 if "router" in recomputed else 0)
-        exposed += cal.moe_sync_s * syncs + max(excess(h_post, busy.post_sync_fwd), excess(h_fwd, busy.fwd))
+        h_post = t * n.post_sync
+        exposed += cal.moe_sync_s * n.syncs + max(excess(h_post, busy.post_sync_fwd), excess(h_fwd, busy.fwd))
     else:
         exposed += excess(h_fwd, busy.fwd)
     return exposed
+
+
+class LayerLaunches(NamedTuple):
+    """Host launches of one layer per microbatch (a captured part is one graph launch) and its MoE syncs."""
+    fwd: float
+    bwd: float  # twice the forward's kernels, plus the recomputed forwards launched within the backward
+    post_sync: float  # an MoE layer's forward after its sync: dispatch and experts
+    syncs: int
+
+
+def layer_launches(model: ModelSpec, layout: Layout, index: int) -> LayerLaunches:
+    """The launches of decoder layer `index` (they depend on its attention kind and MoE-ness and LAUNCH_FIELDS)."""
+    parts = layer_kernels(model, layout, index)
+    captured = _captured(layout)
+    recomputed = _recomputed_parts(model, layout)
+    # token-drop MoE captured whole (`moe` scope) has static shapes: no sync. Capacity routing alone would need
+    # none either (Megatron-Core 0.19's alltoall dispatcher skips its sync under drop_and_pad), but the fitted
+    # moe_sync_s (at its 1 ms bound) holds more than the sync: every MoE layer's fixed cost per microbatch;
+    # charged to every mode until a published capacity-vs-dropless pair can tell them apart
+    syncs = 0 if "moe" in layout.cuda_graphs else 1 + (1 if "router" in recomputed else 0)
+    return LayerLaunches(_launches(parts, captured),
+                         BACKWARD_KERNEL_FACTOR * _launches(parts, captured) + _launches(parts, captured, recomputed),
+                         _launches(parts, captured, {"dispatch", "experts"}), syncs)
 
 
 def graph_copy_bytes(model: ModelSpec, layout: Layout, tokens_sp: float, act_bytes: int) -> float:
@@ -189,4 +212,4 @@ def graph_copy_bytes(model: ModelSpec, layout: Layout, tokens_sp: float, act_byt
     return len(scopes) * 2 * 2 * tokens_sp * model.hidden_size * act_bytes
 
 
-__all__ = ["LayerBusy", "layer_kernels", "layer_host_time", "graph_copy_bytes"]
+__all__ = ["LayerBusy", "LayerLaunches", "layer_kernels", "layer_launches", "layer_host_time", "graph_copy_bytes"]

@@ -11,7 +11,6 @@ search parameters, CSV columns, MLflow params, trainer and estimate flags, expor
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -153,8 +152,21 @@ class Layout:
         optional=True)
 
     def __post_init__(self) -> None:
-        for dim in DIMENSIONS:
-            object.__setattr__(self, dim.name, dim.parse(getattr(self, dim.name)))
+        self._canonicalise(_CHECKS)
+
+    def _canonicalise(self, checks: Iterable[tuple[str, set, Dimension]]) -> None:
+        """Parse the fields `checks` name to their canonical values (a SpecError names a bad one), then check
+        the batch. A value its dimension has seen canonical before costs one set lookup (Dimension.canonical,
+        inline: this loop runs for every field of every layout an enumeration builds)."""
+        values = self.__dict__
+        for name, seen, dim in checks:
+            value = values[name]
+            try:
+                if (type(value), value) in seen:
+                    continue
+            except TypeError:  # unhashable (a list): parsed
+                pass
+            object.__setattr__(self, name, dim.canonical(value))
         if self.gbs % self.mbs:
             raise SpecError(f"gbs ({self.gbs}) must be a multiple of mbs ({self.mbs})")
 
@@ -201,7 +213,8 @@ class Layout:
 
     # ---- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        """Every field by name, in declaration order (tuples as lists): the JSON form."""
+        d = {name: getattr(self, name) for name in FIELD_NAMES}
         d["cuda_graphs"] = list(self.cuda_graphs)
         d["hierarchical_cp"] = list(self.hierarchical_cp)
         return d
@@ -235,7 +248,17 @@ class Layout:
                 if d.benchmark_only and d.mode(getattr(self, d.name)) in d.benchmark_only]
 
     def replace(self, **changes: Any) -> "Layout":
-        return dataclasses.replace(self, **_legacy_recompute(changes))
+        """This layout with `changes` applied (dataclasses.replace, without parsing the unchanged fields again:
+        the cost model replaces fields of layouts hundreds of thousands of times)."""
+        changes = _legacy_recompute(changes)
+        unknown = [name for name in changes if name not in BY_NAME]
+        if unknown:
+            raise TypeError(f"Layout has no field {unknown[0]!r}")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        new._canonicalise([_CHECKS_BY_NAME[name] for name in changes])
+        return new
 
     def to_flags(self) -> list[str]:
         """argv for `moe-autotune estimate` and `python -m trainers.megatron_moe` (same flags): every field."""
@@ -269,6 +292,9 @@ SEARCH_DIMENSIONS: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.searc
 # what a sweep varies unless its spec says otherwise (an opt-in dimension only when `free` names it)
 DEFAULT_FREE: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.searchable and not d.opt_in)
 PARALLEL_SIZES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.parallel)
+# what Layout._canonicalise runs per field: (name, the canonical values its dimension has seen, the dimension)
+_CHECKS: tuple[tuple[str, set, Dimension], ...] = tuple((d.name, d.seen_canonical, d) for d in DIMENSIONS)
+_CHECKS_BY_NAME = {check[0]: check for check in _CHECKS}
 
 
 def _legacy_recompute(data: dict[str, Any]) -> dict[str, Any]:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
-from search_spaces.breakdown import GIB, MemoryBreakdown, RankCounts
+from search_spaces.breakdown import GIB, MemoryBreakdown, RankCounts, peak_bytes
 from search_spaces.flops import padded_vocab_size
 from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
+from search_spaces.memo import HashOnce, Memo, fields
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 from search_spaces.routing import capacity_router_bytes, expert_load
@@ -37,6 +39,22 @@ GRAPH_SCOPE_BUFFER = 1.0 * GIB
 FULL_ITERATION_GRAPH_FACTOR = 0.5  # full-iteration graphs: +50% of the activations (notes: 1.5-2x peak)
 RUNTIME_OVERHEAD = 2.5 * GIB  # CUDA context, NCCL communicators, cuBLAS/TE workspaces (0 on cpu)
 ALLOCATOR_MARGIN = 0.05  # caching-allocator fragmentation, fraction of the rest (0 on cpu)
+
+# The layout fields the memoised terms read (search_spaces/memo.py): one microbatch's saved activations
+# through a chunk; what a pipeline rank holds beside them (parameters, microbatches in flight); the breakdown.
+# Neither reads the CP communication (extra_memory's buffers do) nor the EP overlap.
+CHUNK_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
+                "recompute", "recompute_method", "recompute_num_layers")
+RANK_HOLDS_FIELDS = CHUNK_FIELDS + ("pp", "vpp", "gbs")
+RANK_PARTS_FIELDS = RANK_HOLDS_FIELDS + ("distributed_optimizer",)
+MEMORY_FIELDS = RANK_PARTS_FIELDS + ("cuda_graphs", "optimizer_offload")
+_chunk_fields, _parts_fields, _memory_fields = (fields(*names) for names in (
+    CHUNK_FIELDS, RANK_PARTS_FIELDS, MEMORY_FIELDS))
+_CHUNK, _PARTS = Memo("chunk activations"), Memo("rank parts")
+_BREAKDOWN = Memo("memory breakdown")
+_CHUNK_KINDS, _PARAMS, _LAYER_PARAMS = Memo("chunk make-up by units"), Memo("rank params"), Memo("layer params")
+_SHAPE, _RANK_KINDS, _RANK_CHUNKS = Memo("rank shape"), Memo("chunk make-ups of a rank"), \
+    Memo("activations per chunk of a rank")
 
 
 def act_bytes(layout: Layout) -> int:
@@ -356,8 +374,13 @@ class RankParams:
 
 
 def rank_params(model: ModelSpec, layout: Layout, units: list[Unit]) -> RankParams:
-    """Dense (TP-sharded) and expert (EP*ETP-sharded) parameters held by the rank that holds `units`."""
-    return _rank_params(model, layout.tp, layout.ep, layout.etp, tuple(units))
+    """Dense (TP-sharded) and expert (EP*ETP-sharded) parameters held by the rank that holds `units` (kept per
+    units object, e.g. Placement.rank_units', and TP, EP, ETP)."""
+    by_sizes = _PARAMS.get_for((model,), units, dict)
+    sizes = (layout.tp, layout.ep, layout.etp)
+    if sizes not in by_sizes:
+        by_sizes[sizes] = _rank_params(model, *sizes, tuple(units))
+    return by_sizes[sizes]
 
 
 @lru_cache(maxsize=65536)
@@ -366,6 +389,7 @@ def _rank_params(model: ModelSpec, tp: int, ep: int, etp: int, units: tuple[Unit
     vocab = padded_vocab_size(model.vocab_size, tp)
     dense = expert = 0.0
     has_embedding = False
+    layer_params = _layer_params(model)
     for u in units:
         if u == EMBEDDING:
             dense += vocab * h / tp
@@ -373,15 +397,23 @@ def _rank_params(model: ModelSpec, tp: int, ep: int, etp: int, units: tuple[Unit
         elif u == LOSS:
             dense += h + (0 if model.tie_embeddings and has_embedding else vocab * h / tp)
         else:
-            norms = 2 * h + (model.router_params() if model.layer_is_moe(u.layer) else 0)  # not TP-sharded
-            dense += (model.dense_params_per_layer(u.layer) - norms) / tp + norms
-            if model.layer_is_moe(u.layer):
+            norms, layer_dense, moe = layer_params[u.layer]
+            dense += (layer_dense - norms) / tp + norms
+            if moe:
                 expert += model.expert_params_per_layer() / (ep * etp)
             if u.is_mtp:
                 dense += model.mtp_extra_params() / tp
     if any(u.is_mtp for u in units) and not has_embedding:
         dense += vocab * h / tp  # MTP needs the embedding on its stage
     return RankParams(dense, expert)
+
+
+def _layer_params(model: ModelSpec) -> list[tuple[int, int, bool]]:
+    """Per decoder and MTP layer: (norms and router: not TP-sharded, dense parameters, MoE), once per model."""
+    def layer(index: int) -> tuple[int, int, bool]:
+        moe = model.layer_is_moe(index)
+        return 2 * model.hidden_size + (model.router_params() if moe else 0), model.dense_params_per_layer(index), moe
+    return _LAYER_PARAMS.get((model,), None, lambda: [layer(i) for i in range(model.num_layers + model.mtp_layers)])
 
 
 # ---- the memory estimate ------------------------------------------------------------------------------
@@ -391,9 +423,13 @@ def inflight_per_chunk(layout: Layout, rank: int, microbatches: int) -> list[int
     1F1B: min(m, PP - rank). Interleaved: Megatron runs (PP-rank-1)*2 + (VPP-1)*PP warm-up forwards, then
     one more before the first backward; forwards go through the chunks in groups of PP microbatches.
     """
-    pp, vpp, m = layout.pp, layout.vpp, max(microbatches, 1)
+    return list(_inflight(layout.pp, layout.vpp, rank, max(microbatches, 1)))
+
+
+@lru_cache(maxsize=65536)
+def _inflight(pp: int, vpp: int, rank: int, m: int) -> tuple[int, ...]:
     if vpp == 1:
-        return [min(m, pp - rank)]
+        return (min(m, pp - rank),)
     remaining = min(m * vpp, (pp - rank - 1) * 2 + (vpp - 1) * pp + 1)
     counts = [0] * vpp
     group = 0
@@ -403,12 +439,29 @@ def inflight_per_chunk(layout: Layout, rank: int, microbatches: int) -> list[int
         counts[c] += add
         remaining -= add
         group += 1
-    return counts
+    return tuple(counts)
 
 
 def chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...], cpu: bool) -> float:
-    """Saved bytes of one microbatch through one model chunk, after recompute."""
-    return sum(chunk_activation_terms(model, layout, seq_len, units, cpu).values())
+    """Saved bytes of one microbatch through one model chunk, after recompute (memoised on CHUNK_FIELDS and the
+    chunk's make-up: chunks of different ranks and pipelines that hold the same kinds of layers share it)."""
+    return _chunk_sum(model, _chunk_fields(layout), chunk_kinds(model, units), layout, seq_len, units, cpu)
+
+
+def _chunk_sum(model: ModelSpec, fields_read: tuple, kinds: HashOnce, layout: Layout, seq_len: int,
+               units: tuple[Unit, ...], cpu: bool) -> float:
+    """chunk_activations, `fields_read` the layout's CHUNK_FIELDS and `kinds` the chunk's make-up (both found
+    once for all the chunks of a rank)."""
+    return _CHUNK.get((model,), (fields_read, seq_len, kinds, cpu),
+                      lambda: sum(chunk_activation_terms(model, layout, seq_len, units, cpu).values()))
+
+
+def chunk_kinds(model: ModelSpec, units: tuple[Unit, ...]) -> HashOnce:
+    """What chunk_activation_terms reads of `units`: each layer's attention kind, MoE and MTP, in order, and
+    whether the embedding and the loss are there (found by the units object's identity)."""
+    return _CHUNK_KINDS.get_for((model,), units, lambda: HashOnce((
+        tuple((model.attention_kind(u.layer), model.layer_is_moe(u.layer), u.is_mtp) for u in units if u.is_layer),
+        EMBEDDING in units, LOSS in units)))
 
 
 def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...],
@@ -429,9 +482,17 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
         else:  # block: the first n layers of the chunk are recomputed
             recomputed = min(n, len(layer_units))
             terms["recompute_inputs"] = recomputed * layer_input
+    # a layer's terms depend on its attention kind and whether it is MoE: computed once per kind (and added
+    # layer by layer, in order, as always)
+    saved_by_kind: dict[tuple[str, bool], dict[str, float]] = {}
     for i, u in enumerate(layer_units):
         if i >= recomputed:
-            for k, v in saved_terms(layer_activations(model, layout, seq_len, u.layer, cpu), layout).items():
+            kind = (model.attention_kind(u.layer), model.layer_is_moe(u.layer))
+            saved = saved_by_kind.get(kind)
+            if saved is None:
+                saved = saved_by_kind[kind] = saved_terms(layer_activations(model, layout, seq_len, u.layer, cpu),
+                                                          layout)
+            for k, v in saved.items():
                 terms[k] = terms.get(k, 0.0) + v
             if u.is_mtp:
                 terms["mtp"] = terms.get("mtp", 0.0) + mtp_activations(model, layout, seq_len)
@@ -445,17 +506,20 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
 def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout
                      ) -> MemoryBreakdown:
     """Memory components in bytes on the most loaded pipeline rank (the one with the highest peak); the CP
-    attention buffers and the host process are extra_memory's (0 here)."""
-    place = placement(model, layout.pp, layout.vpp)
-    if place is None:
-        raise ValueError("layout has no pipeline placement (check rules first)")
-    best: MemoryBreakdown | None = None
-    for rank in _candidate_ranks(place):
-        mem = _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank)
-        if best is None or mem.peak > best.peak:
-            best = mem
+    attention buffers and the host process are extra_memory's (0 here). Memoised on MEMORY_FIELDS."""
+    return _BREAKDOWN.get((model, gpu), (_memory_fields(layout), num_gpus, seq_len),
+                          lambda: _most_loaded(model, gpu, num_gpus, seq_len, layout))
+
+
+def _most_loaded(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> MemoryBreakdown:
+    best: tuple[float, RankMemory] | None = None
+    for parts in _ranks_parts(model, gpu, num_gpus, seq_len, layout):
+        mem = parts.memory(layout, gpu.is_cpu)
+        peak = peak_bytes(*mem[:8])
+        if best is None or peak > best[0]:
+            best = (peak, mem)
     assert best is not None
-    return best
+    return best[1].breakdown()
 
 
 def _candidate_ranks(place: Placement) -> list[int]:
@@ -466,11 +530,133 @@ def _candidate_ranks(place: Placement) -> list[int]:
     return sorted({0, 1, place.pp // 2, place.pp - 2, place.pp - 1})
 
 
-def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBreakdown:
+class RankHolds(NamedTuple):
+    """What a pipeline rank holds that its features beyond the activations' (graphs, offload, the optimizer's
+    sharding) do not change: parameters and the activations in flight."""
+    params: RankParams
+    per_microbatch: float  # saved activations of one microbatch through all the rank's chunks
+    activations: float  # every microbatch in flight, with full recompute's re-materialised group
+    head: float  # the output head's share
+    counts: RankCounts
+
+
+def rank_chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, place: Placement, rank: int,
+                           cpu: bool) -> list[float]:
+    """chunk_activations of each of the rank's chunks, in order (ranks whose chunks hold the same kinds of layers
+    share them: memoised on CHUNK_FIELDS and the chunks' make-ups)."""
+    units = place.rank_units(rank)
+    kinds = _RANK_KINDS.get_for((model,), units,
+                                lambda: HashOnce(chunk_kinds(model, c) for c in place.rank_stages(rank)))
+    key = _chunk_fields(layout)
+    return _RANK_CHUNKS.get((model,), (key, seq_len, cpu, kinds), lambda: [
+        _chunk_sum(model, key, chunk_kind, layout, seq_len, chunk, cpu)
+        for chunk_kind, chunk in zip(kinds, place.rank_stages(rank))])
+
+
+class RankShape(NamedTuple):
+    """What a pipeline rank holds whatever the activations' fields: its parameters, the microbatches in flight per
+    chunk, whether the output head is there, and these counted."""
+    params: RankParams
+    inflight: tuple[int, ...]
+    has_loss: bool
+    counts: RankCounts
+
+
+def _rank_shape(model: ModelSpec, layout: Layout, place: Placement, rank: int, microbatches: int) -> RankShape:
+    """Memoised on (TP, EP, ETP, PP, VPP, rank, microbatches)."""
+    def compute() -> RankShape:
+        chunks = place.rank_stages(rank)
+        params = rank_params(model, layout, place.rank_units(rank))
+        counts = _inflight(layout.pp, layout.vpp, rank, max(microbatches, 1))
+        held = RankCounts(pipeline_rank=rank, inflight_microbatches=sum(counts) / len(chunks),
+                          params_on_rank=params.dense + params.expert, dense_params_on_rank=params.dense,
+                          expert_params_on_rank=params.expert)
+        return RankShape(params, counts, any(LOSS in c for c in chunks), held)
+    return _SHAPE.get((model,), (layout.tp, layout.ep, layout.etp, layout.pp, layout.vpp, rank, microbatches), compute)
+
+
+def _rank_holds(model: ModelSpec, cpu: bool, num_gpus: int, seq_len: int, layout: Layout, place: Placement,
+                rank: int) -> RankHolds:
+    shape = _rank_shape(model, layout, place, rank, layout.grad_accum(num_gpus) or 1)
+    per_chunk = rank_chunk_activations(model, layout, seq_len, place, rank, cpu)
+    activations = sum(n * a for n, a in zip(shape.inflight, per_chunk))
+    if layout.recompute_granularity == "full":
+        # the recomputed group's activations are re-materialised during its backward
+        biggest = max((layer_saved_bytes(layer_activations(model, layout, seq_len, i, cpu), layout)
+                       for i in range(min(model.num_layers, 4))), default=0.0)
+        activations += biggest * min(layout.recompute_num_layers, 4)
+    head = head_activations(model, layout, seq_len, cpu) if shape.has_loss else 0.0
+    return RankHolds(shape.params, sum(per_chunk), activations, head, shape.counts)
+
+
+class RankParts(NamedTuple):
+    """What a pipeline rank's memory is before the features that only add to it (CUDA graphs, optimizer
+    offload): bytes of weights, gradients, optimizer states (all of them), the dispatcher's buffers, the
+    runtime, and what it holds."""
+    weights: float
+    gradients: float
+    optimizer: float
+    dispatcher: float
+    runtime: float
+    holds: RankHolds
+
+    def memory(self, layout: Layout, cpu: bool) -> RankMemory:
+        """The rank's components with the layout's CUDA graphs and optimizer offload."""
+        activations = self.holds.activations
+        offloaded = self.optimizer * layout.optimizer_offload
+        graphs = 0.0
+        if layout.cuda_graphs:
+            if "full_iteration" in layout.cuda_graphs:
+                graphs = FULL_ITERATION_GRAPH_FACTOR * activations
+            else:
+                graphs = GRAPH_SCOPE_BUFFER * len(layout.cuda_graphs)
+        base = self.weights + self.gradients + (self.optimizer - offloaded) + activations + self.dispatcher + graphs
+        margin = 0.0 if cpu else ALLOCATOR_MARGIN * base
+        return RankMemory(self.weights, self.gradients, self.optimizer - offloaded, activations, self.dispatcher,
+                          graphs, self.runtime, margin, offloaded, self.holds)
+
+
+class RankMemory(NamedTuple):
+    """One pipeline rank's memory components (bytes), the peak's first (breakdown.peak_bytes' order), before a
+    MemoryBreakdown is built for the most loaded rank."""
+    weights: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    dispatcher_buffers: float
+    cuda_graphs: float
+    runtime_overhead: float
+    allocator_margin: float
+    offloaded_to_host: float
+    holds: RankHolds
+
+    def breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(weights=self.weights, gradients=self.gradients, optimizer_states=self.optimizer_states,
+                               activations=self.activations, dispatcher_buffers=self.dispatcher_buffers,
+                               cuda_graphs=self.cuda_graphs, runtime_overhead=self.runtime_overhead,
+                               allocator_margin=self.allocator_margin,
+                               activations_per_microbatch=self.holds.per_microbatch,
+                               embedding_logits=self.holds.head, offloaded_to_host=self.offloaded_to_host,
+                               counts=self.holds.counts)
+
+
+def _ranks_parts(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout
+                 ) -> tuple[RankParts, ...]:
+    """The parts of every pipeline rank that can be the most loaded (memoised on RANK_PARTS_FIELDS: a space's
+    candidates of one grid and recompute differ in graphs and offload)."""
+    def compute() -> tuple[RankParts, ...]:
+        place = placement(model, layout.pp, layout.vpp)
+        if place is None:
+            raise ValueError("layout has no pipeline placement (check rules first)")
+        return tuple(_rank_parts(model, gpu, num_gpus, seq_len, layout, place, rank)
+                     for rank in _candidate_ranks(place))
+    return _PARTS.get((model, gpu), (_parts_fields(layout), num_gpus, seq_len), compute)
+
+
+def _rank_parts(model, gpu, num_gpus, seq_len, layout, place, rank) -> RankParts:
     cpu = gpu.is_cpu
-    chunks = place.rank_stages(rank)
-    units = [u for c in chunks for u in c]
-    params = rank_params(model, layout, units)
+    holds = _rank_holds(model, cpu, num_gpus, seq_len, layout, place, rank)
+    params = holds.params
     wb = weight_bytes(layout)
     fp8 = gemm_input_bytes(layout) == 1
     weights = (params.dense + params.expert) * (wb + (1 if fp8 else 0))
@@ -482,47 +668,26 @@ def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBr
         opt = opt_per_param * (params.dense / (dp * layout.cp) + params.expert / edp)
     else:
         opt = opt_per_param * (params.dense + params.expert)
-    offloaded = opt * layout.optimizer_offload
-    per_chunk = [chunk_activations(model, layout, seq_len, c, cpu) for c in chunks]
-    per_microbatch = sum(per_chunk)
-    m = layout.grad_accum(num_gpus) or 1
-    counts = inflight_per_chunk(layout, rank, m)
-    activations = sum(n * a for n, a in zip(counts, per_chunk))
-    inflight = sum(counts)
-    if layout.recompute_granularity == "full":
-        # the recomputed group's activations are re-materialised during its backward
-        biggest = max((layer_saved_bytes(layer_activations(model, layout, seq_len, i, cpu), layout)
-                       for i in range(min(model.num_layers, 4))), default=0.0)
-        activations += biggest * min(layout.recompute_num_layers, 4)
-    head = head_activations(model, layout, seq_len, cpu) if any(LOSS in c for c in chunks) else 0.0
+    dispatcher = _dispatcher_bytes(model, gpu, layout, seq_len) if model.is_moe else 0.0
+    return RankParts(weights, gradients, opt, dispatcher, 0.0 if cpu else RUNTIME_OVERHEAD, holds)
+
+
+def _rank_memory(model, gpu, num_gpus, seq_len, layout, place, rank) -> MemoryBreakdown:
+    return _rank_parts(model, gpu, num_gpus, seq_len, layout, place, rank).memory(layout, gpu.is_cpu).breakdown()
+
+
+def _dispatcher_bytes(model: ModelSpec, gpu: GPUSpec, layout: Layout, seq_len: int) -> float:
+    """The MoE dispatcher's buffers on a rank."""
+    cpu = gpu.is_cpu
     t = layout.mbs * seq_len / layout.cp
     tsp = t / layout.tp if layout.sp else t
-    dispatcher = 0.0
-    if model.is_moe:
-        if layout.dispatcher == "hybridep" and not cpu:
-            dispatcher = hybridep_buffer_bytes(model, gpu, layout, tsp)
-        elif layout.dispatcher in DISPATCHER_BUFFER and not cpu:
-            dispatcher = DISPATCHER_BUFFER[layout.dispatcher]
-        elif layout.dispatcher == "allgather":
-            dispatcher = tsp * layout.ep * layout.tp * model.hidden_size * act_bytes(layout)
-        else:  # alltoall: permuted send and receive buffers, transient
-            dispatcher = 2 * tsp * model.topk * model.hidden_size * act_bytes(layout)
-    graphs = 0.0
-    if layout.cuda_graphs:
-        if "full_iteration" in layout.cuda_graphs:
-            graphs = FULL_ITERATION_GRAPH_FACTOR * activations
-        else:
-            graphs = GRAPH_SCOPE_BUFFER * len(layout.cuda_graphs)
-    runtime = 0.0 if cpu else RUNTIME_OVERHEAD
-    base = weights + gradients + (opt - offloaded) + activations + dispatcher + graphs
-    margin = 0.0 if cpu else ALLOCATOR_MARGIN * base
-    counts = RankCounts(pipeline_rank=rank, inflight_microbatches=inflight / len(chunks),
-                        params_on_rank=params.dense + params.expert, dense_params_on_rank=params.dense,
-                        expert_params_on_rank=params.expert)
-    return MemoryBreakdown(weights=weights, gradients=gradients, optimizer_states=opt - offloaded,
-                           activations=activations, dispatcher_buffers=dispatcher, cuda_graphs=graphs,
-                           runtime_overhead=runtime, allocator_margin=margin, activations_per_microbatch=per_microbatch,
-                           embedding_logits=head, offloaded_to_host=offloaded, counts=counts)
+    if layout.dispatcher == "hybridep" and not cpu:
+        return hybridep_buffer_bytes(model, gpu, layout, tsp)
+    if layout.dispatcher in DISPATCHER_BUFFER and not cpu:
+        return DISPATCHER_BUFFER[layout.dispatcher]
+    if layout.dispatcher == "allgather":
+        return tsp * layout.ep * layout.tp * model.hidden_size * act_bytes(layout)
+    return 2 * tsp * model.topk * model.hidden_size * act_bytes(layout)  # alltoall: send and receive, transient
 
 
 def rank_memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,

@@ -7,7 +7,6 @@ path of any local config.json. Normalisation follows the field mappings Megatron
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -16,9 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError,
                       model_validator)
 
+from search_spaces.bounded import read_json
 from search_spaces.errors import SpecError
-from search_spaces.inputs import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_MTP_LAYERS, check_size,
-                                  read_text_file)
+from search_spaces.inputs import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_MTP_LAYERS, check_size, excerpt
 from search_spaces.pydantic_line import one_line
 
 CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
@@ -404,33 +403,10 @@ def _flag(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
 
-def _too_deep(value: Any, limit: int = MAX_CONFIG_DEPTH) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return False
-
-
 def _read_config(path: Path) -> dict:
-    """A config.json as a dict: at most 1 MiB of UTF-8 JSON, an object, nested at most 64 levels."""
-    text = read_text_file(path, "model config")
-    try:
-        cfg = json.loads(text)
-    except RecursionError:
-        cfg = None
-        deep = True
-    except ValueError as exc:
-        raise SpecError(f"model config {str(path)!r} is not valid JSON ({exc})") from None
-    else:
-        deep = _too_deep(cfg)
-    if deep:
-        raise SpecError(f"model config {str(path)!r} is nested too deep (more than {MAX_CONFIG_DEPTH} levels)")
+    """A config.json as a dict: at most 1 MiB of UTF-8 JSON, an object, within search_spaces.bounded's bounds
+    (nested at most MAX_CONFIG_DEPTH levels, integers of at most 64 digits, each key once)."""
+    cfg = read_json(path, "model config", max_depth=MAX_CONFIG_DEPTH)
     if not isinstance(cfg, dict):
         raise SpecError(f"model config {str(path)!r} is not a JSON object")
     return cfg
@@ -445,7 +421,8 @@ def _load_cached(name_or_path: str) -> ModelSpec:
         if candidate.is_dir():
             candidate = candidate / "config.json"
         if not candidate.exists():
-            raise SpecError(f"unknown model {name_or_path!r}; known: {', '.join(MODEL_NAMES)} (or a config.json path)")
+            raise SpecError(f"unknown model {excerpt(name_or_path, 100)}; known: {', '.join(MODEL_NAMES)} (or a "
+                            "config.json path)")
         path = candidate
         name = candidate.parent.name if candidate.name == "config.json" else candidate.stem
     return from_hf_config(_read_config(path), name, source=str(path))

@@ -16,7 +16,7 @@ Virtual stage v lives on pipeline rank v % PP (interleaved schedule), as in Mega
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 from search_spaces.models import ModelSpec
@@ -65,11 +65,20 @@ class Placement:
         """The VPP model chunks held by pipeline rank `rank`."""
         return [self.stages[c * self.pp + rank] for c in range(self.vpp)]
 
-    def rank_units(self, rank: int) -> list[Unit]:
-        return [u for stage in self.rank_stages(rank) for u in stage]
+    def rank_units(self, rank: int) -> tuple[Unit, ...]:
+        """Every unit pipeline rank `rank` holds, chunk after chunk (one tuple per rank, kept: the cost model's
+        memoised terms know a rank's units by this object)."""
+        kept = self.__dict__.setdefault("_rank_units", {})  # not a field: frozen, compared by its stages
+        if rank not in kept:
+            kept[rank] = tuple(u for stage in self.rank_stages(rank) for u in stage)
+        return kept[rank]
 
     def layout_string(self) -> str:
         """Megatron's pipeline_model_parallel_layout syntax (E, t, m, L; '|' between virtual stages)."""
+        return self._layout_string
+
+    @cached_property
+    def _layout_string(self) -> str:
         return "|".join("".join(u.kind for u in stage) for stage in self.stages)
 
     def max_layers_per_stage(self) -> int:

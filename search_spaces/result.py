@@ -74,7 +74,9 @@ class TrialResult:
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> "TrialResult":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        from search_spaces.bounded import read_json  # a trainer's file: bounded like every file read
+
+        return cls.from_dict(read_json(path, "trial result", limit=16 << 20))
 
     @property
     def loss_finite(self) -> bool:

@@ -64,7 +64,10 @@ class Rule:
     test: RuleTest
 
     def __call__(self, situation: Situation) -> list[Violation]:
-        found = self.test(situation)
+        return self.violations(self.test(situation))
+
+    def violations(self, found: "str | list[str] | None") -> list[Violation]:
+        """The violations of what the test found (none when it found nothing)."""
         if not found:
             return []
         return [Violation(self.name, reason) for reason in ([found] if isinstance(found, str) else found)]
@@ -89,7 +92,12 @@ def rule(name: str, *, why: str, reads: Iterable[str], level: str | None = None)
 def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> list[Violation]:
     """Every rule the layout breaks for this model, GPU, world size and sequence length."""
     situation = Situation(model, gpu, num_gpus, seq_len, layout)
-    return [v for r in REGISTRY for v in r(situation)]
+    out: list[Violation] = []
+    for r in REGISTRY:
+        found = r.test(situation)
+        if found:  # (not r(situation): one call less per rule kept, and space checks tens of thousands)
+            out += r.violations(found)
+    return out
 
 
 def is_legal(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> bool:

@@ -19,19 +19,20 @@ import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 from search_spaces.breakdown import GIB
 from search_spaces.calibration_file import Calibration
-from search_spaces.costmodel import Estimate, estimate
+from search_spaces.costmodel import estimate, peak_memory_gib, tokens_per_sec_per_gpu
 from search_spaces.errors import SpecError
-from search_spaces.extra_memory import cp_attention_buffers
+from search_spaces.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
 from search_spaces.layout import BY_NAME, DIMENSIONS, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
 from search_spaces.models import ModelSpec, load_model
-from search_spaces.rules import (LEVELS, RULES, check, hierarchical_cp_violation, level_reads,
-                                  level_rules)
+from search_spaces.rules import (LEVELS, REGISTRY, RULES, Situation, check, hierarchical_cp_violation,
+                                  level_reads, level_rules)
 
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -254,10 +255,13 @@ class _FeatureTable:
     """Legal feature combinations per class of grid. The feature rules depend on CP > 1 and on whether a2a can
     split the heads; the CP hierarchy (the last rule) on TP and CP, so it is expanded per (TP, CP)."""
 
-    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions):
+    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions, base: "_FeatureTable | None" = None):
+        """`base`: a table of the same space whose combinations (keyed by every grid field the feature rules
+        read) this one shares."""
         self.model, self.gpu, self.num_gpus, self.seq_len, self.dims = model, gpu, num_gpus, seq_len, dims
-        self._base: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
+        self._base: dict[tuple, tuple[list[dict], dict[str, int]]] = base._base if base else {}
         self._cache: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
+        self._groups: dict[tuple, list[list[dict]]] = {}
 
     def get(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
         key = (grid["tp"], grid["cp"])
@@ -281,26 +285,105 @@ class _FeatureTable:
         """Every combination of the features but the hierarchy, checked by every rule but the hierarchy's."""
         key = tuple(grid[f] for f in _FEATURE_READS)
         if key not in self._base:
-            legal, rejected = [], {}
-            v = self.dims.values
-            extra = {k: v[k][0] for k in ("sequence_parallel", "recompute_method", "recompute_num_layers") if k in v}
-            fields = [f for f in FEATURE_FIELDS if f != "hierarchical_cp"]
-            for combo in itertools.product(*(v[f] for f in fields)):
-                feats = dict(zip(fields, combo))
-                if grid["cp"] == 1 and feats["cp_comm_type"] != v["cp_comm_type"][0]:
-                    # cp_comm_type is meaningless without CP: keep one value
-                    rejected["cp_comm_unused"] = rejected.get("cp_comm_unused", 0) + 1
-                    continue
-                layout = _layout({**grid, **feats, **extra})
-                found = [x for x in check(self.model, self.gpu, self.num_gpus, self.seq_len, layout)
-                         if x.rule != "hierarchical_cp"]
-                rule = _first(found, RULES)
-                if rule:
-                    rejected[rule] = rejected.get(rule, 0) + 1
-                else:
-                    legal.append({**feats, **extra})
-            self._base[key] = (legal, rejected)
+            self._base[key] = _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims, grid).run()
         return self._base[key]
+
+    def groups(self, grid: dict[str, Any]) -> list[list[dict]]:
+        """_greedy_features of the grid's legal features (they depend on its (TP, CP) class alone)."""
+        key = (grid["tp"], grid["cp"])
+        if key not in self._groups:
+            self._groups[key] = list(_greedy_features(self.get(grid)[0], self.dims, self.gpu))
+        return self._groups[key]
+
+
+class _FeatureWalk:
+    """The legal feature combinations of one grid (all but the CP hierarchy) in itertools.product order, and the
+    combinations each rule rejects, counted under the first rule (in RULES order) each breaks.
+
+    A rule's verdict depends only on the fields it reads (rules.Rule.reads): it is decided once per distinct
+    value of the features it reads, at the depth of the product where the last of them is set, and a subtree
+    whose first broken rule no deeper rule can precede is counted whole. Combinations that set cp_comm_type
+    without CP are `cp_comm_unused`, never checked."""
+
+    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions, grid: dict[str, Any]):
+        v = dims.values
+        self.situation = (model, gpu, num_gpus, seq_len)
+        self.extra = {k: v[k][0] for k in ("sequence_parallel", "recompute_method", "recompute_num_layers") if k in v}
+        self.names = [f for f in FEATURE_FIELDS if f != "hierarchical_cp"]
+        self.values = [v[f] for f in self.names]
+        # unset features take their first value: no rule decided at that depth reads them
+        self.base = {**grid, **{f: vals[0] for f, vals in zip(self.names, self.values)}, **self.extra}
+        depth = len(self.names)
+        # per depth: (index, rule, the features it reads, a reader of their values off the combination)
+        self.rules_at: list[list[tuple[int, Any, tuple[int, ...], Any]]] = [[] for _ in range(depth + 1)]
+        for index, r in enumerate(REGISTRY):
+            if r.name != "hierarchical_cp":
+                reads = tuple(sorted(self.names.index(f) for f in r.reads if f in self.names))
+                reader = itemgetter(*reads) if reads else (lambda combo: ())
+                self.rules_at[reads[-1] + 1 if reads else 0].append((index, r, reads, reader))
+        self.first_below = [min((rule[0] for level in self.rules_at[d + 1:] for rule in level),
+                                default=len(REGISTRY)) for d in range(depth + 1)]
+        self.leaves = [math.prod(len(vals) for vals in self.values[d:]) for d in range(depth + 1)]
+        self.cpc = self.names.index("cp_comm_type")
+        self.cp_unused = grid["cp"] == 1  # cp_comm_type is meaningless without CP: only its first value is kept
+        self.verdicts: dict[tuple, bool] = {}
+        self.combo: list[Any] = [None] * depth
+        self.legal: list[dict] = []
+        self.rejected: dict[str, int] = {}
+
+    def run(self) -> tuple[list[dict], dict[str, int]]:
+        self._walk(0, len(REGISTRY))
+        return self.legal, self.rejected
+
+    def _walk(self, depth: int, first: int) -> None:
+        first = self._first_broken(depth, first)
+        if first < self.first_below[depth]:  # decided for every combination below
+            self._reject(depth, first)
+            return
+        last = len(self.names) - 1
+        for n, value in enumerate(self.values[depth]):
+            if depth == self.cpc and self.cp_unused and n > 0:
+                self._count("cp_comm_unused", self.leaves[depth + 1])
+                continue
+            self.combo[depth] = value
+            if depth < last:
+                self._walk(depth + 1, first)
+            else:  # a whole combination (inline: one call less per combination)
+                broken = self._first_broken(depth + 1, first)
+                if broken < len(REGISTRY):
+                    self._count(REGISTRY[broken].name, 1)
+                else:
+                    self.legal.append({**dict(zip(self.names, self.combo)), **self.extra})
+
+    def _first_broken(self, depth: int, first: int) -> int:
+        """The first rule (its index; `first` if none before it) the rules decided at `depth` add."""
+        for index, r, reads, reader in self.rules_at[depth]:
+            if index < first:
+                key = (index, reader(self.combo))
+                broken = self.verdicts.get(key)
+                if broken is None:
+                    broken = self.verdicts[key] = self._broken(r, reads)
+                if broken:
+                    first = index
+        return first
+
+    def _reject(self, depth: int, first: int) -> None:
+        """Count the combinations below `depth` under rule `first` (those that set cp_comm_type without CP are
+        cp_comm_unused: they come after the first, which keeps its first value, in product order)."""
+        n = self.leaves[depth]
+        unused = n // len(self.values[self.cpc]) * (len(self.values[self.cpc]) - 1) \
+            if self.cp_unused and depth <= self.cpc else 0
+        self._count(REGISTRY[first].name, n - unused)
+        if unused:
+            self._count("cp_comm_unused", unused)
+
+    def _count(self, rule: str, n: int) -> None:
+        self.rejected[rule] = self.rejected.get(rule, 0) + n
+
+    def _broken(self, r: Any, reads: tuple[int, ...]) -> bool:
+        """Whether rule `r` refuses the combination's values of the features it reads (the others at their first)."""
+        layout = _layout({**self.base, **{self.names[i]: self.combo[i] for i in reads}})
+        return bool(r.test(Situation(*self.situation, layout)))
 
 
 def _resolve(model, gpu, num_gpus, seq_len):
@@ -335,9 +418,10 @@ def count_space(model, gpu, num_gpus, seq_len, fixed=None, gbs=None, free: Itera
     return _count(model, gpu, num_gpus, seq_len, dims)[0]
 
 
-def _count(model, gpu, num_gpus, seq_len, dims) -> tuple[SpaceCount, list[dict]]:
+def _count(model, gpu, num_gpus, seq_len, dims, table: _FeatureTable | None = None
+           ) -> tuple[SpaceCount, list[dict]]:
     count = SpaceCount(total=dims.size())
-    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    table = table or _FeatureTable(model, gpu, num_gpus, seq_len, dims)
     grids = []
     for grid in iter_grids(model, gpu, num_gpus, seq_len, dims, count):
         legal, rejected = table.get(grid)
@@ -368,25 +452,40 @@ def _floor(model: ModelSpec, cpu: bool, pp: int, vpp: int, tp: int, ep: int, etp
 
 @dataclass
 class Exploration:
+    """What `explore` found: the space counted, and the fastest fitting layouts among those it estimated."""
     legal_count: int
+    """Legal layouts of the space."""
     fitting_count: int
+    """Layouts estimated to fit (a lower bound of all fitting members)."""
     rejected_by_rule: dict[str, int]
+    """Layouts rejected, per the first rule each breaks."""
     total: int
+    """Every combination of the dimensions."""
     top: list[dict[str, Any]]
+    """The fastest fitting layouts, fastest first: layout, key and prediction."""
     grids: int
+    """Legal parallel grids."""
     estimated: int
+    """Layouts whose memory was estimated."""
     seconds: float
+    """Wall time of the exploration (the one figure that depends on the machine)."""
     gbs: int
+    """The global batch of the space."""
+    grids_ranked: int = 0
+    """Grids whose layouts were estimated, in rule-of-thumb order (max_grids at most)."""
+    cut_short: bool = False
+    """The time budget (budget_s) ran out before `grids_ranked` reached max_grids or the grids that can fit: the
+    ranking depends on the machine's speed (a count, max_grids, does not)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"legal_count": self.legal_count, "fitting_count": self.fitting_count,
                 "rejected_by_rule": dict(sorted(self.rejected_by_rule.items())), "total": self.total,
                 "legal_grids": self.grids, "estimated": self.estimated, "seconds": round(self.seconds, 3),
-                "gbs": self.gbs, "top": self.top}
+                "gbs": self.gbs, "top": self.top, "grids_ranked": self.grids_ranked, "cut_short": self.cut_short}
 
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
-            gbs: int | None = None, top: int = 10, budget_s: float = 30.0,
+            gbs: int | None = None, top: int = 10, budget_s: float | None = None,
             max_grids: int | None = 1200, cal: Calibration | None = None, free: Iterable[str] = ()) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
@@ -395,70 +494,97 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     offload that fit; `cal` is the calibration the cost model uses (default: the packaged one); `free` names the
     opt-in dimensions it varies; `fitting_count` counts the layouts estimated to fit (a lower bound
     of all fitting members: the full space is counted, not fully estimated). Estimates the first `max_grids`
-    grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed), with
-    budget_s as a safety net.
+    grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed); `budget_s`,
+    when given, is a user's safety net in seconds: where it stops the ranking early, `cut_short` says so.
     """
     started = time.perf_counter()
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
     dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
-    count, grids = _count(model, gpu, num_gpus, seq_len, dims)
-    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
-    # cheap ordering: fewest hopeless first; prefer grids whose static floor fits, then more DP (rule of thumb 2)
-    scored = []
-    for g in grids:
-        floor = _static_floor_gib(model, gpu, g)
-        if floor > gpu.memory_gib:
-            continue
-        scored.append((_priority(g, model, gpu, num_gpus, seq_len, floor), g))
-    scored = [g for _, g in sorted(scored, key=lambda x: x[0])]
-    results: list[Estimate] = []
+    counted = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    count, grids = _count(model, gpu, num_gpus, seq_len, dims, counted)
+    scored = _ranked_grids(model, gpu, num_gpus, seq_len, grids)
+    # a table of its own: get() keeps one list per (TP, CP), of the first grid asked, here in ranking order
+    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
+    found: list[tuple[float, Layout]] = []  # the first fitting candidate of each group and its tokens/s/GPU
     fitting = 0
     estimated = 0
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     probe = _PeakProbe(model, gpu, num_gpus, seq_len, cal)
-    for n, grid in enumerate(scored):
-        if time.perf_counter() - started > budget_s or (max_grids is not None and n >= max_grids):
+    limit = len(scored) if max_grids is None else min(max_grids, len(scored))
+    cut_short = False
+    for n, grid in enumerate(scored[:limit]):
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            cut_short, limit = True, n
             break
-        legal = table.get(grid)[0]
-        for group in _greedy_features(legal, dims, grid, gpu):
+        for group in table.groups(grid):
             for feats in group:
-                layout = _layout({**grid, **feats})
-                key = layout.key()
+                values = {**grid, **feats}
+                key = tuple(values.values())  # every candidate's fields in one order: the layout's identity
                 if key in seen:
                     continue
                 seen.add(key)
                 estimated += 1
-                if probe.fits(layout):
+                if probe.fits(values):
                     fitting += 1
-                    results.append(estimate(model, gpu, num_gpus, seq_len, layout, cal=cal))
+                    layout = _layout(values)
+                    found.append((tokens_per_sec_per_gpu(model, gpu, num_gpus, seq_len, layout, cal), layout))
                     break  # lighter recompute / no offload fits: heavier ones only cost time
-    results.sort(key=lambda e: -(e.tokens_per_sec_per_gpu or 0))
+    found.sort(key=lambda f: -f[0])  # stable: equal throughputs keep the order they were found in
     top_rows = []
-    for est in results[:top]:
+    for _, layout in found[:top]:  # estimated whole: the figures each row shows
+        est = estimate(model, gpu, num_gpus, seq_len, layout, cal=cal)
         top_rows.append({"layout": dict(est.layout), "key": Layout.from_dict(est.layout).key(),
                          "prediction": {k: getattr(est, k) for k in TOP_PREDICTION}})
     return Exploration(legal_count=count.legal, fitting_count=fitting, rejected_by_rule=count.rejected_by_rule,
                        total=count.total, top=top_rows, grids=len(grids), estimated=estimated,
-                       seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0])
+                       seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0], grids_ranked=limit,
+                       cut_short=cut_short)
+
+
+def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, grids: list[dict]) -> list[dict]:
+    """The grids whose static floor can fit, in the order they are estimated (cheap first: _priority)."""
+    floors: dict[tuple, float] = {}
+    scored = []
+    for g in grids:
+        sizes = (g["pp"], g["vpp"], g["tp"], g["ep"], g["etp"])
+        if sizes not in floors:
+            floors[sizes] = _static_floor_gib(model, gpu, g)
+        if floors[sizes] > gpu.memory_gib:
+            continue
+        scored.append((_priority(g, model, gpu, num_gpus, seq_len, floors[sizes]), g))
+    return [g for _, g in sorted(scored, key=lambda x: x[0])]
 
 
 class _PeakProbe:
     """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.extra_memory), so
-    the rest of the peak is estimated once per layout-but-its-CP-communication."""
+    the rest of the peak is estimated once per layout-but-its-CP-communication (with p2p CP: an illegal one has
+    no peak), the buffers once per value of extra_memory.CP_BUFFER_FIELDS. A candidate is a dict of layout
+    fields (every candidate has the same ones, in the same order)."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: Calibration | None):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
-        self._rest: dict[Layout, float] = {}
+        self._rest: dict[tuple, float] = {}
+        self._buffers: dict[tuple, float] = {}
+        self._memory_key: Any = None  # the candidate's fields but its CP communication (set at the first call)
+        self._buffer_key = itemgetter(*CP_BUFFER_FIELDS)
 
-    def _buffers(self, layout: Layout) -> float:
-        return cp_attention_buffers(self.model, layout, self.seq_len, self.gpu.is_cpu) / GIB
+    def fits(self, values: dict[str, Any]) -> bool:
+        if self._memory_key is None:
+            self._memory_key = itemgetter(*(f for f in values if f not in ("cp_comm_type", "hierarchical_cp")))
+        key = self._memory_key(values)
+        rest = self._rest.get(key)
+        if rest is None:
+            plain = {**values, "cp_comm_type": "p2p", "hierarchical_cp": ()} if values["cp"] > 1 else values
+            peak = peak_memory_gib(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(plain), self.cal)
+            rest = self._rest[key] = (peak or float("inf")) - self._buffer_gib(plain)
+        return rest + self._buffer_gib(values) <= self.gpu.memory_gib
 
-    def fits(self, layout: Layout) -> bool:
-        plain = layout.replace(cp_comm_type="p2p", hierarchical_cp=()) if layout.cp > 1 else layout
-        if plain not in self._rest:
-            est = estimate(self.model, self.gpu, self.num_gpus, self.seq_len, plain, with_time=False, cal=self.cal)
-            self._rest[plain] = (est.peak_memory_gib or float("inf")) - self._buffers(plain)
-        return self._rest[plain] + self._buffers(layout) <= self.gpu.memory_gib
+    def _buffer_gib(self, values: dict[str, Any]) -> float:
+        key = self._buffer_key(values)
+        if key not in self._buffers:
+            layout = _layout(values)
+            self._buffers[key] = cp_attention_buffers(self.model, layout, self.seq_len, self.gpu.is_cpu) / GIB
+        return self._buffers[key]
 
 
 def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, floor: float) -> tuple:
@@ -469,11 +595,11 @@ def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: i
             -(num_gpus // (g["tp"] * g["cp"] * g["pp"])), g["vpp"] == 1 and g["pp"] > 2, g["pp"], g["tp"])
 
 
-def _greedy_features(legal: list[dict], dims: Dimensions, grid: dict, gpu: GPUSpec) -> Iterator[list[dict]]:
-    """Feature combos to try on one grid, one group per routing and CP communication (cp_comm_type and hierarchy)
-    of the grid: fastest precision, the dispatcher the rules of thumb name (among those the routing allows),
-    lightest recompute first and no offload before offload within a group (the caller stops a group at the first
-    that fits)."""
+def _greedy_features(legal: list[dict], dims: Dimensions, gpu: GPUSpec) -> Iterator[list[dict]]:
+    """Feature combos to try on a grid with these legal features, one group per routing and CP communication
+    (cp_comm_type and hierarchy) of the grid: fastest precision, the dispatcher the rules of thumb name (among
+    those the routing allows), lightest recompute first and no offload before offload within a group (the caller
+    stops a group at the first that fits)."""
     v = dims.values
     prec = v["precision"][-1]  # bf16 < fp8 family; fp32 < bf16 on cpu
     rc_order = {r: i for i, r in enumerate(v["recompute"])}

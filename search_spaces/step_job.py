@@ -15,7 +15,8 @@ from search_spaces.calibration_file import Calibration
 from search_spaces.hardware import GPUSpec
 from search_spaces.launch_overhead import LayerBusy
 from search_spaces.layout import Layout
-from search_spaces.memory import act_bytes, chunk_activations
+from search_spaces.memo import Memo, fields
+from search_spaces.memory import CHUNK_FIELDS, act_bytes, rank_chunk_activations
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import Placement, Unit, placement
 
@@ -25,6 +26,13 @@ FWD_BWD_FLOPS_PER_MAC = 6.0  # 2 FLOPs per multiply-add x 3 GEMMs (forward, data
 # sequence parallel: all-gather before and reduce-scatter after attention and MLP in the forward (4 per layer),
 # mirrored in the backward (4)
 SP_COLLECTIVES_PER_LAYER = 8
+
+# the layout fields memoised terms read (search_spaces/memo.py): the routed load (routing.expert_load at the
+# microbatch's tokens per rank) and the activation passes (memory.py's activations without recompute)
+EXPERT_LOAD_FIELDS = ("routing", "ep", "etp", "tp", "cp", "mbs", "sequence_parallel")
+PASSES_FIELDS = tuple(f for f in CHUNK_FIELDS if not f.startswith("recompute")) + ("pp", "vpp")
+_expert_load_fields, passes_key = fields(*EXPERT_LOAD_FIELDS), fields(*PASSES_FIELDS)
+_EXPERT_LOAD, _PASSES, _CENSUS = Memo("expert load"), Memo("activation passes"), Memo("unit census")
 
 
 class RankCompute(NamedTuple):
@@ -133,11 +141,13 @@ class Job:
 
     @property
     def expert_load(self) -> float:
-        """The busiest EP rank's routed token copies over the balanced share, for the layout's routing."""
+        """The busiest EP rank's routed token copies over the balanced share, for the layout's routing
+        (memoised on EXPERT_LOAD_FIELDS)."""
         from search_spaces.routing import expert_load
 
-        L = self.layout
-        return expert_load(self.model, L, self.tokens_rank / L.tp if L.sp else self.tokens_rank, self.gpu.is_cpu)
+        L, cpu = self.layout, self.gpu.is_cpu
+        return _EXPERT_LOAD.get((self.model,), (_expert_load_fields(L), self.seq_len, cpu), lambda: expert_load(
+            self.model, L, self.tokens_rank / L.tp if L.sp else self.tokens_rank, cpu))
 
     @property
     def dp(self) -> int:
@@ -157,8 +167,26 @@ def split_traffic_time(volume: float, scaleout_share: float, nvlink_bw: float, s
     return volume * ((1 - scaleout_share) / nvlink_bw + scaleout_share / scaleout_bw)
 
 
+class UnitCensus(NamedTuple):
+    """What the step-time terms count over a rank's units (counted once per units object: census())."""
+    layers: int
+    """Transformer layers (decoder and MTP)."""
+    moe: int
+    """Of them MoE layers."""
+    kinds: tuple[str, ...]
+    """Each layer's attention kind, in order."""
+
+
+def census(model: ModelSpec, units) -> UnitCensus:
+    """The census of `units` (a pipeline rank's, Placement.rank_units: one object per rank, so a lookup by
+    identity)."""
+    return _CENSUS.get_for((model,), units, lambda: UnitCensus(
+        sum(1 for u in units if u.is_layer), sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer)),
+        tuple(model.attention_kind(u.layer) for u in units if u.is_layer)))
+
+
 def moe_layers(model: ModelSpec, units) -> int:
-    return sum(1 for u in units if u.is_layer and model.layer_is_moe(u.layer))
+    return census(model, units).moe
 
 
 def attention_peak(job: Job) -> float:
@@ -169,7 +197,11 @@ def attention_peak(job: Job) -> float:
 
 def activation_passes_time(job: Job, rank: int, cpu_trainer: bool, passes: float) -> float:
     """Norms, RoPE, residuals, casts: `passes` over every activation the rank's chunks produce (before recompute),
-    as memory.py counts them for the GPU trainer or (cpu_trainer) for the CPU trainer's own layers."""
-    plain = job.layout.replace(recompute="none")
-    acts = sum(chunk_activations(job.model, plain, job.seq_len, c, cpu_trainer) for c in job.place.rank_stages(rank))
-    return passes * acts / job.hbm
+    as memory.py counts them for the GPU trainer or (cpu_trainer) for the CPU trainer's own layers (memoised on
+    PASSES_FIELDS)."""
+    def compute() -> float:
+        plain = job.layout.replace(recompute="none")
+        acts = sum(rank_chunk_activations(job.model, plain, job.seq_len, job.place, rank, cpu_trainer))
+        return passes * acts / job.hbm
+    return _PASSES.get((job.model, job.gpu), (passes_key(job.layout), job.seq_len, rank, cpu_trainer, passes),
+                       compute)

@@ -59,14 +59,27 @@ from search_spaces.memory import RankParams, grad_bytes, rank_params, weight_byt
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Unit, model_units
 from search_spaces.launch_overhead import LayerBusy
+from search_spaces.memo import Memo, fields
 from search_spaces.step_job import (FWD_AND_BWD, FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
-                                    StepTimeTerms, moe_layers, precision_class, split_traffic_time)
+                                    StepTimeTerms, census, precision_class, split_traffic_time)
 
 # the cost terms of each accelerator family (hardware.FAMILIES)
 TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_TERMS) for family in terms.families}
 
 # GPUs whose GEMM efficiencies are another's (the same chip)
 CALIBRATION_ALIASES = {"h200": "h100"}
+
+# the layout fields memoised terms read (their keys: search_spaces/memo.py; a rank's FLOPs read `recompute`):
+# the GEMM rates, a rank's attention (softmax and gated delta-net), the CP and the EP communication
+GEMM_RATE_FIELDS = ("precision", "tp", "cp", "mbs", "sequence_parallel", "ep", "etp")
+ATTENTION_FIELDS = ("mbs", "tp", "cp", "cp_comm_type", "hierarchical_cp", "precision")
+CP_COMM_FIELDS = ("cp", "cp_comm_type", "hierarchical_cp", "tp", "mbs", "precision")
+EP_COMM_FIELDS = ("ep", "etp", "tp", "cp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
+                  "ep_overlap", "gbs", "pp", "recompute")
+_gemm_rate_fields, _attention_fields = fields(*GEMM_RATE_FIELDS), fields(*ATTENTION_FIELDS)
+_cp_comm_fields, _ep_comm_fields = fields(*CP_COMM_FIELDS), fields(*EP_COMM_FIELDS)
+_GEMM_RATES, _RANK_FLOPS, _ATTENTION = Memo("gemm rates"), Memo("rank flops"), Memo("rank attention")
+_CP_COMM, _EP_COMM, _EP_DISPATCH = Memo("cp comm"), Memo("ep comm"), Memo("ep comm and dispatcher")
 
 # ---- physical, derived and assumed constants (not fitted) -----------------------------------------------------
 FWD_FLOPS_PER_MAC = 2.0  # the forward alone
@@ -175,7 +188,7 @@ def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
     """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch, their
     kernels at `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates), as the
     family's terms run them (GPUs: the chunked delta rule and its sequential state passes, delta_net.py)."""
-    layers = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) == "linear")
+    layers = census(job.model, units).kinds.count("linear")
     if not layers:
         return 0.0, 0.0
     total, again = job.terms.linear_attention_layer_time(job, linear_attention_rate(job.gpu, job.layout.precision,
@@ -223,8 +236,12 @@ def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expe
 def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
                 ) -> UnitFlops:
     dense = expert = core = rc = 0.0
+    by_kind: dict[Any, UnitFlops] = {}  # a unit's FLOPs depend on its kind alone (added unit by unit, as always)
     for u in units:
-        f = _unit_flops(model, seq_len, u, layout, expert_load)
+        kind = u.kind if u.layer < 0 else (model.attention_kind(u.layer), model.layer_is_moe(u.layer), u.is_mtp)
+        f = by_kind.get(kind)
+        if f is None:
+            f = by_kind[kind] = _unit_flops(model, seq_len, u, layout, expert_load)
         dense, expert, core, rc = dense + f.dense, expert + f.expert, core + f.core, rc + f.recompute
     return UnitFlops(dense, expert, core, rc)
 
@@ -237,7 +254,12 @@ class GemmRates(NamedTuple):
 
 def gemm_rates(job: Job) -> GemmRates:
     """Dense GEMMs see this rank's tokens of the microbatch and a TP-split width; each local expert sees its share
-    of the tokens of all EP ranks and an ETP-split width."""
+    of the tokens of all EP ranks and an ETP-split width (memoised on GEMM_RATE_FIELDS)."""
+    return _GEMM_RATES.get((job.model, job.gpu, job.cal), (_gemm_rate_fields(job.layout), job.seq_len),
+                           lambda: _gemm_rates(job))
+
+
+def _gemm_rates(job: Job) -> GemmRates:
     model, L, gpu, h = job.model, job.layout, job.gpu, job.model.hidden_size
     peak_rate = gemm_rate(gpu, L.precision, job.cal)
     t_rank = job.tokens_rank
@@ -281,7 +303,7 @@ def attention_layer_time(job: Job, kind: str) -> AttentionTime:
 
 def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
     """(attention fwd+bwd, recomputed attention forward) seconds of the rank's layers per microbatch."""
-    kinds = [job.model.attention_kind(u.layer) for u in units if u.is_layer]
+    kinds = census(job.model, units).kinds
     mods = job.layout.recompute_modules
     recomputed = job.layout.recompute_granularity == "full" or "core_attn" in mods
     total = again = 0.0
@@ -294,14 +316,19 @@ def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
 
 def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     L = job.layout
-    units = job.place.rank_units(rank)
-    flops = _rank_flops(job.model, job.seq_len, units, L, job.expert_load)
+    units = job.place.rank_units(rank)  # a rank's units: named by (PP, VPP, rank) in the memos' keys
+    load = job.expert_load
+    flops = _RANK_FLOPS.get((job.model,), (L.recompute, load, job.seq_len, L.pp, L.vpp, rank),
+                            lambda: _rank_flops(job.model, job.seq_len, units, L, load))
     per_gpu = job.tokens_mb / (L.tp * L.cp)  # tokens of the microbatch per GPU sharing its dense work
     # recomputed forwards run at the dense GEMM rate (recomputed experts too), in one pass with the model's GEMMs
     expert_gemm = per_gpu * flops.expert / (rates.dense * rates.grouped)
     gemm_all = per_gpu * (flops.dense + flops.recompute) / rates.dense + expert_gemm
-    attention, attention_again = _rank_attention(job, units)
-    linear, linear_again = linear_attention_time(job, units)
+    # of the recompute choice attention reads only whether it repeats the attention forward (and a delta-net's)
+    repeats = (L.recompute_granularity == "full", "core_attn" in L.recompute_modules)
+    attention, attention_again, linear, linear_again = _ATTENTION.get(
+        (job.model, job.gpu, job.cal), (_attention_fields(L), repeats, job.seq_len, L.pp, L.vpp, rank),
+        lambda: (*_rank_attention(job, units), *linear_attention_time(job, units)))
     attention += linear - linear_again
     recompute = per_gpu * flops.recompute / rates.dense + attention_again + linear_again
     elementwise = job.terms.elementwise_time(job, rank, units, per_gpu)
@@ -475,9 +502,15 @@ def cp_step_report(job: Job) -> dict[str, Any]:
 
 
 def cp_comm_time(job: Job, rank: RankCompute) -> float:
-    """Context parallel: the layout's cp_comm_type over the softmax-attention layers, plus the linear ones."""
-    layers = [u for u in rank.units if u.is_layer]
-    kinds = [job.model.attention_kind(u.layer) for u in layers]
+    """Context parallel: the layout's cp_comm_type over the softmax-attention layers, plus the linear ones
+    (memoised on CP_COMM_FIELDS)."""
+    L = job.layout
+    return _CP_COMM.get((job.model, job.gpu, job.cal), (_cp_comm_fields(L), job.seq_len, L.pp, L.vpp, rank.rank),
+                        lambda: _cp_comm_time(job, rank))
+
+
+def _cp_comm_time(job: Job, rank: RankCompute) -> float:
+    kinds = census(job.model, rank.units).kinds
     linear = kinds.count("linear")
     softmax_time = 0.0
     if job.layout.cp > 1 and len(kinds) > linear:
@@ -521,15 +554,19 @@ def ep_comm_time(job: Job, moe: int) -> float:
     model, L = job.model, job.layout
     if not (model.is_moe and L.ep > 1 and moe):
         return 0.0
-    volume, scaleout_share = _ep_traffic(job)
-    return job.terms.ep_alltoall_time(job, volume, scaleout_share) * moe
+
+    def compute() -> float:
+        volume, scaleout_share = _ep_traffic(job)
+        return job.terms.ep_alltoall_time(job, volume, scaleout_share) * moe
+    return _EP_COMM.get((model, job.gpu, job.cal), (_ep_comm_fields(L), job.seq_len, job.num_gpus, moe), compute)
 
 
-def layer_busy(rank: RankCompute, comm: float, ep: float, moe: int) -> LayerBusy:
+def layer_busy(rank: RankCompute, comm: float, ep: float, moe: int, layers: int | None = None) -> LayerBusy:
     """One layer's GPU time per microbatch on the rank, forward (a third of the compute, half the communication)
     and backward (the rest and the recompute), and an MoE layer's forward after its sync (the experts' share of
-    the forward GEMMs, half of the all-to-all): what the host's launches can hide behind."""
-    layers = max(1, sum(1 for u in rank.units if u.is_layer))
+    the forward GEMMs, half of the all-to-all): what the host's launches can hide behind. `layers`: the rank's
+    layers, when counted already."""
+    layers = max(1, sum(1 for u in rank.units if u.is_layer) if layers is None else layers)
     work = rank.total - rank.recompute
     fwd = (work / 3 + comm / 2) / layers
     bwd = (2 * work / 3 + rank.recompute + comm / 2) / layers
@@ -550,14 +587,22 @@ class MicrobatchTerms(NamedTuple):
 
 def microbatch_terms(job: Job, rank: RankCompute) -> MicrobatchTerms:
     """The communication, dispatcher, launch and contention terms of one microbatch on `rank`."""
-    layers = sum(1 for u in rank.units if u.is_layer)
+    counted = census(job.model, rank.units)
+    layers = counted.layers
     tp = tp_comm_time(job, layers)
     cp = cp_comm_time(job, rank)
-    moe = moe_layers(job.model, rank.units)
-    ep = ep_comm_time(job, moe)
-    dispatch = job.terms.dispatcher_overhead_time(job, moe, ep)
-    launch = job.terms.launch_overhead_time(job, rank.units, layer_busy(rank, tp + cp + ep + dispatch, ep, moe))
+    moe = counted.moe
+    # the dispatcher's overhead reads what the EP all-to-all reads (EP_COMM_FIELDS): one memo for both
+    ep, dispatch = _EP_DISPATCH.get((job.model, job.gpu, job.cal), (_ep_comm_fields(job.layout), job.seq_len,
+                                                                    job.num_gpus, moe), lambda: _ep_dispatch(job, moe))
+    launch = job.terms.launch_overhead_time(job, rank.units, layer_busy(rank, tp + cp + ep + dispatch, ep, moe,
+                                                                        layers))
     return MicrobatchTerms(tp, cp, ep, dispatch, launch, pp_comm_time(job), job.terms.host_contention_time(job, rank))
+
+
+def _ep_dispatch(job: Job, moe: int) -> tuple[float, float]:
+    ep = ep_comm_time(job, moe)
+    return ep, job.terms.dispatcher_overhead_time(job, moe, ep)
 
 
 def pp_comm_time(job: Job) -> float:

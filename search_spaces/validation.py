@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from search_spaces.errors import SpecError
+from search_spaces.inputs import excerpt
 from search_spaces.layout import BY_NAME, PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 
@@ -270,6 +271,8 @@ def _finite(x: Any) -> bool:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, str):  # read from a file (a replay table's cell): quoted as an excerpt, secrets masked
+        return excerpt(value)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

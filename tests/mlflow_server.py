@@ -9,6 +9,7 @@ Use as a context manager or through the `mlflow_server` fixture (the lead wires 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,11 +20,32 @@ from pathlib import Path
 
 import pytest
 
+from tests import store_templates
+
+
+# Under pytest-xdist each worker takes its free ports from its own slice of this range, so that two workers never
+# pick the same one between choosing it and the server binding it. The range is below Linux's ephemeral ports
+# (32768-60999: what bind(0) and outgoing connections get) and above Ray's worker ports (10002-19999).
+WORKER_PORTS = range(20000, 32768)
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on now: the kernel's choice, or a free one of this xdist worker's own slice."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    width = len(WORKER_PORTS) // int(count)
+    first = WORKER_PORTS.start + width * (int(worker[2:]) % int(count))
+    for port in random.sample(range(first, first + width), width):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + width - 1}")
 
 
 class MlflowServer:
@@ -40,8 +62,11 @@ class MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         mlflow_bin = Path(sys.executable).with_name("mlflow")
+        store = self.root / "mlflow-server.db"
+        if self.backend_store_uri is None and not store.exists() and store_templates.installed():
+            store_templates.copy_template_to(store)  # MLflow's migrations were run once for the session
         argv = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--backend-store-uri", self.backend_store_uri or f"sqlite:///{self.root / 'mlflow-server.db'}",
+                "--backend-store-uri", self.backend_store_uri or f"sqlite:///{store}",
                 "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"]
         self.log = open(self.root / "mlflow-server.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -31,7 +31,8 @@ MODEL = load_model(MODEL_NAME)
 LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]
 # tokens/s per GPU at the H100's BF16 peak for this model and length: the physical ceiling
 CEILING = H100.peak("bf16") * 1e12 / flops_per_token(MODEL, SEQ)
-PROPERTY = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+# max_examples comes from the Hypothesis profile (tests/conftest.py: 300 in the full suite, fewer in --fast)
+PROPERTY = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # what a measurement may claim: real numbers of every size and sign, the non-finite ones, and what is not a number

@@ -21,7 +21,6 @@ from search_spaces.layout import Layout
 
 from orchestrator import export, registry, winner
 from orchestrator.cli import main
-from tests.mlflow_server import mlflow_server  # noqa: F401  (fixture: a real `mlflow server`)
 
 MEMORY_LIMIT = 80.0
 # (layout, status, tokens/s/GPU, peak GiB): trial 1 is the best that fits; 2 is faster but does not fit

@@ -82,7 +82,7 @@ def test_secret_looking_environment_never_reaches_mlflow(tmp_path, monkeypatch):
     values = {name: f"s3cr3t-{secrets.token_hex(8)}" for name in SECRET_NAMES}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MOE_AUTOTUNE_HARMLESS", "visible-setting")  # the environment *is* recorded...
+    monkeypatch.setenv("NCCL_DEBUG", "visible-setting")  # the (allowed) environment *is* recorded...
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     spec = make_spec(tmp_path, "secrets", **{**FAKE_TRAINER, "gpus_per_node": 1, "seq_len": 128, "gbs": 4,
                                              "budget": {"n_trials": 2, "max_concurrent": 2}, "seed": 2, "steps": 2,
@@ -128,7 +128,8 @@ def _set_secret_environment(monkeypatch) -> list[str]:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://alice:{URI_PASSWORD}@mlflow.example.com:5000/base")
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"https://:{URI_PASSWORD}x@registry.example.com/")  # password only
-    monkeypatch.setenv("MOE_AUTOTUNE_NOTE", "visible-setting")
+    monkeypatch.setenv("NCCL_DEBUG", "visible-setting")  # an allowed (tuning) variable
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", f"https://alice:{URI_PASSWORD}@x")  # allowed, its value redacted
     return [URI_PASSWORD, *ENV_SECRETS.values()]
 
 
@@ -139,9 +140,10 @@ def test_safe_environment_strips_passwords_from_names_and_uris(monkeypatch):
     env = safe_environment()
     blob = repr(env)
     assert not [v for v in values if v in blob], env
-    assert env["MOE_AUTOTUNE_NOTE"] == "visible-setting"
-    assert env["MLFLOW_TRACKING_URI"] == "https://***@mlflow.example.com:5000/base"
-    assert env["MLFLOW_REGISTRY_URI"] == "https://***@registry.example.com/"
+    variables = env["variables"]
+    assert variables["NCCL_DEBUG"] == "visible-setting"
+    assert variables["NCCL_SOCKET_IFNAME"] == "https://***@x"
+    assert "MLFLOW_TRACKING_URI" not in variables  # not on the allow-list at all
 
 
 def test_spec_and_environment_logged_to_mlflow_carry_no_credentials(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 MOE_AUTOTUNE = str(Path(sys.executable).with_name("moe-autotune"))
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+# one emulated cluster for the run: its tests share one xdist worker (scripts/test.sh: --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 
 @pytest.fixture(scope="module")

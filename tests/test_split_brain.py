@@ -35,6 +35,8 @@ CLI = str(Path(sys.executable).with_name("moe-autotune"))
 TABLE = ROOT / "tests" / "data" / "replay_small.csv"
 LEASE_S = 3.0
 REPLAY_DELAY_S = 1.0
+# rival drivers: the lease's own settle wait, not the suite's shortened one (tests/conftest.py)
+pytestmark = pytest.mark.real_timing
 
 
 # ---- the lease on its own: two drivers as two Lease objects on one study -------------------------------------

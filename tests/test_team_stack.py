@@ -24,7 +24,8 @@ from tests.sweep_helpers import spec_data, write_spec
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
-pytestmark = pytest.mark.slow
+# one PostgreSQL cluster (the module fixture): its tests share one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from packaging.requirements import Requirement
 
 from orchestrator.commands.promote import EXPORT_FORMATS
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# one built wheel and its venvs (module fixtures) for the module's tests: they share one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("wheel")]
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "search_spaces", "trainers")

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from search_spaces.result import TrialResult
+from tests.mlflow_server import free_port  # per xdist worker
+from tests.workers import exclusive, run_temp_root
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough for 2 shared cores: tiny model, short sequence, one warm-up and two measured steps.
 FAST = ["--seq-len", "64", "--warmup", "1", "--steps", "2"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def trainer_command(nproc: int, flags: list[str]) -> list[str]:
@@ -30,8 +29,9 @@ def trainer_command(nproc: int, flags: list[str]) -> list[str]:
 
 
 def run_trainer(tmp_path: Path, nproc: int, *flags: str, model: str = "tiny-moe", env: dict | None = None,
-                timeout: float = 240, fast: bool = True) -> tuple[TrialResult, subprocess.CompletedProcess]:
-    """Run one trial; return its result file and the finished process (stdout+stderr in .stdout)."""
+                timeout: float = 480, fast: bool = True) -> tuple[TrialResult, subprocess.CompletedProcess]:
+    """Run one trial; return its result file and the finished process (stdout+stderr in .stdout). `timeout`
+    only guards against a hang: two xdist workers may each run a trainer on the same 2 cores."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     result_path = tmp_path / "result.json"
     argv = ["--model", model, *(FAST if fast else []), *flags, "--result", str(result_path)]
@@ -50,7 +50,7 @@ def assert_ok(result: TrialResult, proc: subprocess.CompletedProcess) -> None:
 
 
 # Runs shared between test modules (test_trainer_cpu and test_memory_match need the same layouts):
-# each distinct run happens once per pytest session.
+# each distinct run happens once per pytest run, whichever xdist worker needs it first (shared_run).
 _SHARED: dict[tuple, tuple[TrialResult, subprocess.CompletedProcess]] = {}
 
 # The layouts the memory and parallelism tests share: name -> (ranks, flags, model).
@@ -95,7 +95,21 @@ LAYOUTS.update({
 
 
 def shared_run(tmp_path_factory, name: str) -> tuple[TrialResult, subprocess.CompletedProcess]:
+    """The run of LAYOUTS[name]: made once per pytest run in a folder all xdist workers see (the first worker to
+    need it runs it, holding its lock; the others wait and read its result file and output)."""
     if name not in _SHARED:
         nproc, flags, model = LAYOUTS[name]
-        _SHARED[name] = run_trainer(tmp_path_factory.mktemp(name), nproc, *flags, model=model)
+        folder = run_temp_root(tmp_path_factory) / "shared-trainer-runs" / name
+        record = folder / "process.json"
+        with exclusive(folder.with_name(f"{name}.lock")):
+            if record.exists():
+                done = json.loads(record.read_text())
+                proc = subprocess.CompletedProcess(done["args"], done["returncode"], stdout=done["stdout"])
+                result = TrialResult.read(folder / "result.json")
+            else:
+                shutil.rmtree(folder, ignore_errors=True)  # a run whose worker died before it was recorded
+                result, proc = run_trainer(folder, nproc, *flags, model=model)
+                record.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
+                                              "stdout": proc.stdout}))
+        _SHARED[name] = (result, proc)
     return _SHARED[name]

@@ -16,7 +16,6 @@ makes each answer take that long (a sweep with slow trials, without a trainer).
 from __future__ import annotations
 
 import concurrent.futures
-import csv
 import dataclasses
 import math
 import os
@@ -24,8 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from search_spaces.bounded import parse_count, read_csv
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.hardware import load_gpu
+from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, bounded_message, check_size, excerpt
 from search_spaces.layout import Layout
 from search_spaces.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
@@ -94,26 +95,26 @@ class ReplayTable:
         for name, want, got in (("model", self.model, model), ("gpu", self.gpu, gpu),
                                 ("num_gpus", self.num_gpus, num_gpus), ("seq_len", self.seq_len, seq_len)):
             if str(want).lower() != str(got).lower():
-                raise SpecError(f"replay table {self.path} records {name} {want}, but the sweep has {name} {got}")
+                raise SpecError(f"replay table {self.path} records {name} {_plain(want)}, but the sweep has {name} "
+                                f"{got}")
 
 
 def load_table(path: str | Path) -> ReplayTable:
-    """Read and validate a replay CSV. Every problem is one SpecError line naming the file (and row)."""
+    """Read and validate a replay CSV (search_spaces.bounded.read_csv: at most 64 MiB, every row as many cells as
+    the header, cells bounded). Every problem is one SpecError line naming the file (and row); it quotes the file
+    only as a short excerpt (a file of secrets named by mistake never reaches the log whole)."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"replay table {str(path)!r} does not exist")
-    try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            columns = [c.strip() for c in (reader.fieldnames or [])]
-            raw_rows = [(i + 2, row) for i, row in enumerate(reader)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise SpecError(f"replay table {path}: cannot read it as CSV ({exc})") from None
+    csv_table = read_csv(path, "replay table")
+    columns = list(csv_table.header)
     if not columns:
         raise SpecError(f"replay table {path} is empty; expected a header with {', '.join(TABLE_COLUMNS)}")
+    if not set(columns) & set(REQUIRED_COLUMNS):  # not a header at all (another kind of file): quote none of it
+        raise SpecError(f"replay table {path}: line 1 is not a replay-table header (none of its {len(columns)} "
+                        f"cells names a column; needed: {', '.join(REQUIRED_COLUMNS)})")
     unknown = [c for c in columns if c not in TABLE_COLUMNS and c not in EXTRA_COLUMNS]
     if unknown:
-        raise SpecError(f"replay table {path}: unknown column {unknown[0]!r}; allowed: {', '.join(TABLE_COLUMNS)}")
+        raise SpecError(f"replay table {path}: unknown column {excerpt(unknown[0])}; allowed: "
+                        f"{', '.join(TABLE_COLUMNS)}")
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise SpecError(f"replay table {path}: missing column {missing[0]!r}; needed: {', '.join(REQUIRED_COLUMNS)}")
@@ -121,21 +122,21 @@ def load_table(path: str | Path) -> ReplayTable:
     table: ReplayTable | None = None
     skipped = 0
     rows: dict[str, ReplayRow] = {}
-    for line, raw in raw_rows:
-        raw = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+    for line, raw in csv_table.rows:
         status = raw["status"].lower()
         if status in NOT_RUN:
             skipped += 1
             continue
         if status not in MEASURED_STATUSES:
-            raise SpecError(f"replay table {path} line {line}: status {raw['status']!r}; "
+            raise SpecError(f"replay table {path} line {line}: status {excerpt(raw['status'])}; "
                             f"allowed: {', '.join(MEASURED_STATUSES)}")
         context = _context(raw, path, line)
         if table is None:
             table = ReplayTable(str(path), *context)
         elif (table.model, table.gpu, table.num_gpus, table.seq_len) != context:
-            raise SpecError(f"replay table {path} line {line}: {context} differs from the first row's "
-                            f"{(table.model, table.gpu, table.num_gpus, table.seq_len)}; one situation per table")
+            first = (table.model, table.gpu, table.num_gpus, table.seq_len)
+            raise SpecError(f"replay table {path} line {line}: {_situation(context)} differs from the first row's "
+                            f"{_situation(first)}; one situation per table")
         row = _judged(table, _layout(raw, path, line), status, raw, line)
         key = row.layout.key()
         # a layout recorded twice (a retried trial): the ok measurement wins, else the first row
@@ -148,13 +149,21 @@ def load_table(path: str | Path) -> ReplayTable:
     return table
 
 
+def _situation(context: tuple[str, str, int, int]) -> str:
+    model, gpu, num_gpus, seq_len = context
+    return f"(model {excerpt(model)}, gpu {excerpt(gpu)}, num_gpus {num_gpus}, seq_len {seq_len})"
+
+
 def _context(raw: dict[str, str], path: Path, line: int) -> tuple[str, str, int, int]:
     ints = []
-    for col in ("num_gpus", "seq_len"):
+    for col, limit in (("num_gpus", MAX_GPUS), ("seq_len", MAX_SEQ_LEN)):
+        value = parse_count(raw[col])
+        if value is None:
+            raise SpecError(f"replay table {path} line {line}: {col} must be an integer, got {excerpt(raw[col])}")
         try:
-            ints.append(int(float(raw[col])))
-        except ValueError:
-            raise SpecError(f"replay table {path} line {line}: {col} must be an integer, got {raw[col]!r}") from None
+            ints.append(check_size(value, col, limit))  # the ranges every entry point holds sizes to
+        except SpecError as exc:
+            raise SpecError(f"replay table {path} line {line}: {exc}") from None
     if not raw["model"] or not raw["gpu"]:
         raise SpecError(f"replay table {path} line {line}: model and gpu must not be empty")
     return raw["model"], raw["gpu"], ints[0], ints[1]
@@ -164,8 +173,8 @@ def _layout(raw: dict[str, str], path: Path, line: int) -> Layout:
     cells = {col: raw[col] for col in LAYOUT_COLUMNS if raw.get(col, "") != ""}
     try:
         return Layout.from_params(cells)
-    except SpecError as exc:
-        raise SpecError(f"replay table {path} line {line}: {exc}") from None
+    except SpecError as exc:  # its message quotes the cell: as an excerpt
+        raise SpecError(f"replay table {path} line {line}: {bounded_message(str(exc), cells.values())}") from None
 
 
 def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str], line: int) -> ReplayRow:
@@ -183,6 +192,11 @@ def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str]
     if reasons:
         return ReplayRow(layout, "invalid", numbers, line, reason="; ".join(reasons))
     return ReplayRow(layout, status, numbers, line)
+
+
+def _plain(value: object) -> str:
+    """A value of the table in a sentence: a number as it is, text from the file as an excerpt."""
+    return str(value) if isinstance(value, int) else excerpt(value)
 
 
 def _cell(text: str) -> float | str | None:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 
@@ -33,11 +32,9 @@ def calibrate(
     """Fit the constants of the GPU families the measurements cover (GEMM, grouped-GEMM and attention efficiency;
     on cpu the eager and gloo costs and the resident baseline) to the measurements plus the published rows, print
     the error on the held-out measurements before and after, and write the calibration file."""
-    from orchestrator.calibrate import calibrate as run_calibrate
-    from orchestrator.calibrate import gather
-    from search_spaces.calibration import load_calibration, write_calibration
+    from orchestrator.commands.output import console, write_text
+    from orchestrator.stores import require_mlflow_store
     from search_spaces.errors import SpecError
-    from orchestrator.tracking import require_existing_store
     from search_spaces.inputs import check_name, check_output_file
 
     check_output_file(out, "--out")
@@ -48,25 +45,28 @@ def calibrate(
     for name in experiment:
         check_name(name, "--experiment")
     if experiment:  # reading a store that is not there would create it
-        require_existing_store(tracking_uri)
+        require_mlflow_store(tracking_uri)
     for path in table:
         if not path.is_file():
             raise SpecError(f"--table {str(path)!r} does not exist")
+    from orchestrator.calibrate import calibrate as run_calibrate  # the fit's libraries: for input that passed
+    from orchestrator.calibrate import gather
+    from search_spaces.calibration import calibration_text, load_calibration
     base = load_calibration(start)
     measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
     run = run_calibrate(measurements, base, holdout=holdout, with_published=published)
-    write_calibration(out, run.document)
-    console = Console()
-    console.print(f"{len(measurements)} measurements ({', '.join(run.families)}): fitted on {run.fitted_on}"
+    write_text(out, "--out", calibration_text(run.document))  # whole or not at all (exit 6 when it cannot be)
+    out_console = console()
+    out_console.print(f"{len(measurements)} measurements ({', '.join(run.families)}): fitted on {run.fitted_on}"
                   f" + {run.published} published rows, {run.held_out} held out")
     result = Table(title="held-out error (MAPE %)")
     for col in ("quantity", "before", "after"):
         result.add_column(col)
     for key in ("tokens_per_sec_per_gpu", "peak_memory_gib"):
         result.add_row(key, _pct(run.before.get(key)), _pct(run.after.get(key)))
-    console.print(result)
-    console.print(f"fitted: {', '.join(run.document.fitted)}")
-    console.print(f"wrote {out}: use it with --calibration {out} (estimate, space, sweep) or `calibration: {out}`")
+    out_console.print(result)
+    out_console.print(f"fitted: {', '.join(run.document.fitted)}")
+    out_console.print(f"wrote {out}: use it with --calibration {out} (estimate, space, sweep) or `calibration: {out}`")
     return 0
 
 

@@ -20,17 +20,18 @@ def check(
                                                help="MLflow tracking URI (default: the one the study recorded)"),
 ) -> int:
     """Verify that nothing was lost, doubled or mixed: exit 0 when the study and MLflow agree, 1 otherwise."""
-    from orchestrator.check import check as run_check
+    from orchestrator.commands.output import echo
     from orchestrator.redact import redact_uri
     from search_spaces.inputs import check_optional_name
 
     check_optional_name(study_name, "study name")
+    from orchestrator.check import check as run_check  # Optuna and MLflow: for a name that passed
     study, problems = run_check(storage, study_name, tracking_uri)
     finished = sum(1 for t in study.trials if t.state.is_finished())
     for problem in problems:
-        typer.echo(f"differs: {redact_uri(problem)}")
+        echo(f"differs: {redact_uri(problem)}")
     verdict = "consistent" if not problems else f"{len(problems)} difference(s)"
-    typer.echo(f"study {study.study_name}: {finished} finished trials; {verdict}")
+    echo(f"study {study.study_name}: {finished} finished trials; {verdict}")
     return 1 if problems else 0
 
 
@@ -48,11 +49,11 @@ def confirm(
     from orchestrator.commands.output import console
     from rich.table import Table
 
-    from orchestrator.records import TrialRecord
-    from orchestrator.sweep.confirm import confirm as run_confirm
     from search_spaces.inputs import check_optional_name
 
     check_optional_name(study_name, "study name")
+    from orchestrator.records import TrialRecord  # Optuna, Ray, MLflow: for a name that passed
+    from orchestrator.sweep.confirm import confirm as run_confirm
     done, outcome = run_confirm(storage, study_name, top, {"trial_gpus": trial_gpus, "tracking_uri": tracking_uri,
                                                             "ray_address": ray_address, "show_progress": not quiet})
     table = Table(title="composed from the proxy vs measured at full size (tokens/s/GPU)")

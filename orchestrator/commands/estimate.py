@@ -5,13 +5,11 @@ Thin: parse flags, call search_spaces, print a rich table or one JSON object.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
-from orchestrator.commands.output import console
-from rich.table import Table
+from orchestrator.commands.output import console, echo, json_line
 
 from search_spaces.errors import SpecError
 from search_spaces.breakdown import COMPUTE_PARTS, COUNT_KEYS
@@ -57,7 +55,7 @@ def estimate(
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
     TP/CP/EP/PP/DP communication, dispatcher and launch overhead, pipeline bubble, optimizer and offload) and, per
     knob, what switching it to its neighbours would change (JSON key "neighbours")."""
-    from search_spaces.calibration import load_calibration
+    from search_spaces.calibration_file import load_calibration  # not calibration.py: the fit is not needed here
     from search_spaces.costmodel import estimate as run_estimate
     from search_spaces.neighbours import neighbours
 
@@ -67,7 +65,7 @@ def estimate(
     est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal)
     near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal) if est.legal else []
     if as_json:
-        typer.echo(json.dumps({**est.to_dict(), "neighbours": near}))
+        echo(json_line({**est.to_dict(), "neighbours": near}, "estimate --json"))
     else:
         _print_estimate(est)
         if near:
@@ -92,6 +90,8 @@ def _layout_of_flags(flags: dict, num_gpus: int):
 
 
 def _print_estimate(est) -> None:
+    from rich.table import Table  # tables only for the text output (--json needs none)
+
     out = console()
     title = f"{est.model} on {est.num_gpus} x {est.gpu}, {est.seq_len} tokens"
     if not est.legal:
@@ -131,6 +131,8 @@ def _print_estimate(est) -> None:
 
 
 def _print_neighbours(near: list[dict]) -> None:
+    from rich.table import Table
+
     table = Table(title="switching one knob (everything else, the batch included, as above)")
     for col in ("knob", "to", "tokens/s/GPU", "change", "peak GiB", "change GiB", "note"):
         table.add_column(col, justify="right" if col not in ("knob", "to", "note") else "left", overflow="fold")
@@ -151,7 +153,8 @@ def space(
     top: int = typer.Option(10, help="how many fitting layouts to list"),
     gbs: Optional[int] = typer.Option(None, help="global batch (default ~16M tokens per step)"),
     fix: list[str] = typer.Option([], "--fix", help="FIELD=VALUE, keep a layout field fixed (repeatable)"),
-    budget: float = typer.Option(30.0, help="at most this many seconds estimating layouts (a safety net)"),
+    budget: float = typer.Option(30.0, help="at most this many seconds estimating layouts: a safety net (the output "
+                                 "says when it cut the ranking short, which then depends on the machine's speed)"),
     max_grids: int = typer.Option(1200, "--max-grids", help="parallel grids to estimate, in rule-of-thumb order"),
     num_layers: Optional[int] = typer.Option(None, "--num-layers"),
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size"),
@@ -159,7 +162,7 @@ def space(
     calibration: Optional[Path] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
 ) -> int:
     """Enumerate the legal layouts, count rejections per rule, list the fastest that fit."""
-    from search_spaces.calibration import load_calibration
+    from search_spaces.calibration_file import load_calibration
     from search_spaces.layout import BY_NAME
     from search_spaces.space import explore
 
@@ -177,13 +180,19 @@ def space(
     result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget,
                      max_grids=max_grids, cal=cal)
     if as_json:
-        typer.echo(json.dumps(result.to_dict()))
+        echo(json_line(result.to_dict(), "space --json"))
         return 0
+    from rich.table import Table
+
     out = console()
     out.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
                   f"{result.total:,} combinations, {result.legal_count:,} legal "
                   f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
                   f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
+    if result.cut_short:
+        out.print(f"cut short: --budget {budget:g} s ran out after ranking {result.grids_ranked:,} parallel grids "
+                  f"(of at most --max-grids {max_grids:,}): this ranking depends on the machine's speed; "
+                  f"raise --budget")
     rej = Table(title="rejections per rule")
     rej.add_column("rule")
     rej.add_column("layouts", justify="right")

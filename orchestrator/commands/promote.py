@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from orchestrator.commands.output import echo, output_folder
 from search_spaces.errors import SpecError
 from search_spaces.inputs import check_name, check_optional_name
 
@@ -45,6 +46,11 @@ def _existing_registry(tracking_uri: Optional[str]) -> str:
     return uri
 
 
+def _is_registry_ref(ref: str) -> bool:
+    """VERSION or STUDY? Study names are plain ([A-Za-z0-9._-]), so '@' or '/' means a registered version."""
+    return ref.startswith("models:/") or "@" in ref or "/" in ref
+
+
 def _check_registry_ref(ref: str) -> None:
     """`models:/NAME@ALIAS`, `NAME@ALIAS` or `NAME/VERSION`: a plain name, then a plain alias or a version."""
     body = ref[len("models:/"):] if ref.startswith("models:/") else ref
@@ -69,10 +75,9 @@ def promote(
     name: Optional[str] = typer.Option(None, "--name", help="Registered model to roll back (instead of STUDY)."),
 ) -> None:
     """Register the winning layout in the MLflow Model Registry and point the alias 'production' at it."""
-    from orchestrator import registry, winner
-
     check_optional_name(study_name, "study name")
     check_optional_name(name, "--name")
+    from orchestrator import registry, winner  # MLflow and Optuna: for names that passed
     if rollback:
         if trial is not None or allow_estimated or allow_proxy or allow_benchmark:
             raise SpecError("--rollback takes no --trial, --allow-estimated, --allow-proxy or --allow-benchmark")
@@ -83,7 +88,7 @@ def promote(
             _existing_registry(ctx.tracking_uri)
             name = registry.registered_model_name(ctx.model, ctx.seq_len)
         done = registry.rollback(name)
-        typer.echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "
+        echo(f"rolled back models:/{done.name}@{registry.PRODUCTION}: version {done.previous} -> "
                    f"{done.version}")
         return
     if name:
@@ -93,9 +98,9 @@ def promote(
     done = registry.promote(view, ctx, study.study_name)
     was = f" (was version {done.previous})" if done.previous else ""
     how = ", estimated" if view.estimated else (", composed from a proxy" if view.proxy else "")
-    typer.echo(f"promoted {study.study_name} trial {view.number} ({view.tokens_per_sec_per_gpu:.1f} tokens/s/GPU"
-               f"{how}) to models:/{done.name}@{registry.PRODUCTION}: version {done.version}{was}")
-    typer.echo(f"layout: {view.layout.key()}")
+    echo(f"promoted {study.study_name} trial {view.number} ({view.tokens_per_sec_per_gpu:.1f} tokens/s/GPU"
+         f"{how}) to models:/{done.name}@{registry.PRODUCTION}: version {done.version}{was}")
+    echo(f"layout: {view.layout.key()}")
 
 
 def export(
@@ -112,15 +117,17 @@ def export(
                                                 help="GPUs per node for sbatch (default: the sweep's)."),
 ) -> None:
     """Print a registered version's (or a study winner's) Megatron flags, Bridge overrides or sbatch script."""
-    from orchestrator import registry, winner
-
     if fmt not in EXPORT_FORMATS:
         raise SpecError(f"unknown export format {fmt!r}; allowed: {', '.join(EXPORT_FORMATS)}")
     filename = EXPORT_FORMATS[fmt]
-    if registry.is_registry_ref(ref):
+    if _is_registry_ref(ref):
         _check_registry_ref(ref)
         if trial is not None or gpus_per_node is not None:
             raise SpecError("--trial and --gpus-per-node apply to a study, not a registered version")
+    else:
+        check_name(ref, "study name")
+    from orchestrator import registry, winner  # MLflow and Optuna: for a reference that passed
+    if _is_registry_ref(ref):
         _existing_registry(tracking_uri)
         import tempfile
 
@@ -128,13 +135,12 @@ def export(
             folder = registry.download(ref, tmp)
             if not (folder / filename).is_file():
                 raise SpecError(f"{registry.model_uri(ref)} has no {filename}")
-            typer.echo((folder / filename).read_text(), nl=False)
+            echo((folder / filename).read_text(), nl=False)
         return
-    check_name(ref, "study name")
     study = winner.load(storage, ref)
     ctx = winner.context(study)
     view = winner.pick(study, trial, allow_estimated, allow_proxy, allow_benchmark)
-    typer.echo(registry.render(view, ctx, study.study_name, gpus_per_node)[filename], nl=False)
+    echo(registry.render(view, ctx, study.study_name, gpus_per_node)[filename], nl=False)
 
 
 def report(
@@ -149,22 +155,34 @@ def report(
 
     The PNGs need a Chrome or Chromium (on PATH or at $BROWSER_PATH); without one they are skipped with a note.
     """
-    from orchestrator import winner
-    from orchestrator import report as report_mod
     from search_spaces.inputs import check_output_dir
 
     check_optional_name(study_name, "study name")
     if out is not None:
         check_output_dir(out, "--out")
+    from orchestrator import winner  # Optuna, plotly: for input that passed
+    from orchestrator import report as report_mod
     study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
     parent = None if no_mlflow else ctx.mlflow_parent_run_id
-    if parent:  # the run it is logged to must be there before anything is written
-        _existing_registry(tracking_uri or ctx.tracking_uri)
+    client = None
+    if parent:  # the run it is logged to must be there before anything is written, its server answering
+        from orchestrator.stores import open_mlflow
+
+        from mlflow.exceptions import MlflowException
+
+        uri = _existing_registry(tracking_uri or ctx.tracking_uri)
+        client = open_mlflow(uri)
+        try:
+            client.get_run(parent)
+        except MlflowException:
+            raise SpecError(f"the sweep's MLflow run {parent} is not in {uri}: pass the sweep's --tracking-uri, "
+                            "or --no-mlflow") from None
     if out is None:  # the default folder is named after the study: an output file stem
         out = check_output_dir(Path(f"report-{check_name(study.study_name, 'study name')}"), "report folder")
-    done = report_mod.write(study, out, family=family)
-    typer.echo(f"report: {done.html_path}")
+    with output_folder(out, "report folder"):  # a full disk, an I/O error: one line, and no half-written page
+        done = report_mod.write(study, out, family=family)
+    echo(f"report: {done.html_path}")
     if done.png_note:
         typer.echo(f"note: PNGs skipped: {done.png_note}", err=True)
     if no_mlflow:
@@ -172,8 +190,8 @@ def report(
     if not parent:
         typer.echo("note: the study records no MLflow parent run; report not logged to MLflow", err=True)
         return
-    report_mod.log_to_mlflow(done, parent)
-    typer.echo(f"logged to MLflow run {parent} under report/")
+    report_mod.log_to_mlflow(done, parent, client)
+    echo(f"logged to MLflow run {parent} under report/")
 
 
 def register(app: typer.Typer) -> None:

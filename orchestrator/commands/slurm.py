@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from orchestrator import slurm_job
+from orchestrator.commands.output import echo
 from search_spaces.errors import SpecError
 
 slurm_app = typer.Typer(help="Run a sweep on a Slurm cluster (a Ray cluster on the allocation).",
@@ -26,6 +26,7 @@ def _opt(help_: str, panel: str = _SITE, **kw):
 
 
 def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options: dict, **settings) -> tuple:
+    from orchestrator import slurm_job  # pydantic and jinja2: when a script is built, not at every start-up
     from orchestrator.spec import load_spec
 
     spec = load_spec(spec_path, {"study_name": sweep_options.get("study_name"),
@@ -95,10 +96,12 @@ def _command(submit: bool):
             container_mounts=container_mounts, venv=venv, workdir=workdir, env=env, gpu_mode=gpu_mode,
             ray_port_base=ray_port_base, job_name=job_name, output=output)
         if not submit:
-            typer.echo(script, nl=False)
+            echo(script, nl=False)
             return 0
+        from orchestrator import slurm_job
+
         job_id, path, rc = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
-        typer.echo(job_id)
+        echo(job_id)
         typer.echo(f"submitted {path} as job {job_id}", err=True)
         return rc
 
@@ -115,7 +118,7 @@ def wait_ray(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, 
              timeout_s: Annotated[float, typer.Option()] = 180.0) -> int:
     from orchestrator.slurm_ray import wait_for_nodes
 
-    typer.echo(f"{wait_for_nodes(ray_address, nodes, timeout_s)} Ray nodes alive")
+    echo(f"{wait_for_nodes(ray_address, nodes, timeout_s)} Ray nodes alive")
     return 0
 
 
@@ -123,7 +126,7 @@ def wait_ray(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, 
 def ray_check(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, typer.Option()]) -> int:
     from orchestrator.slurm_ray import ray_check as check
 
-    typer.echo("ray-check " + json.dumps(check(ray_address, nodes), sort_keys=True))
+    echo("ray-check " + json.dumps(check(ray_address, nodes), sort_keys=True))
     return 0
 
 
@@ -131,6 +134,7 @@ def ray_check(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int,
 def link_run(spec: Spec, ray_address: Annotated[Optional[str], typer.Option()] = None,
              study_name: Annotated[Optional[str], typer.Option()] = None,
              storage: Annotated[Optional[str], typer.Option()] = None) -> int:
+    from orchestrator import slurm_job
     from orchestrator.slurm_ray import link_run as link
     from orchestrator.spec import load_spec
 
@@ -139,7 +143,7 @@ def link_run(spec: Spec, ray_address: Annotated[Optional[str], typer.Option()] =
     if ray_address:
         env["MOE_AUTOTUNE_RAY_ADDRESS"] = ray_address
     run_id = link(s.storage, s.name, slurm_job.job_tags(env))
-    typer.echo(f"tagged MLflow run {run_id}" if run_id else "no MLflow parent run to tag")
+    echo(f"tagged MLflow run {run_id}" if run_id else "no MLflow parent run to tag")
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from orchestrator.commands.output import console
+from orchestrator.commands.output import console, write_file
 from rich.table import Table
 
 from orchestrator import backends, searches
@@ -40,15 +40,18 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
-    from orchestrator.slurm_job import job_tags
+    from orchestrator import crashlog
     from orchestrator.spec import load_spec
-    from orchestrator.sweep import run_sweep
 
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
                                  "ray_address": ray_address, "seed": seed, "replay_table": replay_table,
                                  "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus,
                                  "calibration": calibration})
+    _check_names(spec)  # a model or GPU the catalogs do not know: refused before the sweep's libraries load
+    crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
+    from orchestrator.slurm_job import job_tags
+    from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
     # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
     signal.signal(signal.SIGTERM, _interrupt)
     if spec.lengths:
@@ -62,6 +65,15 @@ def sweep(
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
     _print_outcome(outcome, spec)
     return outcome.exit_code
+
+
+def _check_names(spec) -> None:
+    """The spec's model and GPU, looked up in the catalogs (what the sweep's prior would do first)."""
+    from search_spaces.hardware import load_gpu
+    from search_spaces.models import load_model
+
+    load_model(spec.model)
+    load_gpu(spec.gpu)
 
 
 def _print_outcome(outcome, spec) -> None:
@@ -110,15 +122,15 @@ def status(
     top: int = typer.Option(20, help="rows to print"),
 ) -> int:
     """Leaderboard of a running or finished sweep, from the Optuna storage."""
-    from orchestrator import study as studies
-    from orchestrator.records import TrialRecord
-    from orchestrator.sweep.lease import Holder
-    from search_spaces.layout import PARALLEL_SIZES
     from search_spaces.inputs import check_optional_name, check_output_file
 
     check_optional_name(study_name, "study name")
     if csv is not None:
         check_output_file(csv, "--csv")
+    from orchestrator import study as studies  # Optuna and pandas: for input that passed
+    from orchestrator.records import TrialRecord
+    from orchestrator.sweep.lease import Holder
+    from search_spaces.layout import PARALLEL_SIZES
     members = studies.family_members(storage, study_name) if study_name else []
     if members:  # a length family: its table, then each length's leaderboard
         from orchestrator.sweep.family import family_rows
@@ -127,8 +139,8 @@ def status(
         return 0
     study = studies.load_study(storage, study_name)
     frame = studies.leaderboard(study)
-    if csv is not None:
-        frame.to_csv(csv, index=False)
+    if csv is not None:  # whole or not at all; a full device or a closed pipe is one line (exit 6)
+        write_file(csv, "--csv", lambda fh: frame.to_csv(fh, index=False))
     out = console()
     running = sum(1 for t in study.trials if t.state.name == "RUNNING")
     ran = len(studies.measured_trials(study))

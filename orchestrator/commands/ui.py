@@ -18,8 +18,8 @@ def ui(
 ) -> int:
     """Start the MLflow UI on 127.0.0.1 for the sweep's store (no job workers), print the URL of the sweep's
     trials ranked by tokens/s/GPU, and serve until Ctrl-C."""
-    from orchestrator.mlflow_ui import serve
     from search_spaces.inputs import check_optional_name
 
     check_optional_name(study_name, "study name")
+    from orchestrator.mlflow_ui import serve  # MLflow: for a name that passed
     return serve(tracking_uri, study_name, port)

@@ -31,9 +31,9 @@ from orchestrator.records.study import StudyRecord
 from orchestrator.records.tables import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADERBOARD_COLUMNS, LEADERBOARD_EXTRA,
                                          NUMBER_COLUMNS, REQUIRED_COLUMNS, TABLE_COLUMNS, TRAIN_COLUMNS,
                                          VIEW_METRICS, layout_cells, row)
-from orchestrator.records.trial import TRIAL_TAG, TrialRecord, enqueue, trials
+from orchestrator.records.trial import PROMOTION_TAG, TRIAL_TAG, TrialRecord, enqueue, trials
 
-__all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS",
+__all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS", "PROMOTION_TAG",
            "LEADERBOARD_COLUMNS", "LEADERBOARD_EXTRA", "METRICS", "Metric", "NUMBER_COLUMNS", "OBJECTIVE", "PREDICTED",
            "REQUIRED_COLUMNS", "Stored", "StudyRecord", "TABLE", "TABLE_COLUMNS", "TAG", "TRAIN_COLUMNS", "TRIAL_TAG",
            "TrialRecord", "VIEW", "VIEW_METRICS", "enqueue", "finite", "jsonable", "layout_cells", "load_result",

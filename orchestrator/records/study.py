@@ -9,6 +9,10 @@ from pydantic import ValidationError
 
 from orchestrator.economics import Cost
 from orchestrator.records.stored import TABLE, Stored, stored
+from orchestrator.redact import without_masked_userinfo
+
+# the spec's fields that hold a URI (stored without credentials)
+URI_FIELDS = ("tracking_uri", "storage", "ray_address")
 
 
 @dataclass(frozen=True)
@@ -20,12 +24,14 @@ class StudyRecord(Stored):
     gpu: str | None = stored("The GPU (hardware catalog name).", TABLE)
     num_gpus: int | None = stored("GPUs of the target cluster (nodes x gpus_per_node).", TABLE)
     seq_len: int | None = stored("Tokens per sequence.", TABLE)
-    spec: dict[str, Any] = stored("The sweep spec as run (SweepSpec.dump()).", factory=dict)
+    spec: dict[str, Any] = stored("The sweep spec as run (SweepSpec.dump()), redacted (orchestrator.redact).",
+                                  factory=dict)
     situation: dict[str, Any] | None = stored("The fields that define what the study measures (SITUATION_FIELDS); "
                                               "--resume refuses a spec that changes one.")
     backend: str | None = stored("The backend of the study's trials (BACKENDS; `local` before it was `ray`).")
     memory_limit_gib: float | None = stored("The GPU memory a layout must fit in (GiB).")
-    tracking_uri: str | None = stored("The MLflow tracking URI, or none.")
+    tracking_uri: str | None = stored("The MLflow tracking URI, or none; stored without credentials (a client reads "
+                                      "them from its own settings: MLFLOW_TRACKING_USERNAME/PASSWORD, PGPASSWORD).")
     family: str | None = stored("The MLflow experiment (a length family's name, shared by its lengths).")
     budget: dict[str, Any] = stored("The spec's budget (Budget.model_dump()), as last run.", factory=dict)
     mlflow_experiment_id: str | None = stored("The sweep's MLflow experiment.")
@@ -41,6 +47,10 @@ class StudyRecord(Stored):
         attrs = study.user_attrs
         read = cls._read(attrs)
         spec = read.get("spec") or {}
+        if spec:  # URIs were stored without their credentials (orchestrator.redact): read back usable
+            read["spec"] = spec = {k: without_masked_userinfo(v) if k in URI_FIELDS else v for k, v in spec.items()}
+        if "tracking_uri" in read:
+            read["tracking_uri"] = without_masked_userinfo(read["tracking_uri"])
         fallbacks = {"model": spec.get("model"), "seq_len": spec.get("seq_len"), "gpu": spec.get("gpu"),
                      "backend": spec.get("backend"), "tracking_uri": spec.get("tracking_uri"),
                      "num_gpus": (spec.get("nodes") or 1) * (spec.get("gpus_per_node") or 1) if spec else None}

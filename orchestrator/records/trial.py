@@ -17,6 +17,9 @@ from orchestrator.records.stored import (COLUMN, COMPOSED, EXTRA, PREDICTED, TAB
                                          dump_result, finite, load_layout, load_result, stored)
 
 TRIAL_TAG = "optuna_trial_number"  # the MLflow tag that names a child run's trial
+PROMOTION_TAG = "moe_autotune.trial"  # the tag of a promotion's run (a child of the sweep's run, not a trial's)
+# the reason a failed trial that had stored a result reads as interrupted (TrialRecord.of)
+INTERRUPTED_BEFORE_TELL = "the sweep stopped after the trial was measured, before it was recorded"
 MAX_TAG_CHARS = 4000  # what an MLflow tag value keeps of a long reason (a trainer's traceback)
 
 
@@ -47,7 +50,8 @@ class TrialRecord(Stored):
                                         factory=dict)
     mlflow_run_id: str | None = stored("The trial's MLflow child run.", COLUMN)
     status: str | None = stored("ok | oom | error | invalid | timeout | infeasible | interrupted "
-                                "(search_spaces.result.STATUSES); None while it runs.", TABLE, TAG)
+                                "(search_spaces.result.STATUSES); None while it runs. A failed trial reads as "
+                                "interrupted whatever it stored: only the tell counts a result.", TABLE, TAG)
     result: TrialResult | None = stored("What it measured (TrialResult.to_dict() when stored), judged where it "
                                         "entered.", load=load_result, dump=dump_result)
     reason: str | None = stored("Why it was rejected or failed (one line or a trainer's error).", COLUMN, TAG)
@@ -68,9 +72,10 @@ class TrialRecord(Stored):
         """The record of an Optuna trial (frozen, or live: a live trial has no state, values or constraints);
         `context`: the fields a subclass adds (winner.TrialView's memory limit)."""
         if isinstance(trial, optuna.trial.FrozenTrial):
-            return cls(number=trial.number, state=trial.state.name.lower(), params=dict(trial.params),
+            state = trial.state.name.lower()
+            return cls(number=trial.number, state=state, params=dict(trial.params),
                        values=tuple(trial.values or ()), constraints=tuple(float(c) for c in trial.constraints.values()),
-                       **cls._read(trial.user_attrs), **context)
+                       **_told(state, cls._read(trial.user_attrs)), **context)
         return cls(number=trial.number, state="running", params=dict(trial.params), **cls._read(trial.user_attrs),
                    **context)
 
@@ -253,6 +258,14 @@ class TrialRecord(Stored):
     def evidence(self) -> dict[str, Any]:
         """MLflow's trial.json: what it measured, what was predicted, the layout (stored form)."""
         return self.attrs(result=self.result, prediction=self.prediction, layout=self.layout)
+
+
+def _told(state: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """A trial's stored fields as they count: the tell commits a result, so a trial that failed after storing
+    its result (the sweep stopped between the two) was interrupted, whatever status it stored first."""
+    if state == "fail" and attrs.get("status") not in (None, "interrupted", "infeasible"):
+        return {**attrs, "status": "interrupted", "reason": attrs.get("reason") or INTERRUPTED_BEFORE_TELL}
+    return attrs
 
 
 def trials(study: Any) -> list[TrialRecord]:

@@ -21,7 +21,8 @@ one of them reads its own token back and the other refuses.
 
 Test-only settings (environment): MOE_AUTOTUNE_LEASE_TIMEOUT_S shortens the lease timeout (the heartbeat
 follows at a quarter of it); MOE_AUTOTUNE_LEASE_HOST names the host the driver claims to run on, so that two
-drivers on one machine can play two hosts.
+drivers on one machine can play two hosts; MOE_AUTOTUNE_LEASE_SETTLE_S shortens the settle wait (the test suite
+sets 0 for sweeps that have no rival driver; tests/conftest.py keeps the real wait for the tests about rivals).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ HEARTBEAT_EVERY_S = 10.0
 SETTLE_S = 1.0
 TIMEOUT_ENV = "MOE_AUTOTUNE_LEASE_TIMEOUT_S"  # tests only
 HOST_ENV = "MOE_AUTOTUNE_LEASE_HOST"  # tests only
+SETTLE_ENV = "MOE_AUTOTUNE_LEASE_SETTLE_S"  # tests only
 
 
 def stale_after_s() -> float:
@@ -53,6 +55,15 @@ def stale_after_s() -> float:
     except ValueError:
         return STALE_AFTER_S
     return value if 0 < value < STALE_AFTER_S else STALE_AFTER_S
+
+
+def settle_s() -> float:
+    """The wait between writing a lease and reading it back: SETTLE_S, or a test's shorter one (0 or more)."""
+    try:
+        value = float(os.environ.get(SETTLE_ENV, ""))
+    except ValueError:
+        return SETTLE_S
+    return value if 0 <= value < SETTLE_S else SETTLE_S
 
 
 def heartbeat_every_s() -> float:
@@ -131,7 +142,7 @@ class Lease:
                                f"{stale_after_s():.0f} s without a heartbeat, at once on its own host)")
         self.epoch = max(_epoch(holder), StudyRecord.of(self.study).driver_lease_epoch or 0) + 1
         self._write()
-        time.sleep(SETTLE_S)
+        time.sleep(settle_s())
         now = Holder.of(self.study)
         if not now or now.token != self.token:
             raise StorageError(f"study {self.study.study_name!r} was taken by {now or 'another driver'} at the "

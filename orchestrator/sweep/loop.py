@@ -9,6 +9,9 @@
 
 Order of writes per trial, so that a SIGKILL anywhere loses nothing and doubles nothing: ask -> user attrs
 (layout, prediction, mlflow_run_id) -> run -> user attrs (status, result) -> tell -> MLflow child finished.
+The tell is the commit: a trial stopped before it (Ctrl-C, SIGTERM, SIGKILL) is failed as interrupted, its
+child run closed FAILED, and `--resume` measures it again, or records the result it had already stored, as a
+new trial; a trial told is never run again (its MLflow record is completed on resume).
 Opening and resuming (stores checked first, the lease, the situation, recovery) is `session.py`.
 """
 
@@ -75,18 +78,24 @@ class Dispatcher:
             future = self.backend.submit(self.session.request(proposal.trial.number, proposal.size))
         self.running[future] = proposal
 
-    def done(self, timeout: float) -> list[tuple[Proposal, TrialResult]]:
+    def done(self, timeout: float) -> list[tuple[concurrent.futures.Future, Proposal, TrialResult]]:
+        """Trials the backend has finished. They stay `running` until `settle`d once recorded: a sweep stopped
+        while one is being recorded (or waits to be) fails it with the others, never leaves it half-recorded."""
         finished, _ = concurrent.futures.wait(self.running, timeout=timeout,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
         out = []
         for future in finished:
-            proposal = self.running.pop(future)
+            proposal = self.running[future]
             try:
                 result = future.result()
             except Exception as exc:  # noqa: BLE001 -- a backend bug becomes the trial's error, not a lost trial
                 result = TrialResult(status="error", error=f"backend failed: {type(exc).__name__}: {exc}")
-            out.append((proposal, result))
+            out.append((future, proposal, result))
         return out
+
+    def settle(self, future: concurrent.futures.Future) -> None:
+        """The trial of `future` is recorded: no longer running."""
+        self.running.pop(future, None)
 
     @property
     def busy(self) -> set[tuple[str, str]]:
@@ -160,9 +169,11 @@ class Sweep:
                 dispatcher.submit(proposal)
             if not dispatcher.running:
                 return
-            for proposal, result in dispatcher.done(timeout=1.0):
+            for future, proposal, result in dispatcher.done(timeout=1.0):
+                row = self.recorder.finish(proposal, result)
+                dispatcher.settle(future)
                 self.measured += 1
-                view.advance(self.recorder.finish(proposal, result), len(dispatcher.running), self.measured)
+                view.advance(row, len(dispatcher.running), self.measured)
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""

@@ -149,8 +149,10 @@ class Prior:
 
     @cached_property
     def _explored(self) -> list[Layout]:
-        found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
-                        fixed=self.pinned, gbs=self.spec.gbs, top=self.EXPLORED, cal=self.cal, free=self.spec.free)
+        # no time budget (budget_s=None): how much is ranked is a count (explore's max_grids), so a seeded sweep
+        # proposes the same layouts on a loaded machine as on a quiet one
+        found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=self.pinned,
+                        gbs=self.spec.gbs, top=self.EXPLORED, budget_s=None, cal=self.cal, free=self.spec.free)
         return [Layout.from_dict(row["layout"]) for row in found.top]
 
     # ---- the cost model --------------------------------------------------------------------------

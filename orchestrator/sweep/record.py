@@ -25,6 +25,7 @@ from search_spaces.validation import numbers_only, validate
 
 from orchestrator import study as studies
 from orchestrator.records import TrialRecord
+from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prediction
@@ -85,7 +86,7 @@ class Recorder:
             TrialRecord.write(trial, layout=dict(trial.params))
         if prediction is not None:
             TrialRecord.write(trial, prediction=prediction.data)
-        TrialRecord.write(trial, backend=self.session.spec.backend, status="infeasible", reason=reason)
+        TrialRecord.write(trial, backend=self.session.spec.backend, status="infeasible", reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
         self.study.tell(trial, [0.0, _finite(memory)])
@@ -102,7 +103,8 @@ class Recorder:
         """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
         trial = p.trial
         spec = self.session.spec
-        result = self.judged(p, result)
+        if p.measured is None:  # a kept result was judged when it was measured: judging it again would, e.g.,
+            result = self.judged(p, result)  # compose a proxy's figures to full size twice
         used, at_full = gpu_seconds(p.size, result, spec)
         result.extra.update(gpu_seconds=used, full_size_gpu_seconds=at_full)
         memory = result.peak_memory_gib if result.peak_memory_gib is not None else p.prediction.peak_memory_gib
@@ -110,6 +112,7 @@ class Recorder:
         over = (memory or 0.0) - self.limit
         if result.status == "oom":
             over = max(over, 1.0)  # it did not fit, whatever the partial numbers say
+        _redact_result(result)  # stored and sent to MLflow: no credential a trainer's error quoted
         attrs: dict[str, Any] = {"status": result.status, "result": result}
         if result.error:
             attrs["reason"] = result.error[:2000]
@@ -156,16 +159,21 @@ class Recorder:
             pass
 
     def interrupted(self, proposals: list[Proposal]) -> None:
-        """Trials running when the sweep stopped: failed with the reason (re-run on --resume); nothing when
-        another driver has taken the study over (its recovery re-runs them)."""
+        """Trials running when the sweep stopped: failed with the reason (re-run on --resume, or recorded from
+        the result they stored before their tell); nothing when another driver has taken the study over (its
+        recovery re-runs them). A trial already told, or kept in the result spool, is left as it is: it was
+        measured, and failing it now would count it once and run it again."""
         try:
             self.session.lease.fence()
         except LeaseLost:
             return
         except Exception as exc:  # noqa: BLE001 -- a storage that cannot be read: try the writes below anyway
             log.warning("could not check the driver lease before marking trials interrupted: %s",
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        redact_text(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__)
+        settled = self._settled({p.trial.number for p in proposals})
         for p in proposals:
+            if p.trial.number in settled:
+                continue
             try:
                 TrialRecord.write(p.trial, reason=INTERRUPTED, status="interrupted")
                 self.study.tell(p.trial, state=TrialState.FAIL)
@@ -173,8 +181,26 @@ class Recorder:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)
             except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume finds it RUNNING
                 why = type(studies.storage_failure(exc, self.session.spec.storage)).__name__ \
-                    if isinstance(exc, studies.STORAGE_ERRORS) else f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, studies.STORAGE_ERRORS) else redact_text(f"{type(exc).__name__}: {exc}")
                 log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", p.trial.number, why)
+
+    def _settled(self, numbers: set[int]) -> set[int]:
+        """Those of `numbers` that need no marking: finished in the storage (told) or kept in the result spool."""
+        settled = {n for n in self.session.spool.records() if n in numbers}
+        try:
+            settled |= {t.number for t in self.study.get_trials(deepcopy=False)
+                        if t.number in numbers and t.state.is_finished()}
+        except Exception as exc:  # noqa: BLE001 -- a storage that cannot be read: the writes below say more
+            log.warning("could not read which trials were told before marking them interrupted: %s",
+                        type(exc).__name__)
+        return settled
+
+
+def _redact_result(result: TrialResult) -> None:
+    """The free text of a result (its error, the command it ran) with every credential shape masked."""
+    result.error = redact_text(result.error)
+    if isinstance(result.extra, dict) and result.extra.get("command"):
+        result.extra["command"] = redact_mapping(result.extra["command"])
 
 
 def short_label(layout: Layout) -> str:

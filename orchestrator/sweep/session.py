@@ -9,6 +9,7 @@ nothing behind that a corrected rerun would trip over.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ import optuna
 from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
+from search_spaces.result import MEASURED_STATUSES
 from search_spaces.space import explore
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, canonical_backend
 from orchestrator.records import StudyRecord, TrialRecord, enqueue
+from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.searches import make_sampler
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.sweep.fidelity import TrialSize, trial_size
@@ -97,26 +100,41 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     prior = prior or make_prior(spec)
     prior.model, prior.gpu  # unknown model or GPU names fail here, before anything is stored
     workdir = Path(spec.workdir) / spec.name
+    if not resume:
+        _check_something_fits(spec, prior)  # the cost model alone: before any store is looked at
+    # every store checked before any is created (a refused sweep leaves nothing); each new one is then made whole
     tracker = Tracker(spec.tracking_uri, spec.experiment_name, workdir / "mlflow-spool.jsonl") \
         if spec.tracking_uri.lower() != "none" else None
     if tracker:
         tracker.check()  # a tracking URI that cannot be used: one line, nothing created
-    storage = studies.open_storage(spec.storage)
+    studies.check_storage(spec.storage, resume)
     _check_workdir(workdir)
-    if not resume:
-        _check_something_fits(spec, prior)
+    storage = studies.open_storage(spec.storage)
+    studies.check_study(storage, spec.storage, spec.name, resume)  # already there, or nothing to resume
+    _check_workdir(workdir, create=True)
+    if tracker:
+        tracker.open()
     space = SweepSpace.from_prior(prior)
     sampler = make_sampler(spec.search, space, prior, spec.seed,
                            runnable=lambda lay: trial_size(spec, prior.model, prior.gpu, lay).refusal is None)
-    study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
-    lease = Lease(study)
-    lease.acquire()
+    try:
+        study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
+    except studies.STORAGE_WRITE_ERRORS as exc:  # refused or full before the study was made: nothing stored
+        raise studies.storage_failure(exc, spec.storage, "cannot create the study in") from None
+    try:
+        lease = Lease(study)
+        lease.acquire()
+    except studies.STORAGE_WRITE_ERRORS as exc:  # a study its storage will not let us change
+        raise studies.storage_failure(exc, spec.storage) from None
     if tracker:
         tracker.fence = lease.fence
     session = Session(spec, prior, space, sampler, study, lease, tracker,
                       ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
     try:
         _start(session, existed, run_tags or {})
+    except studies.STORAGE_WRITE_ERRORS as exc:  # e.g. the disk filled while the study was set up
+        session.close()
+        raise studies.storage_failure(exc, spec.storage) from None
     except BaseException:
         session.close()
         raise
@@ -128,10 +146,11 @@ def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
     if existed:
         _check_situation(study, spec)
     else:
-        StudyRecord.write(study, spec=spec.dump(), situation=spec.situation(), model=spec.model,
+        # stored without credentials (a URI's password, a token): StudyRecord.of reads the URIs back usable
+        StudyRecord.write(study, spec=redact_mapping(spec.dump()), situation=spec.situation(), model=spec.model,
                           seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=spec.num_gpus, backend=spec.backend,
-                          memory_limit_gib=session.prior.memory_limit_gib, tracking_uri=spec.tracking_uri,
-                          family=spec.experiment)
+                          memory_limit_gib=session.prior.memory_limit_gib,
+                          tracking_uri=redact_text(spec.tracking_uri), family=spec.experiment)
         carried = {lay.replace(**session.prior.pinned) for lay in session.prior.carried}
         for seed in session.prior.seeds():
             source = "previous length" if seed in carried else "rule-of-thumb"
@@ -144,10 +163,16 @@ def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
         _recover(session)
 
 
-def _check_workdir(workdir: Path) -> None:
+def _check_workdir(workdir: Path, create: bool = False) -> None:
+    """The work directory takes files: checked in its nearest existing folder (nothing is created, a refused
+    sweep leaves nothing), then made (`create`) once the study is known to run."""
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write-probe"
+        if create:
+            workdir.mkdir(parents=True, exist_ok=True)
+        there = workdir
+        while not there.exists() and there != there.parent:
+            there = there.parent
+        probe = there / f".write-probe-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
@@ -192,30 +217,42 @@ def _backend_name(name: str) -> str:
 
 
 def _recover(session: Session) -> None:
-    """What the last driver left: results it could not store, trials it left running or interrupted."""
+    """What the last driver left: results it could not store, trials it left running or interrupted.
+
+    Each such trial is failed (never told complete: it does not count) and queued once more, as a new trial that
+    records the result it had measured (kept in the result spool, or stored before its tell) or, when it had
+    none, runs its layout again; its MLflow child is closed as failed."""
     study, tracker = session.study, session.tracker
     session.lease.fence()
     kept = session.spool.records()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         reason = "the driver stopped while the trial was running; its layout runs again"
+        stored = TrialRecord.of(t)  # read before the tell: what it stored while running
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if tracker:
             tracker.mark_failed(t.number, reason)
-        attrs: dict[str, Any] = {"proposed_by": "resume", "retry_of": t.number, "retry_reason": reason}
-        spooled = kept.get(t.number)
-        if spooled is not None and spooled.result is not None:  # measured, but the storage refused it: recorded
-            attrs["measured_result"] = TrialRecord.attrs(result=spooled.result)["result"]
         if t.params:
-            enqueue(study, t.params, **attrs)
+            _retry(study, t.number, t.params, reason, kept.get(t.number) or stored)
     session.spool.clear()
     trials = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
     retried = {r.retry_of for r in trials}
     for r in trials:
         if r.state == "fail" and r.reason == INTERRUPTED and r.number not in retried and r.params:
-            enqueue(study, r.params, proposed_by="resume", retry_of=r.number)
+            _retry(study, r.number, r.params, None, r)
     if tracker:
         tracker.flush()
         for record in studies.finished_records(study):
             if record.status and not tracker.is_finished(record.number) and (
                     session.track_rejected or record.status != "infeasible"):
                 tracker.record(session.mlflow_record(record))
+
+
+def _retry(study: optuna.Study, number: int, params: dict[str, Any], reason: str | None, measured: TrialRecord) -> None:
+    """Queue trial `number`'s layout again; a judged result it had measured is recorded, not measured again."""
+    attrs: dict[str, Any] = {"proposed_by": "resume", "retry_of": number}
+    if measured.result is not None and measured.result.status in MEASURED_STATUSES:
+        attrs["measured_result"] = TrialRecord.attrs(result=measured.result)["result"]
+        reason = "measured before the driver stopped, not yet recorded: its result is recorded, not run again"
+    if reason:
+        attrs["retry_reason"] = reason
+    enqueue(study, params, **attrs)

@@ -1,0 +1,86 @@
+"""A seeded sweep proposes the same layouts on any machine (issue 34): what the cost model ranks is decided by
+counts, never by the clock.
+
+The ranking runs under a clock that races ahead -- every reading a minute after the one before, as on a machine
+thousands of times slower -- and must propose exactly what it proposes under the real clock. Only `space`'s
+--budget (a user's safety net in seconds) may stop the ranking early, and then its output says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.spec import parse_spec
+from orchestrator.sweep.prior import Prior
+from search_spaces.space import explore
+
+# a space far larger than Prior.SMALL_SPACE: the prior ranks it through explore(); small enough to rank quickly
+SPEC = {"model": "qwen3-30b-a3b", "gpu": "h200", "nodes": 8, "gpus_per_node": 8, "seq_len": 32768,
+        "backend": "analytic", "seed": 0}
+SITUATION = ("qwen3-30b-a3b", "h200", 64, 32768)
+
+
+@contextlib.contextmanager
+def racing_clock(monkeypatch: pytest.MonkeyPatch, step_s: float = 60.0):
+    """time.perf_counter, monotonic and time advance by `step_s` at every reading."""
+    now = [time.time()]
+
+    def reading() -> float:
+        now[0] += step_s
+        return now[0]
+
+    with monkeypatch.context() as patch:
+        for name in ("perf_counter", "monotonic", "time"):
+            patch.setattr(time, name, reading)
+        yield
+
+
+def _proposals(prior: Prior) -> tuple[list[str], list[str]]:
+    """What the samplers start from: the seeds and the cost model's ranking."""
+    return [lay.key() for lay in prior.seeds()], [lay.key() for lay in prior.ranked(limit=64)]
+
+
+def test_the_prior_proposes_the_same_layouts_under_a_racing_clock(monkeypatch):
+    spec = parse_spec(SPEC)
+    assert not Prior(spec).small_space  # the ranking goes through explore
+    normal = _proposals(Prior(spec))
+    with racing_clock(monkeypatch):
+        raced = _proposals(Prior(spec))
+    assert raced == normal
+    assert len(normal[1]) == 64
+
+
+def test_explore_without_a_budget_ignores_the_clock(monkeypatch):
+    normal = explore(*SITUATION, top=20)
+    with racing_clock(monkeypatch):
+        raced = explore(*SITUATION, top=20)
+    assert raced.top == normal.top and raced.estimated == normal.estimated and not raced.cut_short
+    assert raced.grids_ranked == normal.grids_ranked > 0
+
+
+def _space(*extra: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["space", "--model", SITUATION[0], "--gpu", SITUATION[1], "--num-gpus", str(SITUATION[2]),
+                   "--seq-len", str(SITUATION[3]), *extra])
+    return rc, out.getvalue()
+
+
+def test_space_says_when_its_budget_cut_the_ranking_short(monkeypatch):
+    rc, text = _space("--json")
+    whole = json.loads(text)
+    assert rc == 0 and whole["cut_short"] is False and whole["grids_ranked"] > 0
+    with racing_clock(monkeypatch):
+        rc, text = _space("--json", "--budget", "30")
+        cut = json.loads(text)
+        assert rc == 0 and cut["cut_short"] is True and cut["grids_ranked"] < whole["grids_ranked"]
+        rc, text = _space("--budget", "30")
+        assert rc == 0 and "cut short" in text and "--budget 30 s" in text
+    rc, text = _space()
+    assert rc == 0 and "cut short" not in text
