@@ -12,7 +12,14 @@ comparable): the long-context MoE rows (search_spaces/reference/moe_long_context
 DeepSeek-V3 on H100 4K-256K, Qwen3-Next on GB200 8K-64K, Qwen3-235B on GB200/GB300 at 128K), each predicted with its
 best CP communication type (none is published), every other row of each series held out.
 
-    .venv/bin/python bench/estimator_accuracy.py          # every row + the tables
+Validation by source (bench/leave_one_out.py), the figure that counts: each publisher's rows (Megatron-Bridge
+performance summary, skill cards, Megatron-MoE-ModelZoo, NeMo's long-sequence tables; long-context MoE rows with their
+publisher) left out in turn, the constants refitted on every row of the others, the left-out rows predicted; the same
+per GPU and for the Blackwell family (Hopper has one GPU). MAPE per fold and the mean over folds; beside each, the
+packaged calibration's MAPE on the same rows (fitted on half of them).
+
+    .venv/bin/python bench/estimator_accuracy.py            # every row + the tables + the folds (~10 CPU-minutes)
+    .venv/bin/python bench/estimator_accuracy.py --no-folds # without the refits
 `run()` returns the figures as a dict (bench/run_all.py reuses it).
 """
 
@@ -27,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from search_spaces.calibration import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
 from search_spaces.calibration_file import Calibration, calibration  # noqa: E402
 from search_spaces.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
+from bench.leave_one_out import folds, predict, run_fold  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
 
@@ -37,7 +45,7 @@ def _row(m: Measurement, half: str, cal: Calibration, best_cp: bool = False) -> 
         return None
     ratio = pred / m.tokens()
     return {"cp_comm_type": layout.cp_comm_type + (f" {list(layout.hierarchical_cp)}" if layout.hierarchical_cp
-                                                   else ""),"source": m.source, "model": m.model, "gpu": m.gpu, "family": m.family, "num_gpus": m.num_gpus,
+                                                   else ""), "source": m.source, "origin": m.origin, "model": m.model, "gpu": m.gpu, "family": m.family, "num_gpus": m.num_gpus,
             "seq_len": m.seq_len, "layout": m.layout.key(), "half": half, "release": m.release,
             "published_tflops": round(m.tflops(), 1), "predicted_tflops": round(m.tflops() * ratio, 1),
             "error_pct": round(100 * (ratio - 1), 1)}
@@ -62,7 +70,7 @@ def trends(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run(cal: Calibration | None = None) -> dict:
+def run(cal: Calibration | None = None, with_folds: bool = True) -> dict:
     cal = cal or calibration()
     rows_in = published_rows()
     fit, held = declared_halves(rows_in)
@@ -82,7 +90,39 @@ def run(cal: Calibration | None = None) -> dict:
     by_family = {f"{half} {fam}": _mape([r for r in rows if r["half"] == half and r["family"] == fam])
                  for half in ("fitted", "held out") for fam in sorted({r["family"] for r in rows})}
     return {"rows": rows, "mape": table, "mape_by_family": by_family, "trends": trends(rows),
-            "count": len(rows), "skipped": skipped, "mape_all": _mape(rows), "long_context_moe": long_context(cal)}
+            "count": len(rows), "skipped": skipped, "mape_all": _mape(rows), "long_context_moe": long_context(cal),
+            "leave_one_out": leave_one_out(cal) if with_folds else None}
+
+
+def _pct(errs: list[float]) -> float | None:
+    return round(100 * sum(abs(e) for e in errs) / len(errs), 1) if errs else None
+
+
+def leave_one_out(cal: Calibration) -> dict:
+    """Each fold's left-out MAPE, the packaged calibration's on the same rows, rows, refit CPU seconds; the mean
+    over the folds of each kind; and every left-out row's error (bench/leave_one_out.py)."""
+    rows, long_rows = published_rows(), long_context_moe_rows()
+    out: dict = {"folds": [], "rows": []}
+    for fold in folds():
+        result = run_fold(fold, rows, long_rows)
+        errs = [e for _, e in result["errors"]]
+        packaged = [e for m, _ in result["errors"] for e in [predict(m, cal)] if e is not None]
+        out["folds"].append({k: result[k] for k in ("kind", "name", "refused", "refit_cpu_s", "evaluations",
+                                                    "fitted")}
+                            | {"rows": len(errs), "mape": _pct(errs), "packaged_mape": _pct(packaged)})
+        print(f"fold {fold.kind} {fold.name}: {len(errs)} rows, MAPE {_pct(errs)}% (packaged {_pct(packaged)}%), "
+              f"refit {result['refit_cpu_s']} CPU s", file=sys.stderr, flush=True)
+        out["rows"] += [{"fold": f"{fold.kind} {fold.name}", "model": m.model, "gpu": m.gpu, "seq_len": m.seq_len,
+                         "layout": m.layout.key(), "published_tflops": round(m.tflops(), 1),
+                         "error_pct": round(100 * e, 1)} for m, e in result["errors"]]
+    gpu_folds = [f for f in out["folds"] if f["kind"] == "gpu"]
+    out["families"] = [next(f for f in gpu_folds if f["name"] == "h100") | {"kind": "family", "name": "hopper"}] \
+        + [f for f in out["folds"] if f["kind"] == "family"]
+    out["mean"] = {kind: round(sum(f["mape"] for f in fs) / len(fs), 1)
+                   for kind, fs in (("source", [f for f in out["folds"] if f["kind"] == "source"]),
+                                    ("gpu", gpu_folds), ("family", out["families"]))}
+    out["refit_cpu_s"] = round(sum(f["refit_cpu_s"] for f in out["folds"]), 0)
+    return out
 
 
 def long_context(cal: Calibration) -> dict:
@@ -95,7 +135,7 @@ def long_context(cal: Calibration) -> dict:
 
 
 def main() -> None:
-    result = run()
+    result = run(with_folds="--no-folds" not in sys.argv[1:])
     print(f"{'half':8} {'source':20} {'model':20} {'gpu':6} {'n':>5} {'seq':>8} {'published':>9} "
           f"{'predicted':>9} {'err%':>6}")
     for r in result["rows"]:
@@ -109,6 +149,13 @@ def main() -> None:
               f"{r['cp_comm_type']:14} {r['published_tflops']:7.0f} {r['predicted_tflops']:7.0f} {r['error_pct']:6.1f}")
     for k, v in lc["mape"].items():
         print(f"MAPE long-context MoE {k:9} {v}% (best CP type per row)")
+    loo = result["leave_one_out"]
+    if loo:
+        for f in loo["folds"] + loo["families"][:1]:
+            print(f"left out {f['kind']:6} {f['name']:36} {f['rows']:3d} rows  MAPE {f['mape']:5.1f}%  "
+                  f"(packaged {f['packaged_mape']}%)  refit {f['refit_cpu_s']} CPU s, {f['evaluations']} evaluations")
+        for kind, v in loo["mean"].items():
+            print(f"mean leave-one-{kind}-out MAPE {v}%")
 
 
 def section(r: dict) -> list[str]:
@@ -131,6 +178,7 @@ def section(r: dict) -> list[str]:
               "| model | GPU | length | half | published trend | predicted trend |", "|---|---|---|---|---|---|"]
     lines += [f"| {t['model']} | {t['gpu']} | {t['seq_len'] // 1024}K | {t['half']} | {t['published_trend']} | "
               f"{t['predicted_trend']} |" for t in r["trends"]]
+    lines += loo_section(r["leave_one_out"])
     lc = r["long_context_moe"]
     lines += ["", "Long-context MoE rows (search_spaces/reference/moe_long_context.csv), scored apart from the table "
               "above, each at its best CP communication type (none is published): MAPE fitted "
@@ -144,6 +192,31 @@ def section(r: dict) -> list[str]:
               "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x['half']} | {x['source']} | {x['model']} | {x['gpu']} | {x['num_gpus']} | {x['seq_len']} | "
               f"{x['published_tflops']} | {x['predicted_tflops']} | {x['error_pct']} |" for x in r["rows"]]
+    return lines + ["", "</details>"]
+
+
+def loo_section(loo: dict | None) -> list[str]:
+    """The validation-by-source tables (the figure that counts: no left-out row was seen by its refit)."""
+    if not loo:
+        return []
+    lines = ["", "**Validation by source** (bench/leave_one_out.py): each source left out in turn, the constants "
+             "refitted on every row of the others (bench/fit_calibration.py's objective, warm-started from the "
+             "packaged constants; a GPU family, release or Ultra pair no kept row measures gets the defaults, no "
+             "release factor, a re-measured rate), the left-out rows (long-context MoE rows with their publisher, "
+             f"at their best CP type) predicted. All refits: {loo['refit_cpu_s']:.0f} CPU s. Beside each, the "
+             "packaged calibration's MAPE on the same rows (it was fitted on half of them).", "",
+             "| left out | rows | MAPE % (refit without them) | packaged calibration MAPE % | refit CPU s |",
+             "|---|---|---|---|---|"]
+    for f in loo["folds"] + loo["families"][:1]:
+        lines.append(f"| {f['kind']} {f['name']} | {f['rows']} | **{f['mape']}** | {f['packaged_mape']} | "
+                     f"{f['refit_cpu_s']} |")
+    means = loo["mean"]
+    lines += ["", f"Mean over folds: leave-one-source-out **{means['source']}%**, leave-one-GPU-out {means['gpu']}%, "
+              f"leave-one-family-out {means['family']}% (Hopper's fold is H100's).", "",
+              "<details><summary>every left-out row</summary>", "",
+              "| fold | model | GPU | seq | layout | published TF/s | error % |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {x['fold']} | {x['model']} | {x['gpu']} | {x['seq_len']} | {x['layout']} | "
+              f"{x['published_tflops']} | {x['error_pct']} |" for x in loo["rows"]]
     return lines + ["", "</details>"]
 
 

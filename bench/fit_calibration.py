@@ -36,7 +36,9 @@ from search_spaces.calibration import (SHARED_PARAMETERS, Parameter, errors, fit
                                        predict_tokens_best_cp)
 from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
 from search_spaces.knob_pairs import load_knob_pairs, predicted_ratio  # noqa: E402
-from search_spaces.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
+from search_spaces.maturity import measure_maturity  # noqa: E402
+from search_spaces.reference import (declared_halves, long_context_moe_rows, published_rows,  # noqa: E402
+                                     summary_rows_every_release)
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
 OLD_RELEASES = ("nemo-24.03.01", "nemo-25.04.rc2")
@@ -57,7 +59,8 @@ ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackw
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
           "attention_release_factor", "ep_exposed", "ep_serial_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
           "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "delta_net_state_step_s", "sustained_rate",
-          "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software")
+          "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software",
+          "software_maturity")
 # the software the published rows ran: Megatron-Bridge's performance-summary containers (their versions are not
 # published beside the rows), NeMo's for the long-sequence rows
 PUBLISHED_STACK = {"container": "NeMo 25.09-26.08 (Megatron-Bridge performance summary), NeMo 24.03.01 / 25.04 "
@@ -99,6 +102,9 @@ def start(refit: bool = True) -> Calibration:
             base[key]["cpu"] = value["cpu"]
     ratio, _ = ultra_ratio(published_rows())  # a measurement, taken on every row (it is not fitted to the model)
     base["sustained_rate"] = {gpu: round(ratio, 3) for gpu in ULTRA}
+    # measured too: each older release's tokens/s over the newest's, same configuration (search_spaces/maturity.py)
+    base["software_maturity"] = {gpu: {release: v["factor"] for release, v in table.items()}
+                                 for gpu, table in measure_maturity(summary_rows_every_release()).items()}
     if not refit or not all(r in base["attention_release_factor"] for r in OLD_RELEASES):
         base["attention_release_factor"] = {release: 0.75 for release in OLD_RELEASES}
     base["software"] = PUBLISHED_STACK

@@ -12,7 +12,10 @@ an analytic sweep of 200 trials with each of the sweep's searches (in this proce
     python bench/sweep_speed.py --no-searches   # the three commands only
 
 Timings belong here, not in tests/ (tests assert behaviour; a shared machine makes times noisy: the figures are
-one run each, the estimate's the median of three).
+one run each, the estimate's the median of three). Beside each wall time, the CPU seconds the command's processes
+used (user + sys, its forked workers included), and the load average when the run began: on a loaded machine the
+wall times say little, the CPU seconds more. The commands run with bytecode caching on (a warm-up run first), as
+an installed package's would: PYTHONDONTWRITEBYTECODE would make every run compile the project again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,26 +48,42 @@ BASELINE_S = {"space": 31.0, "sweep": 90.0, "estimate": 1.1}
 GOAL_S = {"space": 3.0, "sweep": 10.0, "estimate": 0.5}  # issue 33
 
 
-def _timed(argv: list[str], cwd: Path | None = None) -> tuple[float, str]:
-    """(wall seconds, stdout) of `moe-autotune ARGV` in a fresh process."""
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of `moe-autotune ARGV` in a fresh process."""
+    cpu = _children_cpu_s()
     start = time.perf_counter()
-    done = subprocess.run([*CLI, *argv], cwd=cwd or ROOT, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run([*CLI, *argv], cwd=cwd or ROOT, capture_output=True, text=True, check=False, env=_env())
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"moe-autotune {' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    return seconds, done.stdout
+    return seconds, _children_cpu_s() - cpu, done.stdout
 
 
 def commands() -> dict:
-    """The three commands' wall times (and what `space` found)."""
-    space_s, out = _timed(["space", *SITUATION, "--json"])
+    """The three commands' wall and CPU times (and what `space` found)."""
+    load = os.getloadavg()[0]
+    _timed(["estimate", *SITUATION, *LAYOUT, "--json"])  # warm-up: the project's bytecode cached
+    space_s, space_cpu, out = _timed(["space", *SITUATION, "--json"])
     found = json.loads(out)
     with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
-        sweep_s, _ = _timed(["sweep", str(SPEC), "--storage", f"sqlite:///{tmp}/optuna.db", "--tracking-uri",
-                             f"sqlite:///{tmp}/mlflow.db", "--seed", "0", "--quiet"], cwd=Path(tmp))
-    estimate_s = statistics.median(_timed(["estimate", *SITUATION, *LAYOUT, "--json"])[0] for _ in range(3))
+        sweep_s, sweep_cpu, _ = _timed(["sweep", str(SPEC), "--storage", f"sqlite:///{tmp}/optuna.db",
+                                        "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--seed", "0", "--quiet"],
+                                       cwd=Path(tmp))
+    runs = sorted(_timed(["estimate", *SITUATION, *LAYOUT, "--json"])[:2] for _ in range(3))
+    estimate_s, estimate_cpu = runs[1]  # the median run by wall time
     return {"space": round(space_s, 2), "sweep": round(sweep_s, 2), "estimate": round(estimate_s, 2),
+            "cpu": {"space": round(space_cpu, 2), "sweep": round(sweep_cpu, 2), "estimate": round(estimate_cpu, 2)},
+            "load_average": round(load, 2), "cores": os.cpu_count(),
             "space_total": found["total"], "space_legal": found["legal_count"], "space_cut_short": found["cut_short"]}
 
 
@@ -98,10 +118,11 @@ def section(result: dict) -> list[str]:
                      "MLflow store",
             "estimate": "`estimate` of one layout of it (median of 3)"}
     lines = [f"Each command's wall time, start-up and imports included; ratio to the figures of {BASELINE_DATE} "
-             f"(a quiet 2-core machine, before the cost model was memoised):", "",
-             "| command | seconds | ratio to baseline | baseline s | goal s |", "|---|---|---|---|---|"]
-    lines += [f"| {what[k]} | **{c[k]}** | {c[k] / BASELINE_S[k]:.2f} | {BASELINE_S[k]} | {GOAL_S[k]} |"
-              for k in BASELINE_S]
+             f"(a quiet 2-core machine, before the cost model was memoised). This run: {c['cores']} cores, load "
+             f"average {c['load_average']} when it began; CPU s is user + sys of the command's processes:", "",
+             "| command | seconds | CPU s | ratio to baseline | baseline s | goal s |", "|---|---|---|---|---|---|"]
+    lines += [f"| {what[k]} | **{c[k]}** | {c['cpu'][k]} | {c[k] / BASELINE_S[k]:.2f} | {BASELINE_S[k]} | "
+              f"{GOAL_S[k]} |" for k in BASELINE_S]
     if result["sweeps"]:
         lines += ["", "An analytic sweep of the same situation with each search (in one process, seed 0):", "",
                   "| search | trials | rejected by the cost model | seconds | best tokens/s/GPU |",

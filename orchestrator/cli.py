@@ -19,7 +19,7 @@ import click
 import typer
 
 from orchestrator import crashlog
-from orchestrator.redact import redact_uri
+from orchestrator.redact import redact_text, redact_uri
 from search_spaces.errors import MoeAutotuneError
 
 app = typer.Typer(
@@ -48,8 +48,9 @@ from orchestrator.commands import promote as _promote  # noqa: E402
 from orchestrator.commands import check as _check  # noqa: E402
 from orchestrator.commands import ui as _ui  # noqa: E402
 from orchestrator.commands import calibrate as _calibrate  # noqa: E402
+from orchestrator.commands import lengths as _lengths  # noqa: E402
 
-for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui, _calibrate):
+for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui, _calibrate, _lengths):
     _module.register(app)
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the last line of defence: a bug is one line and a log file, not a traceback
         if _debug["on"] or crashlog.should_raise():
             raise
-        line = crashlog.report(exc, argv)
+        line = redact_text(crashlog.report(exc, argv))  # a log path can carry a name; every line is redacted
         try:
             typer.echo(line, err=True)
         except OSError:  # not even stderr takes it: the exit code still says what happened

@@ -57,6 +57,35 @@ def _offload_fields(layout: Layout) -> dict[str, Any]:
             "use_precision_aware_optimizer": True}
 
 
+def _activation_offload_fields(layout: Layout) -> dict[str, Any]:
+    """TransformerConfig fields of the fine-grained activation offload (none when off). Megatron-Core needs a cap on
+    the offloads in flight under full-iteration graphs (one per module: each waits for its previous copy), and
+    Transformer Engine's op fuser for fused_group_mlp."""
+    if not layout.activation_offload:
+        return {}
+    fields: dict[str, Any] = {"fine_grained_activation_offloading": True,
+                              "offload_modules": list(layout.activation_offload)}
+    if "full_iteration" in layout.cuda_graphs:
+        fields["fine_grained_offloading_max_inflight_offloads"] = 1
+    if "fused_group_mlp" in layout.activation_offload:
+        fields["use_transformer_engine_op_fuser"] = True
+    return fields
+
+
+def _optimizer_state_fields(layout: Layout) -> dict[str, Any]:
+    """OptimizerConfig fields of the moments' precision: written for fp32 too, over a recipe that sets bf16."""
+    return _megatron_fields(layout, "optimizer_states")
+
+
+def _fp8_param_fields(layout: Layout) -> dict[str, Any]:
+    """DDP fields of fp8 parameters (none when off). MXFP8 weights cannot be mapped into the param buffer: their
+    all-gather borrows the gradient buffer (Megatron-Bridge refuses MXFP8 fp8_param_gather without it)."""
+    if not layout.fp8_param_gather:
+        return {}
+    return {"fp8_param_gather": True,
+            **({"reuse_grad_buf_for_mxfp8_param_ag": True} if layout.precision == "mxfp8" else {})}
+
+
 def _attr(model: Any, name: str, default: Any = None) -> Any:
     value = getattr(model, name, default)
     return default if value is None else value
@@ -102,6 +131,8 @@ def _field_flags(fields: dict[str, Any]) -> list[str]:
         flag = _LM_FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
         if value is True:
             argv.append(flag)
+        elif isinstance(value, list):  # nargs="+"
+            argv += [flag, *map(str, value)]
         elif value is not False:
             argv += [flag, str(value)]
     return argv
@@ -129,6 +160,18 @@ _LM_FLAGS: dict[str, Callable[[Layout], list[str]]] = {
     "ep_overlap": lambda lay: ["--overlap-moe-expert-parallel-comm"] if lay.ep_overlap else [],
     "hierarchical_cp": lambda lay: (["--hierarchical-context-parallel-sizes", *map(str, lay.hierarchical_cp)]
                                     if lay.hierarchical_cp else []),
+    "activation_offload": lambda lay: _field_flags(_activation_offload_fields(lay)),
+    "activation_offload_fraction": lambda lay: ["--activation-offload-fraction", str(lay.activation_offload_fraction)]
+    if lay.activation_offload_fraction != 1.0 else [],
+    # Megatron-LM 0.19.2 has no flag for Transformer Engine's op fuser, which HybridEP's rank budget needs: the
+    # paged stash runs from the bridge-yaml
+    "expert_stash": lambda lay: [] if lay.expert_stash == "none" else [
+        "--moe-paged-stash", "--moe-expert-rank-capacity-factor",
+        str(BY_NAME["expert_stash"].parameter(lay.expert_stash))],
+    "optimizer_states": lambda lay: [] if lay.optimizer_states == "fp32" else [  # Megatron-LM's dtype names
+        "--use-precision-aware-optimizer", "--exp-avg-dtype", lay.optimizer_states, "--exp-avg-sq-dtype",
+        lay.optimizer_states],
+    "fp8_param_gather": lambda lay: _field_flags(_fp8_param_fields(lay)),
 }
 
 
@@ -307,6 +350,13 @@ def _layout_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-moe-expert-parallel-comm", action="store_true")
     p.add_argument("--optimizer-cpu-offload", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)  # Megatron-LM's default
+    p.add_argument("--fine-grained-activation-offloading", action="store_true")
+    p.add_argument("--offload-modules", nargs="+", default=[])
+    p.add_argument("--activation-offload-fraction", type=float, default=1.0)
+    p.add_argument("--moe-paged-stash", action="store_true")
+    p.add_argument("--moe-expert-rank-capacity-factor", type=float, default=None)
+    p.add_argument("--exp-avg-dtype", default="fp32")
+    p.add_argument("--fp8-param-gather", action="store_true")
     return p
 
 
@@ -361,6 +411,11 @@ def layout_from_megatron_args(args: str | Iterable[str]) -> Layout:
         distributed_optimizer=ns.use_distributed_optimizer,
         ep_overlap=ns.overlap_moe_expert_parallel_comm,
         sequence_parallel=None if ns.sequence_parallel == (tp > 1) else ns.sequence_parallel,
+        activation_offload=tuple(ns.offload_modules) if ns.fine_grained_activation_offloading else (),
+        activation_offload_fraction=ns.activation_offload_fraction,
+        expert_stash=f"paged:{ns.moe_expert_rank_capacity_factor}" if ns.moe_paged_stash else "none",
+        optimizer_states=ns.exp_avg_dtype,
+        fp8_param_gather=ns.fp8_param_gather,
     )
     if gran == "full":
         fields.update(recompute_method=ns.recompute_method, recompute_num_layers=ns.recompute_num_layers)
@@ -400,6 +455,22 @@ def _bridge_full_only(name: str):
     return lambda layout: {dim.megatron: getattr(layout, name)} if layout.recompute_granularity == "full" else {}
 
 
+def _bridge_fp8_params(layout: Layout) -> dict[str, Any]:
+    """fp8 parameters in Bridge. The named mixed-precision recipe is applied over model.*, ddp.* and optimizer.* at
+    run time and decides them: its fp8 recipes with per-tensor or MXFP8 scaling gather fp8 parameters, the blockwise
+    one does not (megatron/bridge/training/mixed_precision.py). So on is written where the recipe agrees (the
+    consumer test holds the run to it) and refused where it cannot; off writes nothing: a bridge-yaml of an fp8
+    layout then runs with the recipe's fp8 weights, 1-2 B per parameter less than the model charges."""
+    if not layout.fp8_param_gather:
+        return {}
+    if layout.precision == "fp8-blockwise":
+        raise SpecError("fp8_param_gather with fp8-blockwise: Megatron-Bridge's blockwise recipe "
+                        "(bf16_with_fp8_subchannel_scaling_mixed) keeps bf16 weights; export megatron-args instead")
+    ddp = _fp8_param_fields(layout)
+    return {"model.fp8_param": True, **{f"ddp.{k}": v for k, v in ddp.items()},
+            **({"optimizer.reuse_grad_buf_for_mxfp8_param_ag": True} if layout.precision == "mxfp8" else {})}
+
+
 def _bridge_comm_overlap(layout: Layout) -> dict[str, Any]:
     """Bridge's CommOverlapConfig, whole enough to build on its own. Where a recipe has one (Qwen3-MoE on GB200
     turns the EP overlap on there), `setup` writes its fields over the model's, the EP overlap False unless set;
@@ -428,6 +499,16 @@ _BRIDGE: dict[str, Callable[[Layout], dict[str, Any]]] = {
     "ep_overlap": lambda lay: {"model.overlap_moe_expert_parallel_comm": lay.ep_overlap,
                                "comm_overlap": _bridge_comm_overlap(lay)},
     "hierarchical_cp": lambda lay: {"model.hierarchical_context_parallel_sizes": list(lay.hierarchical_cp) or None},
+    # off is written too (a recipe may turn these on: Qwen3-MoE's full-iteration recipes stash, its GB200 ones keep
+    # bf16 moments), so the run is what the cost model assumed
+    "activation_offload": lambda lay: {"model.fine_grained_activation_offloading": False, "model.offload_modules": [],
+                                       **{f"model.{k}": v for k, v in _activation_offload_fields(lay).items()},
+                                       # Bridge refuses the offload under TE >= 2.10 without TE's v1 offload path
+                                       **({"env_vars": {"NVTE_CPU_OFFLOAD_V1": 1}} if lay.activation_offload else {})},
+    "activation_offload_fraction": lambda lay: {"model.activation_offload_fraction": lay.activation_offload_fraction},
+    "expert_stash": _bridge_fields("expert_stash"),
+    "optimizer_states": lambda lay: {f"optimizer.{k}": v for k, v in _optimizer_state_fields(lay).items()},
+    "fp8_param_gather": _bridge_fp8_params,
 }
 
 
@@ -492,6 +573,9 @@ def sbatch_script(layout: Layout, model: Any, seq_len: int, num_gpus: int, gpus_
     flags = " \\\n    ".join(megatron_args_text(layout, model, seq_len).splitlines())
     vocab = int(_attr(model, "vocab_size", 32000))
     dp = layout.dp(num_gpus) or "?"
+    # Megatron-LM refuses fine-grained activation offload under Transformer Engine >= 2.10 without TE's v1 offload
+    # path (which offloads activations, not weights)
+    offload_env = "\nexport NVTE_CPU_OFFLOAD_V1=1" if layout.activation_offload else ""
     return f"""#!/bin/bash
 # Launch generated by moe-autotune: {layout.key()}
 # {num_gpus} GPUs = {nodes} node(s) x {gpus_per_node}; TP{layout.tp} CP{layout.cp} PP{layout.pp} DP{dp} EP{layout.ep}
@@ -509,7 +593,7 @@ TRAIN_ARGS=${{TRAIN_ARGS:---train-iters 100 --lr 1e-4 --log-interval 1}}
 # sed reads every line: `head -n 1` would close the pipe early and pipefail turn the SIGPIPE into a failure
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=${{MASTER_PORT:-29500}}
-export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-{layout.cuda_device_max_connections}}}
+export CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-{layout.cuda_device_max_connections}}}{offload_env}
 
 # DATA_ARGS / TRAIN_ARGS are split into words on purpose.
 # shellcheck disable=SC2086

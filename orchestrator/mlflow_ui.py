@@ -20,14 +20,15 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TextIO
 
 from mlflow import MlflowClient
 from mlflow.entities import Experiment
 
 from search_spaces.errors import SpecError
 
-from orchestrator.errors import TrackingError
+from orchestrator.commands.output import echo
+from orchestrator.errors import OutputError, TrackingError
 from orchestrator.redact import redact_uri
 from orchestrator.stores import open_mlflow
 from orchestrator.tracking import (PARENT_TAG, mark_training_experiment, require_existing_store, runs_page_url,
@@ -64,6 +65,9 @@ def serve(tracking_uri: str, study: str | None, port: int) -> int:
             code: int | None = _announce_and_wait(proc, f"http://{HOST}:{port}", experiment, log_path)
         except _Stop:
             code = None
+        except OutputError:  # the URL could not be printed (a closed pipe, a full device): nothing left running
+            log_path.unlink(missing_ok=True)
+            raise
         finally:
             stopping.append(0)  # a signal from here on is ignored: the group is being stopped anyway
             if proc is not None:
@@ -84,8 +88,13 @@ def _announce_and_wait(proc: subprocess.Popen, base: str, experiment: Experiment
     return proc.wait()
 
 
-def _say(*args: object, **kwargs: object) -> None:
-    print(*args, **kwargs, flush=True)  # a reader of a pipe gets the URL at once
+def _say(message: str, file: TextIO | None = None) -> None:
+    """One line onto standard output, guarded (commands/output.py: a closed pipe or a full device is one line,
+    exit 6), flushed at once so a reader of a pipe gets the URL while the server runs; or onto `file`."""
+    if file is None:
+        echo(message)
+        return
+    print(message, file=file, flush=True)
 
 
 def open_sweep(tracking_uri: str, study: str | None) -> Experiment:

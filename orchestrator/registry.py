@@ -85,11 +85,24 @@ def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: in
     trial = {"study": study_name, "trial": view.number, "backend": view.backend, "estimated": view.estimated,
              "model": ctx.model, "seq_len": seq_len, "gpu": ctx.gpu, "num_gpus": ctx.num_gpus,
              "profiled_with_model_overrides": ctx.model_overrides or None, **view.evidence()}
+    megatron_args, bridge = export.megatron_args_text(layout, model, seq_len), export.bridge_overrides_yaml(
+        layout, seq_len, model)
+    if ((ctx.spec or {}).get("packing") or {}).get("mode") == "packed":  # the packing settings ride along
+        import yaml
+
+        from search_spaces.packing import packing_exports
+
+        packed = packing_exports(layout, seq_len)
+        megatron_args += "".join(f"{flag}\n" for flag in packed["megatron_args"])
+        overrides = export.bridge_overrides(layout, seq_len, model)
+        overrides["dataset"].update(packed["bridge"]["dataset"])
+        bridge = yaml.safe_dump(overrides, sort_keys=False)
+        trial["packing"] = packed
     return {
         "layout.yaml": export.layout_yaml(layout, model=ctx.model, seq_len=seq_len, gpu=ctx.gpu,
                                           num_gpus=ctx.num_gpus, study=study_name, trial=view.number),
-        "megatron-args.txt": export.megatron_args_text(layout, model, seq_len),
-        "bridge-overrides.yaml": export.bridge_overrides_yaml(layout, seq_len, model),
+        "megatron-args.txt": megatron_args,
+        "bridge-overrides.yaml": bridge,
         "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx.num_gpus, gpus_per_node or ctx.gpus_per_node),
         "trial.json": json.dumps(trial, indent=2, default=str) + "\n",
     }
@@ -212,9 +225,15 @@ def download(ref: str, dst: str | os.PathLike | None = None) -> Path:
 
 
 def load_layout(ref: str) -> Layout:
-    """The Layout of a registered version, read back through MLflow."""
-    import yaml
+    """The Layout of a registered version, read back through MLflow (within the bounded readers' limits: the
+    store is another's to write)."""
+    from search_spaces.bounded import loads_yaml
+    from search_spaces.inputs import read_text_file
 
+    what = f"layout.yaml of {model_uri(ref)}"
     with tempfile.TemporaryDirectory() as tmp:
         folder = download(ref, tmp)
-        return Layout.from_dict(yaml.safe_load((folder / "layout.yaml").read_text()))
+        data = loads_yaml(read_text_file(folder / "layout.yaml", what), what)
+        if not isinstance(data, dict):
+            raise SpecError(f"{what} holds no mapping of layout fields")
+        return Layout.from_dict(data)

@@ -222,15 +222,22 @@ def submit(script: str, workdir: str | Path, job_name: str = "moe-autotune", wai
     exe = shutil.which(sbatch)
     if exe is None:
         raise SpecError("sbatch not found on PATH: run this on a Slurm login node")
+    from orchestrator.commands.output import write_text
+    from orchestrator.errors import OutputError
+
     jobs_dir = Path(workdir) / "runs" / "slurm"
-    jobs_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the --output directory
+    try:
+        jobs_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the --output directory
+    except OSError as exc:
+        raise OutputError(f"cannot make the job folder {str(jobs_dir)!r}: {exc.strerror or exc}") from None
     path = jobs_dir / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch"
-    path.write_text(script)
+    write_text(path, "batch script", script)  # whole or not at all (a full device is one line, exit 6)
     argv = [exe, "--parsable", *(["--wait"] if wait else []), str(path)]
     proc = subprocess.run(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
     job_id = first.split(";")[0]  # --parsable prints "id" or "id;cluster"
     if not job_id.isdigit():
+        path.unlink(missing_ok=True)  # no job runs it: a refused submission leaves no script behind
         last = (proc.stderr or proc.stdout).strip().splitlines()
         raise SpecError(f"sbatch failed: {last[-1] if last else f'exit code {proc.returncode}'}")
     return job_id, path, proc.returncode if wait else 0

@@ -60,6 +60,37 @@ class ModelOverrides(_Strict):
     """Another width than the catalog model (heads and head_dim kept)."""
 
 
+class Packing(_Strict):
+    """How a training sample is built (search_spaces/packing.py)."""
+    mode: Literal["full", "packed"] = "full"
+    """full: one document of seq_len tokens per sequence (causal attention over all of it); packed: whole
+    documents of the `lengths` histogram packed into each sequence (Megatron-Core's THD format, attention causal
+    within each document), ranked by real tokens/s."""
+    lengths: str | None = None
+    """The document-length histogram `moe-autotune lengths --out FILE` writes (needed by packed)."""
+
+    @model_validator(mode="after")
+    def _lengths_given(self) -> "Packing":
+        if self.mode == "packed" and not self.lengths:
+            raise ValueError("packing mode packed needs lengths: a document-length histogram file "
+                             "(`moe-autotune lengths DATA --out FILE`)")
+        if self.mode == "full" and self.lengths:
+            raise ValueError("packing lengths is only read with mode: packed")
+        if self.lengths:
+            from search_spaces.packing import load_histogram
+            load_histogram(self.lengths)  # a missing or broken file is refused before anything starts
+        return self
+
+    def histogram(self, seq_len: int):
+        """The histogram packed (None for full), its documents checked against seq_len."""
+        if self.mode != "packed":
+            return None
+        from search_spaces.packing import load_histogram
+        hist = load_histogram(self.lengths)
+        hist.check_fits(seq_len)
+        return hist
+
+
 class SweepSpec(_Strict):
     name: str = "moe-autotune-sweep"
     """The study's name (Optuna) and the MLflow experiment's; letters, digits, '.', '_', '-'."""
@@ -134,6 +165,19 @@ class SweepSpec(_Strict):
     calibration: str | None = None
     """A calibration file (`moe-autotune calibrate --out FILE`) the cost model uses instead of the packaged
     constants: screening, ranking and the predictions beside each measurement; recorded in MLflow."""
+    software: str | None = None
+    """The NeMo / Megatron-Bridge container release the cluster runs ("25.11"): the cost model's predictions at the
+    speed that release reached on this GPU in published rows (search_spaces/maturity.py); default: the newest."""
+    packing: Packing = Field(default_factory=Packing)
+    """How samples are built: full-length documents (default) or documents packed from a length histogram."""
+
+    @field_validator("software")
+    @classmethod
+    def _software_release(cls, value: str | None) -> str | None:
+        if value is not None:
+            from search_spaces.maturity import parse_release
+            parse_release(value)  # a release the maturity table cannot read is refused before anything starts
+        return value
 
     @field_validator("calibration")
     @classmethod
@@ -221,6 +265,8 @@ class SweepSpec(_Strict):
         if self.num_gpus > MAX_GPUS:
             raise ValueError(f"nodes x gpus_per_node ({self.nodes} x {self.gpus_per_node} = {self.num_gpus:,}) is "
                              f"more than {MAX_GPUS:,} GPUs (2**20), more than any cluster has")
+        if self.packing.mode == "packed" and not self.lengths:  # a length family checks each length's sub-sweep
+            self.packing.histogram(self.seq_len)
         if self.warmup >= self.steps:
             raise ValueError(f"warmup ({self.warmup}) must be smaller than steps ({self.steps})")
         if self.backend == "replay" and not self.replay_table:
@@ -258,6 +304,9 @@ class SweepSpec(_Strict):
         """The fields that define what the study measures (SITUATION_FIELDS); a replay table by its content."""
         data = self.dump()
         out = {name: data[name] for name in SITUATION_FIELDS}
+        if self.packing.mode == "packed":  # a packed study's situation includes its documents (by content)
+            with open(self.packing.lengths, "rb") as fh:
+                out["packing"] = "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
         if self.replay_table and Path(self.replay_table).is_file():
             with open(self.replay_table, "rb") as fh:  # streamed: the table is read whole (and bounded) elsewhere
                 out["replay_table"] = "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()

@@ -144,10 +144,25 @@ def require_writable(url: str, what: str) -> None:
     if not folder.is_dir():
         raise StorageError(f"cannot use the {what} {shown}: folder {str(folder)!r} does not exist")
     for target in ((path, folder) if path.exists() else (folder,)):
-        if not os.access(target, os.W_OK):
-            raise StorageError(f"the {what} {shown} refuses writes: {_why_not_writable(target)}")
+        # os.access passes root on an immutable folder: a probe file tells (SQLite needs its -wal/-journal there)
+        why = _why_not_writable(target) if not os.access(target, os.W_OK) else _refuses_a_file(folder, target)
+        if why:
+            raise StorageError(f"the {what} {shown} refuses writes: {why}")
     if path.exists():
         _require_unlocked(path, what, shown)
+
+
+def _refuses_a_file(folder: Path, target: Path) -> str | None:
+    """Why a new file cannot be made in `folder` (only asked for the folder itself), or None."""
+    if target != folder:
+        return None
+    probe = folder / f".moe-autotune-probe-{secrets.token_hex(4)}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        return _why_not_writable(folder)
+    return None
 
 
 def _why_not_writable(target: Path) -> str:
@@ -174,6 +189,11 @@ def _require_unlocked(path: Path, what: str, shown: str) -> None:
 
     try:
         with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S, isolation_level=None)) as conn:
+            # a damaged file is refused here: the stores' own engines retry it for minutes
+            damage = [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
+            if damage != ["ok"]:
+                raise StorageError(f"the {what} {shown} is damaged ({'; '.join(map(str, damage))[:200]}); "
+                                   "restore it from a copy or point elsewhere")
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")
     except sqlite3.OperationalError as exc:

@@ -28,7 +28,7 @@ from search_spaces.bounded import loads_json, parse_count
 from search_spaces.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import connections, sqlite_tuning, stores
-from orchestrator.errors import LeaseLost, TrackingError
+from orchestrator.errors import LeaseLost, StorageError, TrackingError
 from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
 from orchestrator.environment import recorded_environment
 from orchestrator.redact import redact_mapping, redact_text, redact_uri
@@ -67,9 +67,10 @@ def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
     if not target.exists():
         raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
                             f"directory {str(target)!r} does not exist")
-    if not os.access(target, os.W_OK):
-        raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
-                            f"{str(target)!r} is not writable")
+    try:  # a read-only or immutable folder, a damaged or locked file: one line now, not MLflow's minutes of retries
+        stores.require_writable(tracking_uri, "MLflow store")
+    except StorageError as exc:
+        raise TrackingError(str(exc)) from None
 
 
 # a read-only command's check that its MLflow store exists lives with the other store checks (no MLflow import)
@@ -156,6 +157,8 @@ class Tracker:
             self.client.log_dict(parent.info.run_id, safe_environment(), "environment.json")
             if spec.get("calibration"):
                 self._log_calibration(parent.info.run_id, Path(spec["calibration"]))
+            if (spec.get("packing") or {}).get("mode") == "packed":
+                self._log_packing(parent.info.run_id, Path(spec["packing"]["lengths"]))
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_run_id = parent.info.run_id
@@ -171,6 +174,18 @@ class Tracker:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         self.client.log_param(run_id, "calibration", redact_text(f"{path.name} sha256:{digest[:16]}"))
         self.client.log_artifact(run_id, str(path), "calibration")
+
+    def _log_packing(self, run_id: str, path: Path) -> None:
+        """Packed documents: the distribution's summary as params and the histogram file as an artifact."""
+        from search_spaces.packing import load_histogram
+
+        summary = load_histogram(path).describe()
+        self.client.log_param(run_id, "packing", "packed")
+        for key in ("documents", "mean_tokens", "median_tokens", "p90_tokens", "longest_tokens",
+                    "token_weighted_median"):
+            self.client.log_param(run_id, f"packing.{key}", summary[key])
+        self.client.log_dict(run_id, redact_mapping(summary), "packing/summary.json")
+        self.client.log_artifact(run_id, str(path), "packing")
 
     def _load_children(self) -> None:
         token = None

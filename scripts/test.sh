@@ -7,7 +7,7 @@
 #   scripts/test.sh --deep   the fast lane's tests with the property tests on thousands of examples each
 #                            (profile "deep": a nightly-size run)
 # Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
-# prints the 15 slowest tests and its wall time. Further arguments go to pytest.
+# prints the 15 slowest tests, its wall time and its processes' CPU time. Further arguments go to pytest.
 # Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
 # (default logical: one per logical CPU; 0 runs all tests in this one process).
 set -euo pipefail
@@ -28,5 +28,11 @@ start=$(date +%s)
 rc=0
 "$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?
 elapsed=$(($(date +%s) - start))
-printf 'scripts/test.sh %s: wall time %dm %02ds (exit %d)\n' "${LANE[*]}" $((elapsed / 60)) $((elapsed % 60)) "$rc"
+# the CPU time of the tests' processes as well: on a busy machine the wall time says little, the CPU time holds
+cpu_file=$(mktemp)
+times > "$cpu_file"  # in this shell (a subshell's children are not the tests); line 2: children's user and sys
+read -r cpu_user cpu_sys < <(sed -n 2p "$cpu_file")
+rm -f "$cpu_file"
+printf 'scripts/test.sh %s: wall time %dm %02ds, CPU time %s user + %s sys (exit %d)\n' "${LANE[*]}" \
+  $((elapsed / 60)) $((elapsed % 60)) "$cpu_user" "$cpu_sys" "$rc"
 exit "$rc"

@@ -55,7 +55,7 @@ class MemoryBreakdown:
     embedding_logits: float
     """The output head's share of it (final norm, logits, cross-entropy)."""
     offloaded_to_host: float
-    """Optimizer states kept in host memory (optimizer_offload)."""
+    """Optimizer states (optimizer_offload) and activations (activation_offload) kept in pinned host memory."""
     counts: RankCounts
     """The rank and what it holds, counted."""
     cp_attention_buffers: float = field(default=0.0, metadata=PEAK)
@@ -143,11 +143,17 @@ class StepTime:
     """cpu: the wait of ranks beyond the host's cores (0 on GPUs)."""
     step: float
     """The step: the components above added (compute's parts counted once, in compute)."""
+    activation_offload: float = 0.0
+    """The activation offload's copies over the host link not hidden behind the layers' compute (adds to the step;
+    declared after it and left out of `components` while 0, so the published time_s of layouts without the
+    offload keeps its keys)."""
 
     def components(self) -> dict[str, float]:
-        """Every component but `step`, in declaration order (the `time_s` of `estimate --json`)."""
-        return {k: getattr(self, k) for k in TIME_KEYS}
+        """Every component but `step`, in declaration order (the `time_s` of `estimate --json`); a quiet one
+        (QUIET_TIME_KEYS) only when not 0."""
+        return {k: getattr(self, k) for k in TIME_KEYS if k not in QUIET_TIME_KEYS or getattr(self, k)}
 
 
 TIME_KEYS = tuple(f.name for f in fields(StepTime) if f.name != "step")
+QUIET_TIME_KEYS = ("activation_offload",)  # components added after time_s was published: shown only when not 0
 COMPUTE_PARTS = ("gemm", "attention", "elementwise")  # the parts of `compute` (not added to the step again)

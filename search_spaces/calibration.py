@@ -135,6 +135,7 @@ class Measurement:
     hidden_size: int | None = None
     release: str = ""  # the software it ran (a key of the calibration's attention_release_factor, if older)
     software: tuple[tuple[str, str], ...] = ()  # (package, version) of the run, as the trainer reports them
+    origin: str = ""  # who published it (reference.ORIGINS): the source a leave-one-source-out fold leaves out
 
     def spec(self) -> ModelSpec:
         spec = model_spec(self.model)

@@ -167,12 +167,25 @@ class Calibration(BaseModel):
     software: dict[str, str] = {}
     """The software the constants were measured with (torch, megatron-core, transformer-engine, cuda, nccl, or
     a container's name: search_spaces/software.py); loading a calibration measured with another stack says so."""
+    software_maturity: dict[Family, dict[str, RELATIVE_RATE]] = {}  # type: ignore[valid-type]
+    """Per GPU, per NeMo / Megatron-Bridge container release older than the constants' own: the share of the
+    newest release's tokens/s that release reached on the same configuration (measured, not fitted, on the
+    performance summary's configurations published in several releases: search_spaces/maturity.py)."""
+    software_release: str = ""
+    """The software the figures assume: "" for the constants' own (the newest published release of each
+    configuration); a container release ("25.11"): its compute rates scaled by `software_maturity`
+    (search_spaces.maturity.at_software sets it)."""
 
     def sustained_factor(self, gpu: GPUSpec) -> float:
         """Blackwell Ultra (B300, GB300) runs faster than its datasheet twin at the same dense peak: a higher power
         limit keeps the tensor cores at higher clocks, and its doubled SFU rate speeds up softmax. Measured on
-        the reference rows that ran the same layout and release on both chips (see CALIBRATION.md)."""
-        return self.sustained_rate.get(gpu.name, 1.0)
+        the reference rows that ran the same layout and release on both chips (see CALIBRATION.md). Times the
+        maturity of `software_release` on this GPU (1 for the constants' own software)."""
+        rate = self.sustained_rate.get(gpu.name, 1.0)
+        if not self.software_release:
+            return rate
+        from search_spaces.maturity import maturity  # only an older release needs the table's lookup
+        return rate * maturity(self.software_maturity.get(gpu.name, {}), self.software_release)[0]
 
     def updated(self, constants: dict[str, Any]) -> "Calibration":
         """These constants laid over this calibration (nested tables entry by entry), validated."""

@@ -14,6 +14,9 @@ from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.layout import Layout
 from search_spaces.memory import memory_breakdown
 from search_spaces.models import ModelSpec, load_model
+from search_spaces.offload import host_refusal
+from search_spaces.packing import (LengthHistogram, packed_flops_per_step, packing_report, statistics_for,
+                                   useful_share)
 from search_spaces.pipeline import placement
 from search_spaces.rules import Violation, check
 from search_spaces.throughput import step_time
@@ -56,6 +59,12 @@ class Estimate:
     """Megatron's pipeline layout string of the placement (E embedding, t layer, m MTP, L loss; | between stages)."""
     memory_capacity_gib: float = 0.0
     """What the GPU can allocate, GiB."""
+    host_memory_refusal: str | None = None
+    """Why the host's pinned memory cannot hold what the layout offloads (search_spaces/offload.py): then it
+    does not fit either; None when it can."""
+    packing: dict[str, Any] | None = None
+    """Packed documents (search_spaces/packing.packing_report): useful-token and padding shares, attention left of
+    a full-length sequence's, the distribution's summary; None for one document per sequence."""
 
     def to_dict(self) -> dict[str, Any]:
         """The public JSON form (`estimate --json`): figures, and the breakdown in GiB and seconds."""
@@ -77,6 +86,8 @@ class Estimate:
             "seq_len": self.seq_len,
             "layout": dict(self.layout),
             "pipeline_layout": self.pipeline_layout,
+            **({"host_memory_refusal": self.host_memory_refusal} if self.host_memory_refusal else {}),
+            **({"packing": self.packing} if self.packing is not None else {}),
         }
 
 
@@ -86,10 +97,12 @@ def _resolve(model: ModelSpec | str, gpu: GPUSpec | str) -> tuple[ModelSpec, GPU
 
 
 def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, layout: Layout,
-             with_time: bool = True, cal: Calibration | None = None) -> Estimate:
+             with_time: bool = True, cal: Calibration | None = None,
+             packing: LengthHistogram | None = None) -> Estimate:
     """Predict legality, peak memory and speed of `layout`. Illegal layouts get legal=False and no figures.
     `cal`: the calibration's constants (search_spaces.calibration_file.load_calibration; default the packaged
-    one)."""
+    one). `packing`: documents packed into each sequence (search_spaces/packing.py): tokens/s counts real tokens
+    only; None: one document of seq_len tokens per sequence."""
     model, gpu = _resolve(model, gpu)
     if int(num_gpus) < 1:
         raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")
@@ -106,22 +119,33 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
     est.memory = _memory(model, gpu, num_gpus, seq_len, layout, cal)
     est.peak_memory_gib = est.memory.peak / GIB
     est.fits = est.peak_memory_gib <= gpu.memory_gib
+    est.host_memory_refusal = host_refusal(gpu, est.memory.offloaded_to_host)
+    if est.host_memory_refusal:
+        est.fits = False
+    if packing is not None:
+        est.packing = packing_report(packing, seq_len, layout)
     if with_time:
-        est.time = step_time(model, gpu, num_gpus, seq_len, layout, cal)
+        est.time = step_time(model, gpu, num_gpus, seq_len, layout, cal, packing)
         step = est.time.step
         est.step_time_s = step
-        est.tokens_per_sec_per_gpu = _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step)
-        est.tflops_per_gpu = flops_per_step(model, seq_len, layout.gbs) / step / num_gpus / 1e12
+        est.tokens_per_sec_per_gpu = _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step) \
+            * useful_share(packing, seq_len, layout)
+        stats = statistics_for(packing, seq_len, layout.cp, layout.tp, layout.sp)
+        model_flops = flops_per_step(model, seq_len, layout.gbs) if stats is None else \
+            packed_flops_per_step(model, seq_len, layout.gbs, stats)
+        est.tflops_per_gpu = model_flops / step / num_gpus / 1e12
+        if est.packing is not None:
+            est.packing["attention_share_of_step"] = est.time.attention / step
         est.mfu = est.tflops_per_gpu / gpu.peak(layout.precision)
     return est
 
 
 def tokens_per_sec_per_gpu(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-                           cal: Calibration | None = None) -> float:
+                           cal: Calibration | None = None, packing: LengthHistogram | None = None) -> float:
     """`estimate(...).tokens_per_sec_per_gpu` of a legal layout without the rest of the estimate: what `space`
     ranks its candidates by (it estimates only the fastest whole)."""
-    step = step_time(model, gpu, num_gpus, seq_len, layout, cal or calibration()).step
-    return _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step)
+    step = step_time(model, gpu, num_gpus, seq_len, layout, cal or calibration(), packing).step
+    return _tokens_per_sec_per_gpu(layout, seq_len, num_gpus, step) * useful_share(packing, seq_len, layout)
 
 
 def _tokens_per_sec_per_gpu(layout: Layout, seq_len: int, num_gpus: int, step: float) -> float:

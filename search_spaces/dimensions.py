@@ -59,6 +59,9 @@ class Dimension:
     minimum: float | None = None
     maximum: float | None = None
     optional: bool = False  # None is a legal value (meaning "decided by the rest of the layout")
+    # left out of Layout.to_dict (the JSON of records, `estimate` and `space`) while at its default: a lever added
+    # after those outputs were published, so a layout that does not use it prints as it always did
+    quiet_default: bool = False
 
     # ---- values ------------------------------------------------------------------------------------
     def parse(self, value: Any) -> Any:

@@ -27,7 +27,7 @@ class GPUSpec:
     nvlink_domain: int  # GPUs that share one NVLink (scale-up) domain
     nvlink_gbps: float  # per GPU, per direction
     scaleout_gbps: float  # per GPU, per direction (InfiniBand / RoCE NIC)
-    host_link_gbps: float  # GPU<->CPU, per direction (PCIe or NVLink-C2C), used by optimizer offload
+    host_link_gbps: float  # GPU<->CPU, per direction (PCIe or NVLink-C2C): optimizer and activation offload copies
     family: str  # the architecture whose calibrated rates apply: hopper | blackwell | cpu (see FAMILIES)
     host: str  # the host CPU that runs offloaded optimizer steps: x86 | grace | cpu (see HOSTS)
     description: str = ""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from search_spaces.errors import SpecError
+from search_spaces.redaction import redact_quoted
 
 MAX_INPUT_BYTES = 1 << 20  # 1 MiB: a spec or a config.json is a few kB
 
@@ -159,34 +160,15 @@ def _short_value(value: object) -> str:
 # An error line goes to terminals and to whatever log captures the command: it may quote a file (a spec, a
 # table, a calibration file, a value read back from a store) only as a short excerpt, one line, with the obvious
 # shapes of a secret masked. A file pointed at by mistake (an environment file, a netrc, a kubeconfig) then never
-# reaches the log whole. orchestrator/redact.py masks what moe-autotune records; this masks what it quotes.
+# reaches the log whole. One rule set (search_spaces/redaction.py) masks what moe-autotune records and quotes.
 EXCERPT_CHARS = 40  # the most an error line quotes of a file: a cell, a column name, a key, a line's start
 MESSAGE_CHARS = 600  # a message built elsewhere (a validator, PyYAML, csv) that may embed a piece of a file: cut here
-_SECRET_WORD = (r"pass(?:word|wd|phrase)?|pwd|secret|token|key|credential|cred|auth\w*|private|cookie|signature|"
-                r"session|login|bearer")
-_SECRET_SHAPES = (
-    # scheme://user:password@host: the user-info
-    (re.compile(r"(?P<keep>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@'\"]+@"), r"\g<keep>***@"),
-    # an HTTP authorization: `Bearer <token>`, `Basic <base64>`
-    (re.compile(r"(?P<keep>\b(?:bearer|basic|digest|token)\s+)[^\s'\",;]+", re.I), r"\g<keep>***"),
-    # NAME=value, NAME: value, "name": "value", a netrc's `password value`, a DSN's `password=value`
-    (re.compile(r"(?P<keep>[\w.\-]*(?:" + _SECRET_WORD + r")[\w.\-]*[\"']?\s*(?:[=:]\s*|\s+))"
-                r"(?:\"[^\"\n]*\"?|'[^'\n]*'?|[^\s'\",;&}]+)", re.I), r"\g<keep>***"),
-    # tokens by their vendors' shapes: GitHub, GitLab, AWS access key ids, Slack, OpenAI-style, JWTs
-    (re.compile(r"\b(?:gh[pousr]_\w{16,}|github_pat_\w{20,}|glpat-[\w\-]{16,}|AKIA[0-9A-Z]{16}|"
-                r"xox[abprs]-[\w\-]{10,}|sk-[\w\-]{16,}|eyJ[\w\-]{8,}\.[\w\-]{8,}\.[\w\-]{8,})"), "***"),
-    # any other long run of base64/hex with letters and digits (a key, a digest): no word is that long
-    (re.compile(r"(?=[A-Za-z0-9+/=_]{32,})(?=[A-Za-z+/=_]*[0-9])(?=[0-9+/=_]*[A-Za-z])[A-Za-z0-9+/=_]{32,}"), "***"),
-)
 
 
 def redact_secrets(text: str) -> str:
-    """`text` with the obvious shapes of a secret masked (***): URL user-info, an HTTP authorization, the value of a
-    secret-named key (`PASSWORD=`, `"token":`, a netrc's `password`, a DSN's `password=`), vendors' token
-    shapes and long key-like runs. A heuristic for quoting: what it misses, the excerpt's length bounds."""
-    for pattern, replacement in _SECRET_SHAPES:
-        text = pattern.sub(replacement, text)
-    return text
+    """`text` with the shapes of a secret masked (***), as search_spaces/redaction.py's one rule set quotes a file
+    (redact_quoted): what it misses, the excerpt's length bounds."""
+    return redact_quoted(text)
 
 
 def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:

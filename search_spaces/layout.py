@@ -27,6 +27,14 @@ PRECISIONS = ("fp32", "bf16", "fp8-tensorwise", "fp8-delayed", "fp8-blockwise", 
 PRECISION_ALIASES = {"fp8": "fp8-blockwise", "fp8-block": "fp8-blockwise", "fp8-cs": "fp8-tensorwise",
                      "fp8-mx": "mxfp8"}
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+# Megatron-Core 0.19.2's fine-grained activation offload: the modules whose input is copied to pinned host memory
+# in the forward and back before the backward (TransformerConfig.offload_modules, its allowed set)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                   "fused_group_mlp")
+# the modules inside the routed experts (Megatron-Core's offload_inside_moe)
+MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act", "fused_group_mlp")
+EXPERT_STASHES = ("none", "paged")
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 ROUTINGS = ("dropless", "capacity", "forced_balance")
 # the skill cards and Megatron-MoE-ModelZoo write force_balance / force-balance
@@ -67,6 +75,28 @@ ROUTING_MEGATRON = dict(
                                  "moe_token_drop_policy": "probs"},
                     "forced_balance": {**_NOT_FORCED, "moe_router_force_load_balancing": True}},
     parametrised={"capacity": (0.01, 64.0)}, benchmark_only=("forced_balance",))
+
+
+# The routed experts' saved activations in Megatron-Core 0.19.2's paged stash (moe_paged_stash): one page pool per
+# rank, sized for the average tokens, that every MoE layer and microbatch in flight takes pages of, instead of a
+# buffer per layer sized for its own. It needs a per-rank token budget (moe_expert_rank_capacity_factor: HybridEP
+# drops the tokens above it), which HybridEP takes only with Transformer Engine's op fuser.
+EXPERT_STASH_MEGATRON = dict(
+    megatron_values={"none": None},  # paged:F: F is the rank capacity factor
+    megatron_extra={"none": {"moe_paged_stash": False},
+                    "paged": {"moe_paged_stash": True, "use_transformer_engine_op_fuser": True,
+                              # the pool the cost model sizes (search_spaces/offload.py): Megatron's defaults, written
+                              # over a recipe's own
+                              "moe_paged_stash_buffer_size_factor_cuda": 1.1,
+                              "moe_paged_stash_buffer_size_factor_cpu": 0.0}},
+    parametrised={"paged": (1.0, 64.0)})
+# Adam's moments in the precision-aware optimizer (OptimizerConfig.exp_avg_dtype / exp_avg_sq_dtype), spelled as
+# Megatron-Bridge writes a torch dtype (str(dtype); its YAML loader reads it back with str_to_dtype); Megatron-LM's
+# --exp-avg-dtype takes our names.
+OPTIMIZER_STATES_MEGATRON = dict(
+    megatron_values={"fp32": "torch.float32", "bf16": "torch.bfloat16"},
+    megatron_extra={"fp32": {"exp_avg_sq_dtype": "torch.float32"},
+                    "bf16": {"exp_avg_sq_dtype": "torch.bfloat16", "use_precision_aware_optimizer": True}})
 
 
 def _size(doc: str, flag: str, megatron: str, megatron_lm: str, searchable: bool = True,
@@ -150,6 +180,34 @@ class Layout:
         None, "sequence parallelism in the TP regions; auto = what Megatron requires (on whenever TP > 1)",
         kind="bool", flag="--sequence-parallel", megatron="model.sequence_parallel", megatron_lm="--sequence-parallel",
         optional=True)
+    # ---- memory levers (issue 29): opt-in, so `space` holds them at their defaults unless `free` names them ----
+    activation_offload: tuple[str, ...] = dimension(
+        (), "fine-grained activation offload: the modules whose input goes to pinned host memory in the forward "
+        "and comes back for the backward (Megatron-Core's offload_modules); none = off", kind="modules",
+        flag="--activation-offload", megatron="model.offload_modules", megatron_lm="--offload-modules",
+        searchable=True, opt_in=True, quiet_default=True, choices=OFFLOAD_MODULES)
+    activation_offload_fraction: float = dimension(
+        1.0, "fraction of the offload groups of activation_offload that are offloaded (0..1)", kind="float",
+        flag="--activation-offload-fraction", megatron="model.activation_offload_fraction",
+        megatron_lm="--activation-offload-fraction", searchable=True, opt_in=True, quiet_default=True,
+        minimum=0.0, maximum=1.0)
+    expert_stash: str = dimension(
+        "none", "routed-expert activations: none (a buffer per layer, sized for the routed tokens) or paged:F "
+        "(Megatron-Core's paged stash: one page pool sized for the average tokens; F the per-rank token budget, "
+        "moe_expert_rank_capacity_factor, above which HybridEP drops tokens)", kind="choice",
+        flag="--expert-stash", megatron="model.moe_expert_rank_capacity_factor",
+        megatron_lm="--moe-expert-rank-capacity-factor", searchable=True, opt_in=True, quiet_default=True,
+        choices=EXPERT_STASHES, **EXPERT_STASH_MEGATRON)
+    optimizer_states: str = dimension(
+        "fp32", "Adam's moments: fp32, or bf16 through the precision-aware optimizer (half their bytes)",
+        kind="choice", flag="--optimizer-states", megatron="optimizer.exp_avg_dtype", megatron_lm="--exp-avg-dtype",
+        searchable=True, opt_in=True, quiet_default=True, choices=OPTIMIZER_STATE_DTYPES,
+        **OPTIMIZER_STATES_MEGATRON)
+    fp8_param_gather: bool = dimension(
+        False, "keep the compute weights in fp8 (1 B per parameter, the fp32 master in the optimizer) and all-gather "
+        "them in fp8 (Megatron-Core's fp8_param / DDP fp8_param_gather; an fp8 precision with the distributed "
+        "optimizer)", kind="bool", flag="--fp8-param-gather", megatron="ddp.fp8_param_gather",
+        megatron_lm="--fp8-param-gather", searchable=True, opt_in=True, quiet_default=True)
 
     def __post_init__(self) -> None:
         self._canonicalise(_CHECKS)
@@ -213,10 +271,13 @@ class Layout:
 
     # ---- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name, in declaration order (tuples as lists): the JSON form."""
-        d = {name: getattr(self, name) for name in FIELD_NAMES}
-        d["cuda_graphs"] = list(self.cuda_graphs)
-        d["hierarchical_cp"] = list(self.hierarchical_cp)
+        """Every field by name, in declaration order (tuples as lists), a quiet_default lever only when it is not at
+        its default: the JSON form."""
+        d = {name: getattr(self, name) for name in FIELD_NAMES
+             if name not in _QUIET or getattr(self, name) != _QUIET[name]}
+        for name, value in d.items():
+            if isinstance(value, tuple):
+                d[name] = list(value)
         return d
 
     @classmethod
@@ -295,6 +356,7 @@ PARALLEL_SIZES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.parallel
 # what Layout._canonicalise runs per field: (name, the canonical values its dimension has seen, the dimension)
 _CHECKS: tuple[tuple[str, set, Dimension], ...] = tuple((d.name, d.seen_canonical, d) for d in DIMENSIONS)
 _CHECKS_BY_NAME = {check[0]: check for check in _CHECKS}
+_QUIET = {d.name: d.default for d in DIMENSIONS if d.quiet_default}  # left out of to_dict at their default
 
 
 def _legacy_recompute(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Memory model: peak bytes per GPU on the most loaded pipeline rank, as named components.
 
-Static state (per parameter on the rank): weights (4 B fp32, else 2 B bf16; fp8 adds a 1 B cast cache),
+Static state (per parameter on the rank): weights (4 B fp32, else 2 B bf16; fp8 adds a 1 B cast cache; 1 B alone
+when the weights are kept in fp8, fp8_param_gather),
 gradients (Megatron DDP main_grad buffers, not sharded: 4 B in fp32 runs, 2 B otherwise), optimizer states (Adam exp_avg + exp_avg_sq,
 8 B, plus a 4 B fp32 master copy when the weights are not fp32; the distributed optimizer shards the dense
 part over DP*CP and the expert part over EDP; the offloaded fraction lives in host memory).
@@ -26,6 +27,7 @@ from search_spaces.hardware import GPUSpec
 from search_spaces.layout import Layout
 from search_spaces.memo import HashOnce, Memo, fields
 from search_spaces.models import ModelSpec
+from search_spaces.offload import RESIDENT_LAYERS, optimizer_bytes_per_param, with_levers
 from search_spaces.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 from search_spaces.routing import capacity_router_bytes, expert_load
 
@@ -36,17 +38,27 @@ DISPATCHER_BUFFER = {"deepep": 2.0 * GIB}
 # HybridEP's scaling factors: one fp32 per 128 hidden elements of a token
 HYBRIDEP_SCALE_BLOCK = 128
 GRAPH_SCOPE_BUFFER = 1.0 * GIB
-FULL_ITERATION_GRAPH_FACTOR = 0.5  # full-iteration graphs: +50% of the activations (notes: 1.5-2x peak)
+# Full-iteration graphs (megatron/core/full_cuda_graph.py FullCudaGraphWrapper): every microbatch's forward and backward
+# is captured into one private pool (shared with the optimizer's capture: cuda_graph_use_single_mempool), which reuses
+# within the capture what the capture frees, so the activations are held there once, not twice; beside them the graph
+# keeps static copies of each microbatch's inputs (token ids, labels, mask, positions: ~28 B a token, megabytes) and
+# what the pool cannot hand back between captures (blocks freed on another stream -- the EP overlap's, HybridEP's --
+# stay held until the capture ends). That excess is not in the code's terms; the published full-iteration rows that
+# ran bound it: with it at 29% of the activations Bridge 26.08's Qwen3-30B-A3B on 8 GB300 (MBS 8) would not fit
+# (search_spaces/reference_memory.py). Charged at 25%, the largest round share every published row allows.
+FULL_ITERATION_POOL_EXCESS = 0.25
 RUNTIME_OVERHEAD = 2.5 * GIB  # CUDA context, NCCL communicators, cuBLAS/TE workspaces (0 on cpu)
 ALLOCATOR_MARGIN = 0.05  # caching-allocator fragmentation, fraction of the rest (0 on cpu)
 
 # The layout fields the memoised terms read (search_spaces/memo.py): one microbatch's saved activations
 # through a chunk; what a pipeline rank holds beside them (parameters, microbatches in flight); the breakdown.
 # Neither reads the CP communication (extra_memory's buffers do) nor the EP overlap.
+# the memory levers that change what stays on the GPU, not what is computed (search_spaces/offload.py)
+ACTIVATION_LEVER_FIELDS = ("activation_offload", "activation_offload_fraction", "expert_stash")
 CHUNK_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
-                "recompute", "recompute_method", "recompute_num_layers")
+                "recompute", "recompute_method", "recompute_num_layers") + ACTIVATION_LEVER_FIELDS
 RANK_HOLDS_FIELDS = CHUNK_FIELDS + ("pp", "vpp", "gbs")
-RANK_PARTS_FIELDS = RANK_HOLDS_FIELDS + ("distributed_optimizer",)
+RANK_PARTS_FIELDS = RANK_HOLDS_FIELDS + ("distributed_optimizer", "optimizer_states", "fp8_param_gather")
 MEMORY_FIELDS = RANK_PARTS_FIELDS + ("cuda_graphs", "optimizer_offload")
 _chunk_fields, _parts_fields, _memory_fields = (fields(*names) for names in (
     CHUNK_FIELDS, RANK_PARTS_FIELDS, MEMORY_FIELDS))
@@ -466,9 +478,25 @@ def chunk_kinds(model: ModelSpec, units: tuple[Unit, ...]) -> HashOnce:
 
 def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...],
                            cpu: bool) -> dict[str, float]:
-    """chunk_activations by term: the layer terms summed over the chunk's layers after recompute, plus
-    `recompute_inputs` (layer inputs kept by full recompute), `mtp`, `embedding` and `head`."""
+    """chunk_activations by term: the layer terms summed over the chunk's layers after recompute (and the memory
+    levers: search_spaces/offload.py), plus `recompute_inputs` (layer inputs kept by full recompute), `mtp`,
+    `embedding` and `head`."""
+    return _chunk_terms(model, layout, seq_len, units, cpu)[0]
+
+
+def chunk_offloaded_bytes(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...],
+                          cpu: bool) -> tuple[float, float]:
+    """(bytes one microbatch through the chunk keeps on the host under the activation offload, the most one of
+    its layers offloads)."""
+    _, host, layer_max = _chunk_terms(model, layout, seq_len, units, cpu)
+    return host, layer_max
+
+
+def _chunk_terms(model: ModelSpec, layout: Layout, seq_len: int, units: tuple[Unit, ...],
+                 cpu: bool) -> tuple[dict[str, float], float, float]:
     terms: dict[str, float] = {}
+    host = layer_max = 0.0
+    levers = layout.activation_offload or layout.expert_stash != "none"
     layer_units = [u for u in units if u.is_layer]
     t = layout.mbs * seq_len / layout.cp
     tsp = t / layout.tp if layout.sp else t
@@ -485,6 +513,7 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
     # a layer's terms depend on its attention kind and whether it is MoE: computed once per kind (and added
     # layer by layer, in order, as always)
     saved_by_kind: dict[tuple[str, bool], dict[str, float]] = {}
+    host_by_kind: dict[tuple[str, bool], float] = {}
     for i, u in enumerate(layer_units):
         if i >= recomputed:
             kind = (model.attention_kind(u.layer), model.layer_is_moe(u.layer))
@@ -492,6 +521,13 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
             if saved is None:
                 saved = saved_by_kind[kind] = saved_terms(layer_activations(model, layout, seq_len, u.layer, cpu),
                                                           layout)
+                if levers:
+                    saved_by_kind[kind], host_by_kind[kind] = with_levers(
+                        model, layout, seq_len, kind[0], kind[1], saved, act_bytes(layout), gemm_input_bytes(layout))
+                    saved = saved_by_kind[kind]
+            if levers:
+                host += host_by_kind[kind]
+                layer_max = max(layer_max, host_by_kind[kind])
             for k, v in saved.items():
                 terms[k] = terms.get(k, 0.0) + v
             if u.is_mtp:
@@ -500,7 +536,7 @@ def chunk_activation_terms(model: ModelSpec, layout: Layout, seq_len: int, units
         terms["embedding"] = t * 8 + (t if layout.tp > 1 else 0)
     if LOSS in units:
         terms["head"] = head_activations(model, layout, seq_len, cpu) * (1 + sum(1 for u in units if u.is_mtp))
-    return terms
+    return terms, host, layer_max
 
 
 def memory_breakdown(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout
@@ -538,6 +574,7 @@ class RankHolds(NamedTuple):
     activations: float  # every microbatch in flight, with full recompute's re-materialised group
     head: float  # the output head's share
     counts: RankCounts
+    host_activations: float = 0.0  # what the activation offload keeps on the host (every microbatch in flight)
 
 
 def rank_chunk_activations(model: ModelSpec, layout: Layout, seq_len: int, place: Placement, rank: int,
@@ -586,7 +623,13 @@ def _rank_holds(model: ModelSpec, cpu: bool, num_gpus: int, seq_len: int, layout
                        for i in range(min(model.num_layers, 4))), default=0.0)
         activations += biggest * min(layout.recompute_num_layers, 4)
     head = head_activations(model, layout, seq_len, cpu) if shape.has_loss else 0.0
-    return RankHolds(shape.params, sum(per_chunk), activations, head, shape.counts)
+    if not layout.activation_offload:
+        return RankHolds(shape.params, sum(per_chunk), activations, head, shape.counts)
+    # the offloaded inputs of every microbatch in flight are on the host; the layers in transit are on the GPU too
+    offloads = [chunk_offloaded_bytes(model, layout, seq_len, chunk, cpu) for chunk in place.rank_stages(rank)]
+    host = sum(n * chunk_host for n, (chunk_host, _) in zip(shape.inflight, offloads))
+    in_transit = RESIDENT_LAYERS * max((layer for _, layer in offloads), default=0.0)
+    return RankHolds(shape.params, sum(per_chunk), activations + in_transit, head, shape.counts, host)
 
 
 class RankParts(NamedTuple):
@@ -604,16 +647,22 @@ class RankParts(NamedTuple):
         """The rank's components with the layout's CUDA graphs and optimizer offload."""
         activations = self.holds.activations
         offloaded = self.optimizer * layout.optimizer_offload
+        host = offloaded + self.holds.host_activations
         graphs = 0.0
         if layout.cuda_graphs:
             if "full_iteration" in layout.cuda_graphs:
-                graphs = FULL_ITERATION_GRAPH_FACTOR * activations
+                graphs = full_iteration_graph_bytes(activations)
             else:
                 graphs = GRAPH_SCOPE_BUFFER * len(layout.cuda_graphs)
         base = self.weights + self.gradients + (self.optimizer - offloaded) + activations + self.dispatcher + graphs
         margin = 0.0 if cpu else ALLOCATOR_MARGIN * base
         return RankMemory(self.weights, self.gradients, self.optimizer - offloaded, activations, self.dispatcher,
-                          graphs, self.runtime, margin, offloaded, self.holds)
+                          graphs, self.runtime, margin, host, self.holds)
+
+
+def full_iteration_graph_bytes(activations: float) -> float:
+    """What a full-iteration CUDA graph holds beyond the activations it captures (FULL_ITERATION_POOL_EXCESS)."""
+    return FULL_ITERATION_POOL_EXCESS * activations
 
 
 class RankMemory(NamedTuple):
@@ -659,9 +708,10 @@ def _rank_parts(model, gpu, num_gpus, seq_len, layout, place, rank) -> RankParts
     params = holds.params
     wb = weight_bytes(layout)
     fp8 = gemm_input_bytes(layout) == 1
-    weights = (params.dense + params.expert) * (wb + (1 if fp8 else 0))
+    # fp8 parameters: the fp8 copy is the weight (the fp32 master stays in the optimizer's share)
+    weights = (params.dense + params.expert) * (1 if layout.fp8_param_gather else wb + (1 if fp8 else 0))
     gradients = (params.dense + params.expert) * grad_bytes(layout)
-    opt_per_param = 8 + (0 if wb == 4 else 4)
+    opt_per_param = optimizer_bytes_per_param(layout, wb)
     dp = max(layout.dp(num_gpus), 1)
     edp = max(layout.edp(num_gpus), 1)
     if layout.distributed_optimizer:

@@ -69,9 +69,10 @@ def _entry(name: str, value: Any, est: Estimate, base: Estimate) -> dict[str, An
 
 
 def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout, base: Estimate,
-               cal: Calibration | None = None) -> list[dict[str, Any]]:
+               cal: Calibration | None = None, packing: Any = None) -> list[dict[str, Any]]:
     """For each knob of `layout`, each neighbour value: legal, fits, tokens/s and peak memory, and their deltas
-    against `base` (the layout's own estimate; it must be legal)."""
+    against `base` (the layout's own estimate; it must be legal). `packing`: the packed documents' histogram
+    (search_spaces/packing.py) the base was estimated with."""
     values = _values(model, gpu, num_gpus, seq_len, layout)
     out = []
     for name in SEARCH_DIMENSIONS:
@@ -79,7 +80,7 @@ def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layo
             continue
         ordered = BY_NAME[name].kind in ORDERED_KINDS
         for value in neighbour_values(values[name], _current(layout, name), ordered):
-            est = estimate(model, gpu, num_gpus, seq_len, _switch(layout, name, value), cal=cal)
+            est = estimate(model, gpu, num_gpus, seq_len, _switch(layout, name, value), cal=cal, packing=packing)
             out.append(_entry(name, value, est, base))
     return out
 

@@ -36,6 +36,21 @@ from search_spaces.layout import Layout
 from search_spaces.models import ModelSpec, load_model
 
 DATA = Path(__file__).parent / "reference"
+# who published each row: the sources a leave-one-source-out fold leaves out (bench/estimator_accuracy.py)
+SUMMARY, CARDS, MODELZOO, NEMO = ("Megatron-Bridge performance summary", "Megatron-Bridge skill cards",
+                                  "Megatron-MoE-ModelZoo", "NeMo long-sequence tables")
+ORIGINS = (SUMMARY, CARDS, MODELZOO, NEMO)
+
+
+def _origin(source_text: str) -> str:
+    """The publisher a card-or-ModelZoo row's `source` column names."""
+    return MODELZOO if "Megatron-MoE-ModelZoo" in source_text else CARDS
+
+
+def _container(source_text: str) -> tuple[tuple[str, str], ...]:
+    """What a card-or-ModelZoo row says of the software it ran: they publish a commit, not a container."""
+    where = source_text.split(" (", 1)[0].split(";", 1)[0].strip()
+    return (("container", f"not published ({where})"),)
 MODELS = {"DeepSeekV3": "deepseek-v3", "DeepSeekV3 (w/o MTP)": "deepseek-v3-no-mtp", "Kimi_K2": "kimi-k2",
           "Qwen3_235B_a22B": "qwen3-235b-a22b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "GPT OSS 120B": "gpt-oss-120b",
           "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b", "LLAMA3_8B": "llama3-8b",
@@ -153,7 +168,8 @@ def _summary_row(r: dict) -> Measurement | None:
         layout = layout.replace(ep_overlap=True)
     return Measurement(model, gpu, int(r["num_gpus"]), int(r["seq_len"]), layout, tflops_per_gpu=tflops,
                        tokens_per_sec_per_gpu=tokens, source="summary " + r["release"],
-                       release="bridge-" + r["release"])
+                       release="bridge-" + r["release"], origin=SUMMARY,
+                       software=(("container", "NeMo " + r["release"]),))
 
 
 def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") -> list[Measurement]:
@@ -171,6 +187,13 @@ def summary_rows(path: Path = DATA / "megatron_bridge_performance_summary.csv") 
             elif _release(row.release) == _release(old[0].release):
                 old.append(row)
     return [row for rows in newest.values() for row in rows]
+
+
+def summary_rows_every_release(path: Path = DATA / "megatron_bridge_performance_summary.csv"
+                               ) -> list[Measurement]:
+    """Every release of every summary row we can express (search_spaces.maturity measures releases on them)."""
+    with open(path, newline="") as fh:
+        return [row for r in csv.DictReader(fh) for row in [_summary_row(r)] if row is not None]
 
 
 def _card_layout(r: dict, precision: str) -> Layout:
@@ -196,7 +219,8 @@ def skill_card_rows(path: Path = DATA / "skill_card_measurements.csv") -> list[M
             if model and precision:
                 out.append(Measurement(model, r["gpu"], int(r["num_gpus"]), int(r["seq_len"]),
                                        _card_layout(r, precision), tflops_per_gpu=float(r["tflops_per_gpu"]),
-                                       source="skill card"))
+                                       source="skill card", origin=CARDS, software=_container(
+                                           "Megatron-Bridge " + r["source"] + " @067f987df")))
     return out
 
 
@@ -214,7 +238,8 @@ def moe_more_rows(path: Path = DATA / "moe_4k_more.csv", known: list[Measurement
             row = Measurement(r["model"], r["gpu"], int(r["num_gpus"]), int(r["seq_len"]), layout,
                               tflops_per_gpu=float(r["tflops_per_gpu"]) if r["tflops_per_gpu"] else None,
                               tokens_per_sec_per_gpu=float(r["tokens_per_sec_per_gpu"])
-                              if r["tokens_per_sec_per_gpu"] else None, source="moe_4k_more")
+                              if r["tokens_per_sec_per_gpu"] else None, source="moe_4k_more",
+                              origin=_origin(r["source"]), software=_container(r["source"]))
             if (row.model, row.gpu, row.num_gpus, row.seq_len, row.layout) not in seen:
                 out.append(row)
     return out
@@ -242,7 +267,8 @@ def long_sequence_rows(path: Path = DATA / "long_sequence_dense_cp.csv") -> list
             container = r["source"].split("container NeMo ", 1)[1].split(".framework")[0].split(";")[0]
             out.append(Measurement(r["model"], r["gpu"], int(r["num_gpus"]), seq, layout,
                                    tflops_per_gpu=float(r["tflops_per_gpu"]) * nemo_to_bridge(spec, seq),
-                                   source="nemo long sequence", release="nemo-" + container))
+                                   source="nemo long sequence", release="nemo-" + container, origin=NEMO,
+                                   software=(("container", "NeMo " + container),)))
     return out
 
 
@@ -258,7 +284,8 @@ def long_context_moe_rows(path: Path = DATA / "moe_long_context.csv") -> list[Me
             layout = _card_layout(r, PRECISIONS[r["precision"].strip()])
             out.append(Measurement(r["model"], r["gpu"], int(r["num_gpus"]), int(r["seq_len"]), layout,
                                    tflops_per_gpu=float(r["tflops_per_gpu"]), source=LONG_CONTEXT_MOE_SOURCE,
-                                   release=r["series"]))
+                                   release=r["series"], origin=_origin(r["source"]),
+                                   software=_container(r["source"])))
     return out
 
 

@@ -77,10 +77,17 @@ def dropless_load(ep: int, experts_per_rank: float, copies: float, skew: float) 
 
 def expert_load(model: ModelSpec, layout: Layout, tokens: float, cpu: bool) -> float:
     """Token copies the busiest EP rank's experts process (and keep, and receive), over the balanced share, for
-    the layout's routing; `tokens` enter one MoE layer per microbatch on a rank (after the sequence-parallel
-    split). 1 for a dense model."""
+    the layout's routing, at most the paged stash's per-rank budget; `tokens` enter one MoE layer per microbatch on a
+    rank (after the sequence-parallel split). 1 for a dense model."""
     if not model.is_moe:
         return 1.0
+    load = _routed_load(model, layout, tokens, cpu)
+    # the paged stash's per-rank budget (moe_expert_rank_capacity_factor): HybridEP drops the copies above it
+    budget = BY_NAME["expert_stash"].parameter(layout.expert_stash)
+    return load if budget is None else min(load, budget)
+
+
+def _routed_load(model: ModelSpec, layout: Layout, tokens: float, cpu: bool) -> float:
     dim = BY_NAME["routing"]
     mode = dim.mode(layout.routing)
     if mode == "forced_balance":
@@ -90,6 +97,24 @@ def expert_load(model: ModelSpec, layout: Layout, tokens: float, cpu: bool) -> f
     skew = router_skew(model, cpu)
     copies = tokens * model.topk * layout.etp  # the balanced share of one rank (search_spaces.memory's `routed`)
     return dropless_load(layout.ep, model.num_experts / layout.ep, copies, skew)
+
+
+# where each router kind's skew was fitted (the module docstring): (EP, experts per rank) of the published pair
+SKEW_FITTED_AT = {"softmax": (8, 16), "sigmoid": (64, 4)}
+
+
+def extrapolation_note(model: ModelSpec, layout: Layout, cpu: bool) -> str | None:
+    """Why the layout's dropless expert load rests on an extrapolation of the fitted skew (a wider EP group, or
+    fewer experts per rank, than the published pair it was fitted on), or None."""
+    if cpu or not model.is_moe or layout.ep <= 1 or BY_NAME["routing"].mode(layout.routing) != "dropless":
+        return None
+    kind = str((getattr(model, "hf_config", None) or {}).get("scoring_func", "softmax"))
+    fitted_ep, fitted_per_rank = SKEW_FITTED_AT.get(kind, SKEW_FITTED_AT["softmax"])
+    per_rank = model.num_experts / layout.ep
+    if layout.ep <= fitted_ep and per_rank >= fitted_per_rank:
+        return None
+    return (f"dropless expert load at EP{layout.ep} ({per_rank:g} experts per rank) extrapolates the {kind} router's "
+            f"skew fitted at EP{fitted_ep} with {fitted_per_rank} experts per rank (search_spaces/routing.py)")
 
 
 def capacity_router_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:

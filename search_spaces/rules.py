@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 from search_spaces.hardware import GPUSpec
 from search_spaces.models import ModelSpec
-from search_spaces.layout import BY_NAME, FIELD_NAMES, Layout
+from search_spaces.layout import BY_NAME, FIELD_NAMES, MOE_OFFLOAD_MODULES, Layout
 from search_spaces.pipeline import placement
 
 # Features that need a GPU (CUDA kernels, NVSHMEM, host pinned-memory offload). On `cpu` the trainer runs gloo
@@ -226,9 +226,10 @@ def _precision_supported(s: Situation) -> str | None:
 
 
 @rule("gpu_only_feature", reads=("precision", "dispatcher", "cuda_graphs", "optimizer_offload", "cp", "cp_comm_type",
-                                 "ep_overlap"),
-      why="fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload, a2a CP and the EP overlap (CUDA streams) need a "
-          "GPU (cpu runs gloo)")
+                                 "ep_overlap", "activation_offload", "expert_stash", "optimizer_states"),
+      why="fp8, DeepEP/HybridEP, CUDA graphs, optimizer offload, a2a CP, the EP overlap (CUDA streams), activation "
+          "offload (pinned host memory, copy streams), the paged stash (its CUDA kernels) and bf16 moments "
+          "(Transformer Engine's FusedAdam) need a GPU (cpu runs gloo)")
 def _gpu_only_feature(s: Situation) -> str | None:
     if not s.gpu.is_cpu:
         return None
@@ -245,6 +246,13 @@ def _gpu_only_feature(s: Situation) -> str | None:
         bad.append(f"cp_comm_type {L.cp_comm_type} (the CPU trainer all-gathers K/V)")
     if L.ep_overlap:
         bad.append("the EP overlap (it runs the all-to-all on its own CUDA stream)")
+    if L.activation_offload:
+        bad.append("activation offload (pinned host memory and CUDA copy streams)")
+    if L.expert_stash != "none":
+        bad.append("the paged expert stash (CUDA kernels)")
+    if L.optimizer_states != "fp32":
+        bad.append(f"{L.optimizer_states} optimizer moments (the precision-aware optimizer needs Transformer Engine's "
+                   "FusedAdam)")
     return f"not available on cpu: {', '.join(bad)}" if bad else None
 
 
@@ -307,6 +315,78 @@ def _offload_needs_distopt(s: Situation) -> str | None:
     if L.optimizer_offload > 0 and not L.distributed_optimizer:
         return "optimizer CPU offload needs the distributed optimizer"
     return None
+
+
+# ---- the memory levers, as Megatron-Core 0.19.2 validates them (TransformerConfig.__post_init__, OptimizerConfig)
+@rule("activation_offload_modules",
+      reads=("activation_offload", "activation_offload_fraction", "recompute", "expert_stash", "cuda_graphs"),
+      why="Megatron-Core offloads attn_proj's input only with core_attn's (it is core attention's output, needed by "
+          "its backward), nothing inside the routed experts while the whole moe is recomputed (the checkpoint "
+          "already drops it), fused_group_mlp not with its parts, no expert module under the paged stash (it holds "
+          "those activations) and no offload inside the moe CUDA-graph scope; a fraction needs modules to apply to "
+          "and expert modules need experts")
+def _activation_offload_modules(s: Situation) -> list[str]:
+    L, out = s.layout, []
+    mods = set(L.activation_offload)
+    if not mods:
+        if L.activation_offload_fraction != 1.0:
+            out.append("activation_offload_fraction applies to the activation_offload modules: none are set")
+        return out
+    if "attn_proj" in mods and "core_attn" not in mods:
+        out.append("attn_proj cannot be offloaded without core_attn: its input is core attention's output, which "
+                   "core attention's backward needs")
+    inside = sorted(mods & set(MOE_OFFLOAD_MODULES))
+    if inside and not s.model.is_moe:
+        out.append(f"{s.model.name} has no routed experts to offload ({', '.join(inside)})")
+    if inside and "moe" in L.recompute_modules:
+        out.append(f"cannot offload {', '.join(inside)} while the whole moe is recomputed (its checkpoint keeps none)")
+    if "fused_group_mlp" in mods and mods & {"expert_fc1", "moe_act"}:
+        out.append("fused_group_mlp offloads the whole grouped MLP: not with expert_fc1 or moe_act")
+    if inside and L.expert_stash != "none":
+        out.append(f"the paged stash holds the routed experts' activations: do not also offload {', '.join(inside)}")
+    if "moe" in L.cuda_graphs:
+        out.append("Megatron-Core does not offload activations with the moe CUDA-graph scope (token-drop MoE)")
+    return out
+
+
+@rule("expert_stash_needs", reads=("expert_stash", "dispatcher"),
+      why="the paged stash needs a per-rank token budget (moe_expert_rank_capacity_factor), which Megatron-Core takes "
+          "only from the flex dispatcher's HybridEP backend (among our dispatchers)")
+def _expert_stash_needs(s: Situation) -> str | None:
+    L = s.layout
+    if L.expert_stash == "none":
+        return None
+    if not s.model.is_moe:
+        return f"{s.model.name} has no routed experts to stash"
+    if L.dispatcher != "hybridep":
+        return f"the paged stash needs the HybridEP dispatcher (a per-rank token budget), not {L.dispatcher}"
+    return None
+
+
+@rule("optimizer_states_needs", reads=("optimizer_states", "distributed_optimizer"),
+      why="Megatron-Core's precision-aware optimizer (lower-precision moments) runs only as the distributed optimizer")
+def _optimizer_states_needs(s: Situation) -> str | None:
+    L = s.layout
+    if L.optimizer_states != "fp32" and not L.distributed_optimizer:
+        return f"{L.optimizer_states} optimizer moments need the distributed optimizer (precision-aware optimizer)"
+    return None
+
+
+@rule("fp8_param_gather_needs", reads=("fp8_param_gather", "precision", "distributed_optimizer", "optimizer_offload"),
+      why="fp8 parameters need an fp8 recipe (TransformerConfig: fp8_param only with fp8) and the distributed "
+          "optimizer, which keeps their fp32 master and re-quantises after its step (megatron.training's "
+          "validate_args); with optimizer offload only the delayed recipe")
+def _fp8_param_gather_needs(s: Situation) -> list[str]:
+    L, out = s.layout, []
+    if not L.fp8_param_gather:
+        return out
+    if not _is_fp8(L.precision):
+        out.append(f"fp8_param_gather needs an fp8 precision, not {L.precision}")
+    if not L.distributed_optimizer:
+        out.append("fp8_param_gather needs the distributed optimizer (it keeps the fp32 master of the fp8 weights)")
+    if L.optimizer_offload > 0 and L.precision != "fp8-delayed":
+        out.append(f"fp8_param_gather with optimizer offload runs only with fp8-delayed, not {L.precision}")
+    return out
 
 
 # ---- the EP all-to-all overlap, as Megatron-Core 0.19.2 validates it (TransformerConfig.__post_init__; Bridge's

@@ -25,8 +25,10 @@ from typing import Any, Iterable, Iterator
 from search_spaces.breakdown import GIB
 from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import estimate, peak_memory_gib, tokens_per_sec_per_gpu
+from search_spaces.packing import LengthHistogram
 from search_spaces.errors import SpecError
 from search_spaces.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
+from search_spaces.forked import available_workers, map_forked
 from search_spaces.hardware import GPUSpec, load_gpu
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
 from search_spaces.layout import BY_NAME, DIMENSIONS, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
@@ -124,6 +126,9 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
     v["routing"] = list(ROUTING_CHOICES) if model.is_moe else ["dropless"]
     # the EP overlap needs CUDA streams and expert parallelism (the rules refuse it where Megatron does)
     v["ep_overlap"] = [False, True] if model.is_moe and not cpu else [False]
+    # the memory levers (search_spaces/offload.py; GPU only): the attention block's inputs offloaded, the routed
+    # experts' stashed in pages (HybridEP's rank budget at Bridge's 1.5) or their inputs offloaded, bf16 moments
+    v.update(memory_lever_values(model, cpu))
     for name in OPT_IN:
         if name not in free:
             v[name] = [BY_NAME[name].default]
@@ -138,6 +143,18 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
             raise SpecError(f"unknown layout field {name!r} in fixed values; allowed: {', '.join(BY_NAME)}")
         v[name] = [BY_NAME[name].parse(value)]  # a SpecError names a bad value
     return Dimensions(v)
+
+
+def memory_lever_values(model: ModelSpec, cpu: bool) -> dict[str, list[Any]]:
+    """The values of the memory levers a space varies when `free` names them (opt-in: held at their defaults
+    otherwise)."""
+    if cpu:
+        return {"activation_offload": [()], "activation_offload_fraction": [1.0], "expert_stash": ["none"],
+                "optimizer_states": ["fp32"], "fp8_param_gather": [False]}
+    offloads = [(), ("core_attn", "attn_proj")] + ([("expert_fc1", "moe_act")] if model.is_moe else [])
+    return {"activation_offload": offloads, "activation_offload_fraction": [1.0],
+            "expert_stash": ["none", "paged:1.5"] if model.is_moe else ["none"], "optimizer_states": ["fp32", "bf16"],
+            "fp8_param_gather": [False, True]}  # the rules keep fp8 weights to fp8 precisions
 
 
 def hierarchical_options(cps: list[int]) -> list[tuple[int, int]]:
@@ -281,6 +298,27 @@ class _FeatureTable:
             self._cache[key] = (expanded, counts)
         return self._cache[key]
 
+    def walk_first(self, grids: list[dict[str, Any]]) -> None:
+        """The feature walks get() will ask for the first grid of each (TP, CP) among `grids`, split over the
+        cores (search_spaces/forked.py): the same walks, of the same grids, as asking one by one."""
+        firsts: dict[tuple, dict[str, Any]] = {}
+        for grid in grids:
+            firsts.setdefault((grid["tp"], grid["cp"]), grid)
+        todo: dict[tuple, dict[str, Any]] = {}
+        for grid in firsts.values():
+            key = tuple(grid[f] for f in _FEATURE_READS)
+            if key not in self._base and key not in todo:
+                todo[key] = grid
+        items = list(todo.items())
+        workers = min(available_workers(), len(items))
+        parts = [items[w::workers] for w in range(workers)] if workers > 1 else [items]
+        for part in map_forked(self._walks, parts):
+            self._base.update(part)
+
+    def _walks(self, items: list[tuple[tuple, dict[str, Any]]]) -> list[tuple[tuple, tuple[list[dict], dict]]]:
+        return [(key, _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims, grid).run())
+                for key, grid in items]
+
     def _base_combos(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
         """Every combination of the features but the hierarchy, checked by every rule but the hierarchy's."""
         key = tuple(grid[f] for f in _FEATURE_READS)
@@ -418,17 +456,34 @@ def count_space(model, gpu, num_gpus, seq_len, fixed=None, gbs=None, free: Itera
     return _count(model, gpu, num_gpus, seq_len, dims)[0]
 
 
+class _Rejections:
+    """iter_grids' rejections and grids, in the order they came (replayed into a SpaceCount once the feature walks
+    are done: rejected_by_rule keeps the order of its first entries, which ties are broken by)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int] | dict[str, Any]] = []
+
+    def reject(self, rule: str, n: int) -> None:
+        self.log.append((rule, n))
+
+
 def _count(model, gpu, num_gpus, seq_len, dims, table: _FeatureTable | None = None
            ) -> tuple[SpaceCount, list[dict]]:
     count = SpaceCount(total=dims.size())
     table = table or _FeatureTable(model, gpu, num_gpus, seq_len, dims)
-    grids = []
-    for grid in iter_grids(model, gpu, num_gpus, seq_len, dims, count):
-        legal, rejected = table.get(grid)
+    seen = _Rejections()
+    for grid in iter_grids(model, gpu, num_gpus, seq_len, dims, seen):  # type: ignore[arg-type]
+        seen.log.append(grid)
+    grids = [g for g in seen.log if isinstance(g, dict)]
+    table.walk_first(grids)
+    for entry in seen.log:
+        if isinstance(entry, tuple):
+            count.reject(*entry)
+            continue
+        legal, rejected = table.get(entry)
         count.legal += len(legal)
         for rule, n in rejected.items():
             count.reject(rule, n)
-        grids.append(grid)
     return count, grids
 
 
@@ -486,7 +541,8 @@ class Exploration:
 
 def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int, fixed: dict | None = None,
             gbs: int | None = None, top: int = 10, budget_s: float | None = None,
-            max_grids: int | None = 1200, cal: Calibration | None = None, free: Iterable[str] = ()) -> Exploration:
+            max_grids: int | None = 1200, cal: Calibration | None = None, free: Iterable[str] = (),
+            packing: LengthHistogram | None = None, workers: int | None = None) -> Exploration:
     """Count the space (legal, rejected per rule) and rank fitting layouts by predicted throughput.
 
     Ranking is greedy per grid: the fastest precision and the rule of thumb's dispatcher are tried with every
@@ -496,6 +552,9 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     of all fitting members: the full space is counted, not fully estimated). Estimates the first `max_grids`
     grids in rule-of-thumb order (a count, so the answer does not depend on the machine's speed); `budget_s`,
     when given, is a user's safety net in seconds: where it stops the ranking early, `cut_short` says so.
+    `packing`: documents packed into each sequence (search_spaces/packing.py): ranked by real tokens/s.
+    `workers`: processes the ranking is split over (default: the cores here, search_spaces/forked.py); the
+    answer is the same for any number.
     """
     started = time.perf_counter()
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
@@ -505,40 +564,88 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     scored = _ranked_grids(model, gpu, num_gpus, seq_len, grids)
     # a table of its own: get() keeps one list per (TP, CP), of the first grid asked, here in ranking order
     table = _FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
-    found: list[tuple[float, Layout]] = []  # the first fitting candidate of each group and its tokens/s/GPU
-    fitting = 0
-    estimated = 0
-    seen: set[tuple] = set()
-    probe = _PeakProbe(model, gpu, num_gpus, seq_len, cal)
     limit = len(scored) if max_grids is None else min(max_grids, len(scored))
-    cut_short = False
-    for n, grid in enumerate(scored[:limit]):
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            cut_short, limit = True, n
-            break
-        for group in table.groups(grid):
-            for feats in group:
-                values = {**grid, **feats}
-                key = tuple(values.values())  # every candidate's fields in one order: the layout's identity
-                if key in seen:
-                    continue
-                seen.add(key)
-                estimated += 1
-                if probe.fits(values):
-                    fitting += 1
-                    layout = _layout(values)
-                    found.append((tokens_per_sec_per_gpu(model, gpu, num_gpus, seq_len, layout, cal), layout))
-                    break  # lighter recompute / no offload fits: heavier ones only cost time
+    work = scored[:limit]
+    for grid in work:  # every class's groups found in ranking order, before the work is split
+        table.groups(grid)
+    ranker = _Ranker(model, gpu, num_gpus, seq_len, cal, packing, table, work, started, budget_s)
+    ranked = [row for part in map_forked(ranker.rank, _parts(len(work), workers)) for row in part]
+    ranked.sort(key=lambda row: row[0])  # grid order: what one process ranking every grid in turn finds
+    cut = min((row[0] for row in ranked if row[1] is None), default=None)  # the first grid the budget stopped
+    if cut is not None:
+        limit, ranked = cut, [row for row in ranked if row[0] < cut]
+    cut_short = cut is not None
+    estimated = sum(row[1] for row in ranked)
+    # the first fitting candidate of each group and its tokens/s/GPU
+    found: list[tuple[float, Layout]] = [f for row in ranked for f in row[2]]
+    fitting = len(found)
     found.sort(key=lambda f: -f[0])  # stable: equal throughputs keep the order they were found in
     top_rows = []
     for _, layout in found[:top]:  # estimated whole: the figures each row shows
-        est = estimate(model, gpu, num_gpus, seq_len, layout, cal=cal)
+        est = estimate(model, gpu, num_gpus, seq_len, layout, cal=cal, packing=packing)
         top_rows.append({"layout": dict(est.layout), "key": Layout.from_dict(est.layout).key(),
-                         "prediction": {k: getattr(est, k) for k in TOP_PREDICTION}})
+                         "prediction": {k: getattr(est, k) for k in TOP_PREDICTION},
+                         **({"packing": est.packing} if est.packing is not None else {})})
     return Exploration(legal_count=count.legal, fitting_count=fitting, rejected_by_rule=count.rejected_by_rule,
                        total=count.total, top=top_rows, grids=len(grids), estimated=estimated,
                        seconds=time.perf_counter() - started, gbs=dims.values["gbs"][0], grids_ranked=limit,
                        cut_short=cut_short)
+
+
+# grids handed out in blocks of this many consecutive ones (neighbours in ranking order share cost-model terms)
+RANK_BLOCK = 8
+
+
+def _parts(n: int, workers: int | None) -> list[list[int]]:
+    """The ranked grids' indices, split into one part per worker, in blocks of RANK_BLOCK taken in turn."""
+    count = max(1, available_workers() if workers is None else workers)
+    parts: list[list[int]] = [[] for _ in range(count)]
+    for i in range(n):
+        parts[i // RANK_BLOCK % count].append(i)
+    return [p for p in parts if p] or [[]]
+
+
+class _Ranker:
+    """Ranks grids (by their index in `grids`): per grid, the layouts estimated and the first fitting candidate
+    of each feature group with its tokens/s/GPU (explore's docstring). A part runs in its own process, so it
+    holds its own probe; `budget_s` (seconds since `started`) stops a part before a grid."""
+
+    def __init__(self, model, gpu, num_gpus, seq_len, cal, packing, table: "_FeatureTable", grids: list[dict],
+                 started: float, budget_s: float | None):
+        self.model, self.gpu, self.num_gpus, self.seq_len = model, gpu, num_gpus, seq_len
+        self.cal, self.packing, self.table, self.grids = cal, packing, table, grids
+        self.started, self.budget_s = started, budget_s
+
+    def rank(self, indices: list[int]) -> list[tuple[int, int | None, list[tuple[float, Layout]]]]:
+        """(grid index, layouts estimated, found) per grid in `indices`; a grid the budget stopped before has
+        None estimated, and none after it follows."""
+        model, gpu, num_gpus, seq_len, cal, packing = (self.model, self.gpu, self.num_gpus, self.seq_len, self.cal,
+                                                       self.packing)
+        probe = _PeakProbe(model, gpu, num_gpus, seq_len, cal)
+        seen: set[tuple] = set()  # (candidates of different grids differ in the grid's fields)
+        rows: list[tuple[int, int | None, list[tuple[float, Layout]]]] = []
+        for n in indices:
+            if self.budget_s is not None and time.perf_counter() - self.started > self.budget_s:
+                rows.append((n, None, []))
+                break
+            grid = self.grids[n]
+            estimated = 0
+            found: list[tuple[float, Layout]] = []
+            for group in self.table.groups(grid):
+                for feats in group:
+                    values = {**grid, **feats}
+                    key = tuple(values.values())  # every candidate's fields in one order: the layout's identity
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    estimated += 1
+                    if probe.fits(values):
+                        layout = _layout(values)
+                        found.append((tokens_per_sec_per_gpu(model, gpu, num_gpus, seq_len, layout, cal, packing),
+                                      layout))
+                        break  # lighter recompute / no offload fits: heavier ones only cost time
+            rows.append((n, estimated, found))
+        return rows
 
 
 def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, grids: list[dict]) -> list[dict]:
@@ -614,9 +721,12 @@ def _greedy_features(legal: list[dict], dims: Dimensions, gpu: GPUSpec) -> Itera
             candidates = [f for f in routed if f["dispatcher"] == disp and f["cp_comm_type"] == cpc
                           and f.get("hierarchical_cp", ()) == sizes and f["recompute"] != "core_attn"]
             # graphs first (launch overhead gone) and the EP all-to-all overlapped at each recompute level; offload
-            # only when nothing else fits
-            candidates.sort(key=lambda f: (f["optimizer_offload"], rc_order.get(f["recompute"], 99),
-                                           not f["cuda_graphs"], not f.get("ep_overlap", False)))
+            # (optimizer, then activations, whose copies only the host link's spare time hides) and bf16 moments only
+            # when nothing else fits; a freed paged stash first (its rank budget caps the dropless load)
+            candidates.sort(key=lambda f: (f["optimizer_offload"], bool(f.get("activation_offload")),
+                                           f.get("optimizer_states", "fp32") != "fp32",
+                                           rc_order.get(f["recompute"], 99), not f["cuda_graphs"],
+                                           not f.get("ep_overlap", False), f.get("expert_stash", "none") == "none"))
             if candidates:
                 yield candidates
 

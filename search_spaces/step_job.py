@@ -9,16 +9,19 @@ declared family. This module holds what both sets read: the job, a rank's comput
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from search_spaces.calibration_file import Calibration
 from search_spaces.hardware import GPUSpec
 from search_spaces.launch_overhead import LayerBusy
 from search_spaces.layout import Layout
 from search_spaces.memo import Memo, fields
-from search_spaces.memory import CHUNK_FIELDS, act_bytes, rank_chunk_activations
+from search_spaces.memory import ACTIVATION_LEVER_FIELDS, CHUNK_FIELDS, act_bytes, rank_chunk_activations
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import Placement, Unit, placement
+
+if TYPE_CHECKING:
+    from search_spaces.packing import LengthHistogram
 
 FP8_BYTES = 1
 FWD_AND_BWD = 2  # a transfer made in the forward is mirrored by one in the backward
@@ -29,8 +32,9 @@ SP_COLLECTIVES_PER_LAYER = 8
 
 # the layout fields memoised terms read (search_spaces/memo.py): the routed load (routing.expert_load at the
 # microbatch's tokens per rank) and the activation passes (memory.py's activations without recompute)
-EXPERT_LOAD_FIELDS = ("routing", "ep", "etp", "tp", "cp", "mbs", "sequence_parallel")
-PASSES_FIELDS = tuple(f for f in CHUNK_FIELDS if not f.startswith("recompute")) + ("pp", "vpp")
+EXPERT_LOAD_FIELDS = ("routing", "ep", "etp", "tp", "cp", "mbs", "sequence_parallel", "expert_stash")
+PASSES_FIELDS = tuple(f for f in CHUNK_FIELDS if not f.startswith("recompute") and f not in ACTIVATION_LEVER_FIELDS
+                      ) + ("pp", "vpp")
 _expert_load_fields, passes_key = fields(*EXPERT_LOAD_FIELDS), fields(*PASSES_FIELDS)
 _EXPERT_LOAD, _PASSES, _CENSUS = Memo("expert load"), Memo("activation passes"), Memo("unit census")
 
@@ -109,6 +113,9 @@ class Job:
     """The cost model's constants."""
     terms: StepTimeTerms
     """The cost terms of gpu's family."""
+    packing: "LengthHistogram | None" = None
+    """The document lengths packed into each sequence (THD, search_spaces/packing.py); None: one document of
+    seq_len tokens per sequence."""
 
     def __post_init__(self) -> None:
         if self.gpu.family not in self.terms.families:
@@ -200,7 +207,9 @@ def activation_passes_time(job: Job, rank: int, cpu_trainer: bool, passes: float
     as memory.py counts them for the GPU trainer or (cpu_trainer) for the CPU trainer's own layers (memoised on
     PASSES_FIELDS)."""
     def compute() -> float:
-        plain = job.layout.replace(recompute="none")
+        # what the layers produce: before recompute, offload or the paged stash change what stays saved
+        plain = job.layout.replace(recompute="none", activation_offload=(), activation_offload_fraction=1.0,
+                                   expert_stash="none")
         acts = sum(rank_chunk_activations(job.model, plain, job.seq_len, job.place, rank, cpu_trainer))
         return passes * acts / job.hbm
     return _PASSES.get((job.model, job.gpu), (passes_key(job.layout), job.seq_len, rank, cpu_trainer, passes),

@@ -9,7 +9,9 @@ compute     = GEMM FLOPs (Bridge accounting) / (peak(precision) x GEMM efficienc
               per expert and narrow TP slices lose more; grouped expert GEMMs have their own efficiency)
             + attention: the causal FLOPs of the rank's shard, forward and backward apart, each at the BF16 peak x
               its efficiency x a head-width factor (64, 128, MLA 192/128) x a kernel-length factor (the whole
-              sequence, the CP shard, or the a2a level's longer shard); gated delta-net kernels at their own rate
+              sequence, the CP shard, or the a2a level's longer shard); packed documents (THD): each document's
+              own causal attention at its own length (search_spaces/packing.py); gated delta-net kernels at
+              their own rate
             + element-wise passes over the activations / HBM bandwidth
             + passes over the routed token copies (permute, activation, un-permute) / HBM bandwidth
             + fp8 only: casting every GEMM input to fp8 (and its transposed copy) at the recipe's bytes / HBM
@@ -33,6 +35,9 @@ host_contention = cpu only: ranks beyond the host's cores wait for one
 pp_comm     = activations sent between stages; bubble = (PP-1)/(VPP*m) of the time per microbatch
 dp_comm     = gradient reduce-scatter + parameter all-gather over DP*CP (dense) and EDP (experts), overlapped
 optimizer   = Adam step over the local shard (HBM bound); offload = offloaded share over the host link + CPU Adam
+activation_offload = per microbatch, the offloaded inputs (memory.py's bytes) to the host in the forward and back in
+              the backward over the GPU's host link (hardware.py: PCIe Gen5 on x86 hosts, NVLink-C2C on Grace), on
+              copy streams beside the compute: exposed only where a pass's copies outlast that pass's compute
 Where the hardware families differ (attention at length and head width, GEMM shapes, the element-wise passes,
 the dispatcher's all-to-all, launch overhead, gloo latency, host contention), the terms are the family's own:
 search_spaces/gpu_terms.py (Hopper, Blackwell) and search_spaces/host_terms.py (the CPU host), chosen once per
@@ -55,11 +60,12 @@ from search_spaces.gpu_terms import GPU_TERMS
 from search_spaces.hardware import GPUSpec
 from search_spaces.host_terms import HOST_TERMS
 from search_spaces.layout import Layout
-from search_spaces.memory import RankParams, grad_bytes, rank_params, weight_bytes
+from search_spaces.memory import RankParams, chunk_offloaded_bytes, grad_bytes, rank_params, weight_bytes
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import EMBEDDING, LOSS, Unit, model_units
 from search_spaces.launch_overhead import LayerBusy
 from search_spaces.memo import Memo, fields
+from search_spaces.packing import LengthHistogram, statistics_for
 from search_spaces.step_job import (FWD_AND_BWD, FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
                                     StepTimeTerms, census, precision_class, split_traffic_time)
 
@@ -72,8 +78,9 @@ CALIBRATION_ALIASES = {"h200": "h100"}
 # the layout fields memoised terms read (their keys: search_spaces/memo.py; a rank's FLOPs read `recompute`):
 # the GEMM rates, a rank's attention (softmax and gated delta-net), the CP and the EP communication
 GEMM_RATE_FIELDS = ("precision", "tp", "cp", "mbs", "sequence_parallel", "ep", "etp")
-ATTENTION_FIELDS = ("mbs", "tp", "cp", "cp_comm_type", "hierarchical_cp", "precision")
-CP_COMM_FIELDS = ("cp", "cp_comm_type", "hierarchical_cp", "tp", "mbs", "precision")
+# (sequence_parallel: packed documents are padded to 2*CP*TP with it: search_spaces/packing.py)
+ATTENTION_FIELDS = ("mbs", "tp", "cp", "cp_comm_type", "hierarchical_cp", "precision", "sequence_parallel")
+CP_COMM_FIELDS = ("cp", "cp_comm_type", "hierarchical_cp", "tp", "mbs", "precision", "sequence_parallel")
 EP_COMM_FIELDS = ("ep", "etp", "tp", "cp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
                   "ep_overlap", "gbs", "pp", "recompute")
 _gemm_rate_fields, _attention_fields = fields(*GEMM_RATE_FIELDS), fields(*ATTENTION_FIELDS)
@@ -112,9 +119,10 @@ def terms_for(gpu: GPUSpec) -> StepTimeTerms:
 
 
 def job_for(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-            cal: Calibration | None = None) -> Job:
-    """The step-time question, with the family's terms (and the packaged calibration unless one is given)."""
-    return Job(model, gpu, num_gpus, seq_len, layout, cal or calibration(), terms_for(gpu))
+            cal: Calibration | None = None, packing: LengthHistogram | None = None) -> Job:
+    """The step-time question, with the family's terms (and the packaged calibration unless one is given);
+    `packing`: the documents packed into each sequence (None: one of seq_len tokens)."""
+    return Job(model, gpu, num_gpus, seq_len, layout, cal or calibration(), terms_for(gpu), packing)
 
 
 def gemm_rate(gpu: GPUSpec, precision: str, cal: Calibration) -> float:
@@ -295,10 +303,35 @@ def attention_layer_time(job: Job, kind: str) -> AttentionTime:
     model, L = job.model, job.layout
     if kind == "linear":
         return AttentionTime(0.0, 0.0)
+    if job.packing is not None:  # causal within each packed document
+        return packed_attention_layer_time(job, kind)
     dims = attention_dims(model)
     flops = 2 * _attention_core_per_token(model, kind, job.seq_len) * job.tokens_mb / (L.tp * L.cp)
     fwd_rate, bwd_rate = job.terms.attention_rates(job, dims, attention_kernel_length(job, kind))
     return AttentionTime(flops / fwd_rate, flops * attention_backward_ratio(*dims) / bwd_rate)
+
+
+def packed_attention_layer_time(job: Job, kind: str) -> AttentionTime:
+    """attention_layer_time of packed sequences (search_spaces/packing.py): each padded document's causal attention
+    (its FLOPs as Bridge counts them at its own length) at the kernel's rate for that document's query tokens on
+    a rank (a 1/CP share: its two of 2*CP chunks; a2a x that under the a2a levels; at most the sliding window),
+    summed over the expected documents of a sequence. One document of seq_len tokens is attention_layer_time's
+    figure to the last digit (tests/test_packing.py)."""
+    model, L = job.model, job.layout
+    stats = statistics_for(job.packing, job.seq_len, L.cp, L.tp, L.sp)
+    dims = attention_dims(model)
+    ratio = attention_backward_ratio(*dims)
+    a2a = cp_levels(L)[0] if L.cp > 1 else 1
+    fwd = bwd = 0.0
+    for p, n in stats.pieces:
+        flops = 2 * _attention_core_per_token(model, kind, p) * (L.mbs * p * n) / (L.tp * L.cp)
+        length = p / L.cp * a2a
+        if kind == "sliding":
+            length = min(length, model.sliding_window + 1)
+        fwd_rate, bwd_rate = job.terms.attention_rates(job, dims, length)
+        fwd += flops / fwd_rate
+        bwd += flops * ratio / bwd_rate
+    return AttentionTime(fwd, bwd)
 
 
 def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
@@ -327,7 +360,7 @@ def rank_compute(job: Job, rates: GemmRates, rank: int) -> RankCompute:
     # of the recompute choice attention reads only whether it repeats the attention forward (and a delta-net's)
     repeats = (L.recompute_granularity == "full", "core_attn" in L.recompute_modules)
     attention, attention_again, linear, linear_again = _ATTENTION.get(
-        (job.model, job.gpu, job.cal), (_attention_fields(L), repeats, job.seq_len, L.pp, L.vpp, rank),
+        (job.model, job.gpu, job.cal, job.packing), (_attention_fields(L), repeats, job.seq_len, L.pp, L.vpp, rank),
         lambda: (*_rank_attention(job, units), *linear_attention_time(job, units)))
     attention += linear - linear_again
     recompute = per_gpu * flops.recompute / rates.dense + attention_again + linear_again
@@ -505,7 +538,7 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
     """Context parallel: the layout's cp_comm_type over the softmax-attention layers, plus the linear ones
     (memoised on CP_COMM_FIELDS)."""
     L = job.layout
-    return _CP_COMM.get((job.model, job.gpu, job.cal), (_cp_comm_fields(L), job.seq_len, L.pp, L.vpp, rank.rank),
+    return _CP_COMM.get((job.model, job.gpu, job.cal, job.packing), (_cp_comm_fields(L), job.seq_len, L.pp, L.vpp, rank.rank),
                         lambda: _cp_comm_time(job, rank))
 
 
@@ -660,18 +693,37 @@ def optimizer_offload_time(job: Job, params: RankParams) -> float:
     return off * OFFLOAD_HOST_BYTES_PER_PARAM / (gpu.host_link_gbps * 1e9) + off / CPU_ADAM_PARAMS_PER_S[host]
 
 
+def activation_offload_time(job: Job, rank: RankCompute) -> float:
+    """Seconds per microbatch the activation offload's copies add on `rank`: what the rank's microbatch offloads
+    (summed over its chunks) goes down over the host link during the forward and comes back during the backward,
+    each hidden behind that pass's compute (a layer's copy overlaps the next layers' work: Megatron-Core's offload
+    runs on its own streams and waits for a copy only when the backward needs it), exposed where it is longer. The
+    optimizer offload's transfers run after the backward, so the two do not share the copy engines in time."""
+    L = job.layout
+    if not L.activation_offload or job.gpu.is_cpu:
+        return 0.0
+    host = sum(chunk_offloaded_bytes(job.model, L, job.seq_len, chunk, False)[0]
+               for chunk in job.place.rank_stages(rank.rank))
+    copy = host / (job.gpu.host_link_gbps * 1e9)
+    work = rank.total - rank.recompute
+    forward, backward = work / 3, 2 * work / 3 + rank.recompute  # as layer_busy splits a layer's work
+    return max(0.0, copy - forward) + max(0.0, copy - backward)
+
+
 def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout,
-              cal: Calibration | None = None) -> StepTime:
+              cal: Calibration | None = None, packing: LengthHistogram | None = None) -> StepTime:
     """Seconds per optimizer step, by component (the module docstring's formula); `step` is the total.
 
     Per step: `compute` (= gemm + attention + elementwise) and `recompute` are apart; the components sum to `step`.
+    `packing`: documents packed into each sequence (search_spaces/packing.py; None: one of seq_len tokens).
     """
-    job = job_for(model, gpu, num_gpus, seq_len, layout, cal)
+    job = job_for(model, gpu, num_gpus, seq_len, layout, cal, packing)
     m = layout.grad_accum(num_gpus) or 1
     # the pace is the rank slowest with its launches and communication (the host's launches can outweigh a
     # rank's compute: the first and last ranks hold fewer layers but the embedding and the output head)
-    rank, t = max(((rc, microbatch_terms(job, rc)) for rc in rank_computes(job)), key=lambda x: x[0].total + sum(x[1]))
-    per_mb = rank.total + sum(t)  # rank.total: compute + recompute
+    rank, t, copies = max(((rc, microbatch_terms(job, rc), activation_offload_time(job, rc))
+                           for rc in rank_computes(job)), key=lambda x: x[0].total + sum(x[1]) + x[2])
+    per_mb = rank.total + sum(t) + copies  # rank.total: compute + recompute
     bubble = pipeline_bubble_time(layout, per_mb, m)
     params = rank_params(model, layout, rank.units)
     dp = dp_comm_time(job, params)
@@ -682,7 +734,8 @@ def step_time(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layou
         elementwise=rank.elementwise * m, recompute=rank.recompute * m, tp_comm=t.tp * m, cp_comm=t.cp * m,
         ep_comm=t.ep * m, dispatcher_overhead=t.dispatcher * m, pp_comm=t.pp * m, launch_overhead=t.launch * m,
         pipeline_bubble=bubble, dp_comm=dp, optimizer=optimizer, optimizer_offload=offload,
-        host_contention=t.contention * m, step=per_mb * m + bubble + dp + optimizer + offload)
+        host_contention=t.contention * m, step=per_mb * m + bubble + dp + optimizer + offload,
+        activation_offload=copies * m)
 
 
 def recompute_flops_per_step(model: ModelSpec, seq_len: int, layout: Layout) -> float:

@@ -212,11 +212,19 @@ def _inconsistent(result: TrialResult, layout: Layout, seq_len: int | None, num_
     if not (_finite(tokens) and tokens > 0 and _finite(step) and step > 0 and _finite(seq_len) and seq_len > 0
             and _finite(num_gpus) and num_gpus > 0):
         return []
-    expected = layout.gbs * seq_len / step / num_gpus
+    expected = layout.gbs * seq_len / step / num_gpus * _useful_share(result)
     if abs(tokens / expected - 1) > CONSISTENCY_TOLERANCE:
         return [f"tokens/s per GPU {tokens:,.1f} disagrees with a step of {step:.4g} s over {layout.gbs} x "
                 f"{seq_len} tokens on {num_gpus} GPUs ({expected:,.1f} tokens/s per GPU)"]
     return []
+
+
+def _useful_share(result: TrialResult) -> float:
+    """Real tokens over all tokens of a step: packed documents leave padding, which tokens/s does not count
+    (trainers/packed_batches.py); 1 for one document per sequence or a share that is not one."""
+    packing = (result.extra or {}).get("packing") if isinstance(result.extra, dict) else None
+    share = packing.get("useful_token_share") if isinstance(packing, dict) else None
+    return share if _finite(share) and 0 < share <= 1 else 1.0
 
 
 def _not_in_effect(result: TrialResult, layout: Layout) -> list[str]:

@@ -3,7 +3,8 @@ without changing what it checks (issue 33): Hypothesis profiles, template MLflow
 
 Under pytest-xdist (scripts/test.sh passes -n): every worker has its own temp folders (tmp_path) and free ports
 (tests.mlflow_server.free_port); tests that share one resource carry `xdist_group` marks and run on one worker
-(`--dist loadgroup`): "slurm" (the emulated cluster), "postgres" (the PostgreSQL cluster of test_team_stack).
+(`--dist loadgroup`): "slurm" (the emulated cluster), "postgres" (the session's PostgreSQL cluster, the `postgres` fixture), "wheel"
+(one built wheel and its venvs).
 """
 
 import os
@@ -46,6 +47,25 @@ def _mlflow_store_template(tmp_path_factory):
     """Every fresh SQLite MLflow store of the session is a copy of one migrated template (tests/store_templates.py)."""
     store_templates.install(run_temp_root(tmp_path_factory) / "store-templates")
     yield
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway PostgreSQL cluster (tests/postgres_server.py) for the tests of this worker that need one; each
+    test makes its own databases. Those tests carry xdist_group("postgres"): one worker, one cluster per run."""
+    from tests.postgres_server import PostgresServer, server_bin
+
+    try:
+        import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver: the `team` extra)
+    except ImportError:
+        psycopg = None
+    if server_bin() is None or psycopg is None:
+        reason = "PostgreSQL or psycopg is not installed (scripts/setup.sh installs postgresql and the team extra)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)  # CI installs both: a missing install step must not pass as a skip
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ study must still have exactly the same trials.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -31,11 +32,18 @@ def _base_spec(workdir: Path, storage: str) -> dict:
 
 def _fingerprint(storage: str) -> dict:
     """The stored trials of the existing study, and which studies exist (a bad command creates none)."""
-    study = optuna.load_study(study_name=EXISTING, storage=storage)
-    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
-    return {"studies": names,
-            "trials": [(t.number, t.state.name, t.values, json.dumps(t.user_attrs, sort_keys=True, default=str))
-                       for t in study.trials]}
+    rdb = optuna.storages.RDBStorage(storage)
+    try:
+        study = optuna.load_study(study_name=EXISTING, storage=rdb)
+        names = sorted(s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False))
+        return {"studies": names,
+                "trials": [(t.number, t.state.name, t.values, json.dumps(t.user_attrs, sort_keys=True, default=str))
+                           for t in study.trials]}
+    finally:
+        # closed now, not whenever the garbage collector gets to it: the last connection to a WAL database
+        # checkpoints it into the main file on closing, which would change the file under a later snapshot
+        rdb.remove_session()
+        rdb.engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -339,6 +347,9 @@ READ_ONLY_CASES = {
 
 def _tree(root: Path) -> dict[str, bytes]:
     """Every file under root with its bytes (SQLite's -wal/-shm side files of an open reader excepted)."""
+    # Connections an earlier command or case left unreferenced close first: the last one to close checkpoints
+    # the WAL into the main file, and must not do so between the snapshots taken around a command.
+    gc.collect()
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and not p.name.endswith(("-wal", "-shm", "-journal"))}
 

@@ -367,7 +367,16 @@ def _leaves(data: dict, path: tuple = ()) -> list[tuple]:
     return out
 
 
-CONSTANT_PATHS = _leaves({k: v for k, v in Calibration().model_dump().items() if k != "software"})
+def _is_constant(name: str) -> bool:
+    """A field with a physical range (not the software the constants belong to, nor the release they assume)."""
+    try:
+        constant_range(name)
+    except KeyError:
+        return False
+    return True
+
+
+CONSTANT_PATHS = _leaves({k: v for k, v in Calibration().model_dump().items() if _is_constant(k)})
 ANY_FLOAT = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(min_value=0, max_value=1e-300),
                       st.sampled_from([0.0, -0.0, 5e-324, 2.2e-308, 1e-300, 1e308, 1.7976931348623157e308, -1.0]),
                       st.integers(-2 ** 70, 2 ** 70), st.booleans(), st.text(max_size=5))
@@ -420,6 +429,19 @@ def test_a_file_of_secrets_named_as_a_table_is_not_printed(scratch, content):
     secret = "zq" + "Hunter2Secret" * 3
     (scratch / "secrets").write_text(content.format(secret=secret))
     line = refused(["calibrate", "--out", str(scratch / "cal.json"), "--table", str(scratch / "secrets")], scratch)
+    assert secret not in line and secret[:8] not in line
+
+
+@pytest.mark.parametrize("content", [NETRC, ENV, "TOKEN={secret}\n"])
+def test_a_file_of_secrets_named_as_a_replay_table_is_not_printed(tmp_path, content):
+    """The same file given as a sweep's `replay_table`: the refusal names the file, never what it holds."""
+    secret = "zq" + "Hunter2Secret" * 3
+    (tmp_path / "secrets").write_text(content.format(secret=secret))
+    spec = {"name": "rp", "model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "seq_len": 128, "gbs": 8,
+            "backend": "replay", "replay_table": str(tmp_path / "secrets"), "tracking_uri": "none",
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "workdir": str(tmp_path / "runs")}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    line = refused(["sweep", str(tmp_path / "spec.yaml")], tmp_path, "secrets")
     assert secret not in line and secret[:8] not in line
 
 
@@ -489,3 +511,19 @@ def test_csv_reader_bounds_cells_and_columns(tmp_path):
     path.write_text("a,a\n1,2\n")
     with pytest.raises(SpecError, match="column 'a' appears twice"):
         read_csv(path, "table")
+
+
+@pytest.mark.parametrize("text, needle", [("a: &x [1]\nb: *x\n", "anchors and aliases"),
+                                          ("tp: " + "[" * DEEP + "]" * DEEP + "\n", "nested deeper than"),
+                                          ("tp: " + "9" * DIGITS + "\n", "5,000 digits"),
+                                          ("- 1\n", "no mapping of layout fields")])
+def test_a_layout_read_back_from_the_registry_is_bounded(tmp_path, monkeypatch, text, needle):
+    """`export name@production` reads layout.yaml from an MLflow store (another's to write) through the bounded
+    reader: before, yaml.safe_load (aliases, RecursionError, CPython's digit-limit ValueError)."""
+    from orchestrator import registry
+
+    (tmp_path / "layout.yaml").write_text(text)
+    monkeypatch.setattr(registry, "download", lambda ref, dst=None: tmp_path)
+    with pytest.raises(SpecError, match=needle) as caught:
+        registry.load_layout("m@production")
+    assert "models:/m@production" in str(caught.value) and len(str(caught.value)) < 300

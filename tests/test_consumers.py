@@ -77,6 +77,15 @@ CASES = [
     Case("ep-overlap", "qwen3-30b-a3b", dict(ep=8, pp=2, vpp=2, gbs=64, dispatcher="hybridep", ep_overlap=True,
                                              recompute="moe_act", cuda_graphs="attn,moe_router,moe_preprocess"),
          4096, 16),
+    # the memory levers Megatron-LM can run (the paged stash needs Transformer Engine's op fuser, which only the
+    # bridge-yaml sets: test_the_bridge_yaml_runs_the_paged_stash)
+    Case("memory-levers", "qwen3-30b-a3b", dict(ep=8, pp=2, vpp=2, gbs=64, dispatcher="hybridep",
+                                                activation_offload="qkv_linear,core_attn,attn_proj,expert_fc1",
+                                                activation_offload_fraction=0.5, optimizer_states="bf16"),
+         32768, 16),
+    # fp8 weights gathered in fp8 (what Bridge's per-tensor recipe runs: the Llama-3.1-405B GB200 row)
+    Case("fp8-params", "qwen3-30b-a3b", dict(ep=8, pp=2, gbs=64, precision="fp8-tensorwise", fp8_param_gather=True),
+         4096, 16),
 ]
 H100 = load_gpu("h100")
 # What the launch script adds to the exported flags (orchestrator/export.py sbatch_script), and the one fused
@@ -212,7 +221,9 @@ def test_megatron_lm_validates_the_flags_and_builds_the_config(case, megatron_pa
     from megatron.training.argument_utils import core_transformer_config_from_args
 
     model, layout = case.built()
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the launch script's setting
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the launch script's settings
+    if "export NVTE_CPU_OFFLOAD_V1=1" in export.sbatch_script(layout, model, case.seq_len, case.world):
+        monkeypatch.setenv("NVTE_CPU_OFFLOAD_V1", "1")
     argv = export.megatron_args(layout, model, case.seq_len) + RUN_FLAGS + NO_TE_KERNELS + [
         "--vocab-size", str(model.vocab_size)]
     with bridge_config.on_h100_node(), warnings.catch_warnings():
@@ -227,7 +238,8 @@ def test_megatron_lm_validates_the_flags_and_builds_the_config(case, megatron_pa
                 "recompute_method", "fp8_recipe", "fp8", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend",
                 "cuda_graph_impl", "account_for_embedding_in_pipeline_split", "expert_model_parallel_size",
                 "virtual_pipeline_model_parallel_size", "moe_grouped_gemm", "moe_expert_capacity_factor",
-                "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"):
+                "moe_pad_expert_input_to_capacity", "moe_token_drop_policy", "fine_grained_activation_offloading",
+                "offload_modules", "activation_offload_fraction"):
         if fields.get(key) is not None:  # unset: Megatron's default
             assert _plain(getattr(cfg, key)) == fields[key], key
     assert (cfg.pipeline_model_parallel_layout is None) == (fields["pipeline_model_parallel_layout"] is None)
@@ -255,9 +267,31 @@ def _plain(value):
     return value if value is None or isinstance(value, (str, int, float, dict)) else str(value)
 
 
+@pytest.fixture
+def fused_adam(monkeypatch):
+    """Transformer Engine's FusedAdam, its signature only: Megatron-Core's OptimizerConfig checks that it takes the
+    precision-aware optimizer's arguments (TE is not installed on CPU; nothing is stepped here)."""
+    import sys
+    import types
+
+    class FusedAdam:  # the arguments OptimizerConfig.__post_init__ looks for
+        def __init__(self, params=None, master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None,
+                     use_decoupled_grad=False):
+            pass
+
+    optimizers = types.ModuleType("transformer_engine.pytorch.optimizers")
+    optimizers.FusedAdam = FusedAdam
+    for name, module in (("transformer_engine", types.ModuleType("transformer_engine")),
+                         ("transformer_engine.pytorch", types.ModuleType("transformer_engine.pytorch")),
+                         ("transformer_engine.pytorch.optimizers", optimizers)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_the_bridge_yaml_loads_in_megatron_bridge(case, bridge, tmp_path):
+def test_the_bridge_yaml_loads_in_megatron_bridge(case, bridge, tmp_path, request):
     model, layout = case.built()
+    if layout.optimizer_states != "fp32":
+        request.getfixturevalue("fused_adam")
     path = tmp_path / "bridge-overrides.yaml"
     path.write_text(export.bridge_overrides_yaml(layout, case.seq_len, model))  # what promote stores
     # the model's recipe, as the trainer builds its TransformerConfig (plus the MTP layers it does not build)
@@ -268,6 +302,9 @@ def test_the_bridge_yaml_loads_in_megatron_bridge(case, bridge, tmp_path):
     overrides = yaml.safe_load(path.read_text())
     for section, values in overrides.items():
         if section == "mixed_precision":
+            continue
+        if section == "env_vars":  # the environment defaults Bridge applies before finalizing
+            assert {k: cfg.env_vars[k] for k in values} == values
             continue
         for key, value in values.items():
             if key == "_target_":  # the class a section is built as (comm_overlap, where the recipe has none)
@@ -300,3 +337,47 @@ def test_the_bridge_yaml_sets_the_ep_overlap_over_a_recipes_own_comm_overlap(bri
     assert refused == []
     assert cfg.model.overlap_moe_expert_parallel_comm is ep_overlap
     assert cfg.comm_overlap.bucket_size == 64 * 1024 * 1024  # the recipe's own field survives the merge
+
+
+def test_the_bridge_yaml_runs_the_paged_stash(bridge, tmp_path, fused_adam):
+    """The paged expert stash over a recipe that stashes with its own pool (Qwen3-MoE's full-iteration recipes:
+    rank budget 1.5, a 1.2x CUDA pool and a host spill pool): after Bridge's setup the model runs the layout's
+    budget and the pool the cost model sized (search_spaces/offload.py), and bf16 moments reach the optimizer."""
+    model = load_model("qwen3-30b-a3b")
+    layout = Layout.from_dict(dict(ep=8, gbs=64, dispatcher="hybridep", expert_stash="paged:1.25",
+                                   optimizer_states="bf16", activation_offload="core_attn,attn_proj"))
+    assert rules.check(model, H100, 8, 4096, layout) == []
+    path = tmp_path / "bridge-overrides.yaml"
+    path.write_text(export.bridge_overrides_yaml(layout, 4096, model))
+    architecture = {**trainer_config.transformer_config_kwargs(model, Layout(), on_cpu=False), "mtp_num_layers": None,
+                    "moe_paged_stash": True, "moe_expert_rank_capacity_factor": 1.5,
+                    "moe_paged_stash_buffer_size_factor_cuda": 1.2, "moe_paged_stash_buffer_size_factor_cpu": 1.0}
+    cfg, refused = bridge_config.apply_yaml(bridge, architecture, False, str(path), 8)
+    assert refused == []
+    m = cfg.model
+    assert (m.moe_paged_stash, m.moe_expert_rank_capacity_factor, m.use_transformer_engine_op_fuser) == (
+        True, 1.25, True)
+    assert (m.moe_paged_stash_buffer_size_factor_cuda, m.moe_paged_stash_buffer_size_factor_cpu) == (1.1, 0.0)
+    assert m.fine_grained_activation_offloading and list(m.offload_modules) == ["core_attn", "attn_proj"]
+    import torch
+    assert (cfg.optimizer.use_precision_aware_optimizer, cfg.optimizer.exp_avg_dtype, cfg.optimizer.exp_avg_sq_dtype) \
+        == (True, torch.bfloat16, torch.bfloat16)
+
+
+def test_the_bridge_yaml_keeps_mxfp8_weights_in_fp8(bridge, tmp_path):
+    """MXFP8 weights gathered in fp8 (the Llama GB300 rows' recipe): after Bridge's setup the model keeps fp8
+    parameters and the all-gather borrows the gradient buffer, as Bridge requires; the blockwise recipe, which keeps
+    bf16 weights, is refused rather than exported as something else."""
+    model = load_model("qwen3-30b-a3b")
+    layout = Layout.from_dict(dict(ep=8, gbs=64, precision="mxfp8", fp8_param_gather=True))
+    assert rules.check(model, load_gpu("gb200"), 8, 4096, layout) == []
+    path = tmp_path / "bridge-overrides.yaml"
+    path.write_text(export.bridge_overrides_yaml(layout, 4096, model))
+    architecture = {**trainer_config.transformer_config_kwargs(model, Layout(), on_cpu=False), "mtp_num_layers": None}
+    cfg, refused = bridge_config.apply_yaml(bridge, architecture, False, str(path), 8)
+    assert refused == []
+    assert (cfg.model.fp8_param, cfg.ddp.fp8_param_gather, cfg.ddp.reuse_grad_buf_for_mxfp8_param_ag,
+            cfg.optimizer.reuse_grad_buf_for_mxfp8_param_ag) == (True, True, True, True)
+    from search_spaces.errors import SpecError
+    with pytest.raises(SpecError, match="blockwise"):
+        export.bridge_overrides(layout.replace(precision="fp8-blockwise"), 4096, model)

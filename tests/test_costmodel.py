@@ -99,7 +99,8 @@ PARTS_CASES = [
 ]
 # dispatcher_overhead: the dispatcher's fixed call costs, NCCL's global permute and its SMs (issue 23)
 TOP_LEVEL = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "dispatcher_overhead", "pp_comm",
-             "launch_overhead", "pipeline_bubble", "dp_comm", "optimizer", "optimizer_offload", "host_contention")
+             "launch_overhead", "pipeline_bubble", "dp_comm", "optimizer", "optimizer_offload", "host_contention",
+             "activation_offload")
 
 
 @pytest.mark.parametrize("model,gpu,n,seq,layout", PARTS_CASES)

@@ -13,11 +13,14 @@ import io
 import json
 import time
 
+import warnings
+
 import pytest
 
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep.prior import Prior
+from search_spaces import forked, space
 from search_spaces.space import explore
 
 # a space far larger than Prior.SMALL_SPACE: the prior ranks it through explore(); small enough to rank quickly
@@ -62,6 +65,41 @@ def test_explore_without_a_budget_ignores_the_clock(monkeypatch):
         raced = explore(*SITUATION, top=20)
     assert raced.top == normal.top and raced.estimated == normal.estimated and not raced.cut_short
     assert raced.grids_ranked == normal.grids_ranked > 0
+
+
+def test_explore_gives_one_answer_however_many_processes_rank_it(monkeypatch):
+    """The ranking is split over the machine's cores (search_spaces/forked.py): a machine with more or fewer of
+    them ranks the same grids, finds the same layouts and lists them in the same order."""
+    def answer(found) -> dict:
+        return {k: v for k, v in found.to_dict().items() if k != "seconds"}
+
+    alone = answer(explore(*SITUATION, top=20, workers=1))
+    assert alone["grids_ranked"] > 3 * space.RANK_BLOCK  # every worker gets grids
+    monkeypatch.setattr(forked, "available_workers", lambda: 3)  # fork even beside the suite's threads
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python's warning about fork() beside threads
+        for workers in (2, 3):
+            assert answer(explore(*SITUATION, top=20, workers=workers)) == alone
+
+
+def test_a_budget_cuts_the_split_ranking_at_one_grid(monkeypatch):
+    """Where --budget stops the ranking early, every worker's grids before the first one stopped are ranked and
+    none after: `grids_ranked` is a prefix of the ranking order, as in one process."""
+    monkeypatch.setattr(forked, "available_workers", lambda: 2)
+    with racing_clock(monkeypatch, step_s=0.0), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        # a clock that stands still, then jumps past the budget after some readings
+        readings = [0]
+
+        def late() -> float:
+            readings[0] += 1
+            return 0.0 if readings[0] < 40 else 1e6
+
+        monkeypatch.setattr(time, "perf_counter", late)
+        cut = explore(*SITUATION, top=20, budget_s=30, workers=2)
+    assert cut.cut_short and 0 < cut.grids_ranked
+    whole = explore(*SITUATION, top=20, workers=1, max_grids=cut.grids_ranked)
+    assert (cut.estimated, cut.fitting_count, cut.top) == (whole.estimated, whole.fitting_count, whole.top)
 
 
 def _space(*extra: str) -> tuple[int, str]:

@@ -377,7 +377,9 @@ def test_every_layout_dimension_reaches_both_exports():
              "recompute": "layernorm", "recompute_method": "block", "recompute_num_layers": 2,
              "cuda_graphs": "attn", "dispatcher": "deepep", "cp_comm_type": "a2a", "optimizer_offload": 0.5,
              "distributed_optimizer": False, "sequence_parallel": False, "hierarchical_cp": "2,2",
-             "routing": "capacity:1.5", "ep_overlap": True}
+             "routing": "capacity:1.5", "ep_overlap": True, "activation_offload": "core_attn",
+             "activation_offload_fraction": 0.5, "expert_stash": "paged:1.5", "optimizer_states": "bf16",
+             "fp8_param_gather": True}
     assert set(other) == {d.name for d in DIMENSIONS}, "a new dimension needs a value here"
     for name, value in other.items():
         changed = base.replace(**{name: value})

@@ -50,6 +50,9 @@ MLFLOW_WRITES = ("create_run", "log_batch", "set_tag", "delete_tag", "set_termin
                  "log_text", "log_artifact")
 # in-process examples: few in the fast lane, more in the full profile (tests/conftest.py)
 EXAMPLES = max(2, settings.default.max_examples // 30)
+# across-process rounds (a minute each on 2 cores): both kinds of resume (one driver, two at once) in the full
+# suite, ten or more in a nightly-size profile
+SIGTERM_ROUNDS = max(2, settings.default.max_examples // 150)
 
 
 class _Stop(KeyboardInterrupt):
@@ -243,11 +246,11 @@ def sigterm_then_resume(folder: Path, rng: random.Random, n_trials: int, drivers
 @pytest.mark.real_timing
 @pytest.mark.timeout(3000)
 def test_sigterm_then_resume_many_times_counts_each_layout_once(tmp_path):
-    """Many rounds (INTERRUPT_ROUNDS, default 6), the signal at random moments, resumed by one driver or by two
-    at once; the seed is printed so that a failing round can be replayed."""
+    """Rounds (INTERRUPT_ROUNDS, else SIGTERM_ROUNDS: by the Hypothesis profile), the signal at random moments,
+    resumed by one driver or by two at once; the seed is printed so that a failing round can be replayed."""
     seed = int(os.environ.get("INTERRUPT_SEED") or random.randrange(2 ** 32))  # replay a round with it
     rng = random.Random(seed)
-    for i in range(int(os.environ.get("INTERRUPT_ROUNDS", "6"))):
+    for i in range(int(os.environ.get("INTERRUPT_ROUNDS") or SIGTERM_ROUNDS)):
         line = sigterm_then_resume(tmp_path / f"round-{i}", rng, n_trials=40, drivers=1 + i % 2)
         print(f"seed {seed} round {i}: {line}")
 

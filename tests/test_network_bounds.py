@@ -163,35 +163,25 @@ def test_a_bound_the_url_sets_itself_is_the_users(monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_a_real_postgresql_takes_the_bounds_and_a_sweep_runs_on_it(tmp_path, capsys):
+@pytest.mark.xdist_group("postgres")  # the session's PostgreSQL cluster (tests/conftest.py), shared with test_team_stack
+def test_a_real_postgresql_takes_the_bounds_and_a_sweep_runs_on_it(tmp_path, capsys, postgres):
     """The positive path: the bounds (libpq keywords, a statement_timeout) are accepted by a real server."""
-    from tests.postgres_server import PostgresServer, server_bin
+    url = postgres.create_database("bounds")
+    spec = write_spec(tmp_path / "spec.json", spec_data(tmp_path, "pg", storage=url, tracking_uri="none"))
+    assert main(["sweep", str(spec), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["status", "pg", "--storage", url]) == 0
+    assert "study pg: 6 trials run" in capsys.readouterr().out  # the spec's budget, read back from the server
+    import sqlalchemy
 
+    engine = connections.sql_engine(url)
     try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        psycopg = None
-    if server_bin() is None or psycopg is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL or psycopg is not installed")
-        pytest.skip("PostgreSQL or psycopg is not installed (scripts/setup.sh installs both)")
-    with PostgresServer() as pg:
-        url = pg.create_database("optuna")
-        spec = write_spec(tmp_path / "spec.json", spec_data(tmp_path, "pg", storage=url, tracking_uri="none"))
-        assert main(["sweep", str(spec), "--quiet"]) == 0
-        capsys.readouterr()
-        assert main(["status", "pg", "--storage", url]) == 0
-        assert "study pg: 6 trials run" in capsys.readouterr().out  # the spec's budget, read back from the server
-        import sqlalchemy
-
-        engine = connections.sql_engine(url)
-        try:
-            with engine.connect() as conn:
-                shown = conn.execute(sqlalchemy.text(
-                    "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")).scalar()  # in ms
-        finally:
-            engine.dispose()
-        assert int(shown) == connections.DB_STATEMENT_TIMEOUT_S * 1000, shown
+        with engine.connect() as conn:
+            shown = conn.execute(sqlalchemy.text(
+                "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")).scalar()  # in ms
+    finally:
+        engine.dispose()
+    assert int(shown) == connections.DB_STATEMENT_TIMEOUT_S * 1000, shown
 
 
 # ---- the defaults, through the installed entry point -----------------------------------------------------------

@@ -184,6 +184,27 @@ def test_a_report_on_a_disk_that_fills_leaves_no_half_page(world, tmp_path):
     assert (report / "report.html").read_text() == "the old page"
 
 
+def test_a_batch_script_on_a_disk_that_fills_is_one_line_and_no_job(world, tmp_path, monkeypatch):
+    """`slurm submit` writes its script whole or not at all (before: Path.write_text, a traceback and half a
+    script); a stand-in sbatch records whether a job was submitted."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    submitted = tmp_path / "submitted"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" > {submitted}\necho 4242\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    work = tmp_path / "work"
+    argv = ["slurm", "submit", str(world["spec"]), "--workdir", str(work)]
+    code, out, err = run_filling(argv, 300, tmp_path)  # a script is a few kB
+    assert code == OUTPUT_FAILED
+    one_error_line(err, "batch script", "File too large")
+    assert not submitted.exists() and leftovers(work) == [] and list((work / "runs" / "slurm").iterdir()) == []
+    code, out, err = run(argv)  # room again: the whole script, submitted
+    assert code == 0 and out.strip() == "4242", err
+    (script,) = (work / "runs" / "slurm").iterdir()
+    assert script.read_text().startswith("#!") and str(script) in submitted.read_text()
+
+
 @pytest.fixture(scope="module")
 def full_board(world, tmp_path_factory) -> bytes:
     """What `status --csv` writes when nothing fails."""
@@ -285,3 +306,22 @@ def test_standard_output_that_fails_anywhere_is_one_line_or_whole(world, whole_o
         one_error_line(err, "standard output", "pipe was closed" if error == errno.EPIPE else os.strerror(error))
         assert whole.startswith(stream.taken.getvalue())  # what got out is a prefix, never garbage
     assert snapshot(world["root"]) == before
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EPIPE])
+def test_ui_printing_its_url_onto_a_failing_stdout_is_one_line_exit_6(monkeypatch, error):
+    """`ui` on a tracking server prints the page's URL and returns (before: print(), a traceback or Python's
+    "Exception ignored" for a closed pipe)."""
+    from mlflow.entities import Experiment
+
+    from orchestrator import mlflow_ui
+
+    experiment = Experiment("7", "ui-sweep", "file:///x", "active")
+    monkeypatch.setattr(mlflow_ui, "open_sweep", lambda uri, study: experiment)
+    code, err = run_onto(["ui", "ui-sweep", "--tracking-uri", "http://u:pw@127.0.0.1:5000"],
+                         FailingStream(0, error))
+    assert code == OUTPUT_FAILED
+    line = one_error_line(err, "standard output")
+    assert "pw" not in line
+    code, err = run_onto(["ui", "ui-sweep", "--tracking-uri", "http://u:pw@127.0.0.1:5000"], stream := io.StringIO())
+    assert code == 0 and "/#/experiments/7" in stream.getvalue() and "pw@" not in stream.getvalue(), err

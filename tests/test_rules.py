@@ -40,6 +40,14 @@ CASES = [
      dict(cuda_graphs="moe", routing="capacity:1.0")),
     ("offload_needs_distopt", ("tiny-moe", "h100", 2, 512), dict(optimizer_offload=0.5, distributed_optimizer=False),
      dict(optimizer_offload=0.5)),
+    ("activation_offload_modules", ("tiny-moe", "h100", 2, 512), dict(activation_offload="attn_proj"),
+     dict(activation_offload="core_attn,attn_proj")),
+    ("expert_stash_needs", ("tiny-moe", "h100", 2, 512), dict(ep=2, expert_stash="paged:1.5"),
+     dict(ep=2, expert_stash="paged:1.5", dispatcher="hybridep")),
+    ("optimizer_states_needs", ("tiny-moe", "h100", 2, 512), dict(optimizer_states="bf16", distributed_optimizer=False),
+     dict(optimizer_states="bf16")),
+    ("fp8_param_gather_needs", ("tiny-moe", "h100", 2, 512), dict(fp8_param_gather=True),
+     dict(fp8_param_gather=True, precision="fp8-tensorwise")),
     ("ep_overlap_needs", ("tiny-moe", "h100", 2, 512), dict(ep=2, ep_overlap=True, recompute="moe"),
      dict(ep=2, ep_overlap=True, recompute="moe_act")),
     ("ep_overlap_schedule", ("tiny-moe", "h100", 4, 512), dict(ep=2, pp=2, gbs=2, ep_overlap=True),
@@ -217,3 +225,128 @@ def test_ep_overlap_allows_what_megatron_allows():
     assert "ep_overlap_needs" not in {v.rule for v in check(dsv3, load_gpu("h100"), 64, 4096, layout)}
     two = {v.rule for v in check(dataclasses.replace(dsv3, mtp_layers=2), load_gpu("h100"), 64, 4096, layout)}
     assert "ep_overlap_needs" in two
+
+
+# ---- the memory levers (issue 29), held to Megatron-Core 0.19.2's own checks ----------------------------------------
+@pytest.mark.parametrize("fields,why", [
+    (dict(activation_offload="attn_proj"), "without core_attn"),
+    (dict(ep=2, activation_offload="moe_act", recompute="moe"), "whole moe is recomputed"),
+    (dict(ep=2, activation_offload="fused_group_mlp,expert_fc1"), "not with expert_fc1 or moe_act"),
+    (dict(ep=2, dispatcher="hybridep", expert_stash="paged:1.5", activation_offload="expert_fc1"), "paged stash"),
+    (dict(activation_offload="core_attn", cuda_graphs="moe", routing="capacity:1.0"), "moe CUDA-graph scope"),
+    (dict(activation_offload_fraction=0.5), "none are set"),
+])
+def test_activation_offload_says_why(fields, why):
+    violations = check(load_model("tiny-moe"), load_gpu("h100"), 4, 512, Layout.from_dict(fields))
+    assert any(v.rule == "activation_offload_modules" and why in v.reason for v in violations), violations
+
+
+def test_expert_modules_need_experts_and_the_levers_need_a_gpu():
+    assert "activation_offload_modules" in rules_broken("llama3-8b", "h100", 8, 4096, activation_offload="moe_act")
+    assert "expert_stash_needs" in rules_broken("llama3-8b", "h100", 8, 4096, expert_stash="paged:1.5")
+    for fields in (dict(activation_offload="core_attn"), dict(optimizer_states="bf16")):
+        assert "gpu_only_feature" in rules_broken("tiny-moe", "cpu", 2, 512, **fields)
+
+
+def _mcore_lever_verdict(model, layout: Layout) -> str | None:
+    """What Megatron-Core 0.19.2 says of the layout's lever fields, as the trainer builds them: None when
+    TransformerConfig and OptimizerConfig accept them, else the refusal."""
+    import warnings
+
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from trainers import config as trainer_config
+
+    kwargs = trainer_config.transformer_config_kwargs(model, layout, on_cpu=False, have_te=True)
+    lever = {k: kwargs[k] for k in ("fine_grained_activation_offloading", "offload_modules",
+                                    "activation_offload_fraction", "fine_grained_offloading_max_inflight_offloads",
+                                    "moe_paged_stash", "moe_expert_rank_capacity_factor",
+                                    "use_transformer_engine_op_fuser", "moe_token_dispatcher_type",
+                                    "moe_flex_dispatcher_backend", "moe_expert_capacity_factor",
+                                    "moe_pad_expert_input_to_capacity") if k in kwargs}
+    if layout.fp8_param_gather:  # fp8 weights: TransformerConfig's check of fp8, megatron.training's of the optimizer
+        return _megatron_lm_verdict(model, layout)
+    recompute = {"recompute_granularity": "selective", "recompute_modules": list(layout.recompute_modules)} \
+        if layout.recompute_modules else {}
+    graphs = {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": list(layout.cuda_graphs)} \
+        if layout.cuda_graphs else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4, moe_router_topk=2,
+                              moe_ffn_hidden_size=32, expert_model_parallel_size=layout.ep, moe_grouped_gemm=True,
+                              **lever, **recompute, **graphs)
+            OptimizerConfig(**{k: v for k, v in trainer_config.optimizer_config_kwargs(layout).items()
+                               if k in ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
+                                        "use_distributed_optimizer", "optimizer")})
+    except (AssertionError, ValueError) as refused:
+        return str(refused) or "refused"
+    except (ImportError, RuntimeError) as unavailable:  # a kernel library this CPU machine lacks: not a refusal
+        return None if "Transformer" in str(unavailable) or "cuda" in str(unavailable).lower() else str(unavailable)
+    return None
+
+
+def _megatron_lm_verdict(model, layout: Layout) -> str | None:
+    """What Megatron-LM 0.19.2 says of the layout's flags (orchestrator/export.py): validate_args (fp8_param_gather only
+    with the distributed optimizer; with optimizer offload only the delayed recipe), then the TransformerConfig it
+    builds (fp8_param only with fp8), on an H100's answers (tests/bridge_config.py)."""
+    import argparse
+    import os
+    import warnings
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.training.argument_utils import core_transformer_config_from_args
+    from megatron.training.arguments import add_megatron_arguments, validate_args
+
+    from orchestrator import export
+    from tests import bridge_config
+
+    argv = export.megatron_args(layout, model, 512) + [
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4", "--no-rope-fusion",
+        "--vocab-size", str(model.vocab_size)]
+    saved = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # the launch script's
+    try:
+        with bridge_config.on_h100_node(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)).parse_args(argv)
+            args.world_size, args.rank = 4, 0
+            validate_args(args)
+            core_transformer_config_from_args(args, TransformerConfig)
+    except (AssertionError, ValueError) as refused:
+        return str(refused) or "refused"
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS")
+        else:
+            os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = saved
+    return None
+
+
+LEVER_RULES = {"activation_offload_modules", "expert_stash_needs", "optimizer_states_needs", "fp8_param_gather_needs"}
+
+
+@pytest.mark.parametrize("fields", [
+    dict(activation_offload="attn_proj"), dict(activation_offload="core_attn,attn_proj"),
+    dict(activation_offload="attn_norm,qkv_linear,mlp_norm", activation_offload_fraction=0.5),
+    dict(activation_offload="moe_act", recompute="moe"), dict(activation_offload="moe_act", recompute="moe_act"),
+    dict(activation_offload="expert_fc1,moe_act"), dict(activation_offload="fused_group_mlp,moe_act"),
+    dict(activation_offload="core_attn", cuda_graphs="moe", routing="capacity:1.0"),
+    dict(activation_offload="core_attn", cuda_graphs="attn,moe_router"),
+    dict(dispatcher="hybridep", expert_stash="paged:1.5"), dict(dispatcher="deepep", expert_stash="paged:1.5"),
+    dict(dispatcher="hybridep", expert_stash="paged:1.5", activation_offload="moe_act"),
+    dict(dispatcher="hybridep", expert_stash="paged:1.2", activation_offload="core_attn,attn_proj"),
+    dict(optimizer_states="bf16"), dict(optimizer_states="bf16", distributed_optimizer=False),
+    dict(precision="fp8-tensorwise", fp8_param_gather=True), dict(precision="bf16", fp8_param_gather=True),
+    dict(precision="fp8-blockwise", fp8_param_gather=True, distributed_optimizer=False),
+    dict(precision="fp8-tensorwise", fp8_param_gather=True, optimizer_offload=0.5),
+    dict(precision="fp8-delayed", fp8_param_gather=True, optimizer_offload=0.5),
+], ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_the_lever_rules_agree_with_megatron_core(fields):
+    """Our rules refuse a lever setting exactly when Megatron-Core's configs do (the trainer's fields)."""
+    model = load_model("tiny-moe")
+    layout = Layout.from_dict({"ep": 2, "gbs": 4, **fields})
+    ours = {v.rule for v in check(model, load_gpu("h100"), 4, 512, layout)} & LEVER_RULES
+    theirs = _mcore_lever_verdict(model, layout)
+    assert bool(ours) == (theirs is not None), (ours, theirs)

@@ -18,29 +18,13 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.sweep.lease import HOST_ENV
 from tests.mlflow_server import MlflowServer
-from tests.postgres_server import PostgresServer, server_bin
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
-# one PostgreSQL cluster (the module fixture): its tests share one xdist worker
+# one PostgreSQL cluster (the session's `postgres` fixture, tests/conftest.py): its tests share one xdist worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    try:
-        import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver: the `team` extra)
-    except ImportError:
-        psycopg = None
-    if server_bin() is None or psycopg is None:
-        reason = "PostgreSQL or psycopg is not installed (scripts/setup.sh installs postgresql and the team extra)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)  # CI installs both: a missing install step must not pass as a skip
-        pytest.skip(reason)
-    with PostgresServer() as server:
-        yield server
 
 
 def _driver(args: list[str], host: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -159,6 +159,15 @@ def _parallel_kwargs(layout: Layout, model, on_cpu: bool) -> dict[str, Any]:
         kwargs.update(BY_NAME["routing"].megatron_fields(layout.routing))
         # the EP all-to-all overlap (1F1B split schedule); the rules keep it to GPUs
         kwargs.update(BY_NAME["ep_overlap"].megatron_fields(layout.ep_overlap))
+        if layout.expert_stash != "none":  # the paged stash (the rules keep it to GPUs with HybridEP)
+            kwargs.update(BY_NAME["expert_stash"].megatron_fields(layout.expert_stash))
+    if layout.activation_offload:  # fine-grained activation offload (the rules keep it to GPUs)
+        kwargs.update(fine_grained_activation_offloading=True, offload_modules=list(layout.activation_offload),
+                      activation_offload_fraction=layout.activation_offload_fraction)
+        if "full_iteration" in layout.cuda_graphs:
+            kwargs["fine_grained_offloading_max_inflight_offloads"] = 1
+        if "fused_group_mlp" in layout.activation_offload:
+            kwargs["use_transformer_engine_op_fuser"] = True
     if layout.cp > 1 and not on_cpu:
         kwargs.update(BY_NAME["cp_comm_type"].megatron_fields(layout.cp_comm_type))
         if layout.hierarchical_cp:
@@ -199,7 +208,9 @@ def params_dtype(layout: Layout) -> torch.dtype:
 def _precision_kwargs(layout: Layout) -> dict[str, Any]:
     dtype = params_dtype(layout)
     # bf16 (and for FP8 precisions the recipe and format) as the precision's declaration spells them
-    return dict(params_dtype=dtype, pipeline_dtype=dtype, **BY_NAME["precision"].megatron_fields(layout.precision))
+    fp8_params = {"fp8_param": True} if layout.fp8_param_gather else {}  # fp8 weights (the rules keep it to fp8)
+    return dict(params_dtype=dtype, pipeline_dtype=dtype, **BY_NAME["precision"].megatron_fields(layout.precision),
+                **fp8_params)
 
 
 def _cuda_graph_kwargs(layout: Layout) -> dict[str, Any]:
@@ -267,7 +278,13 @@ def ddp_config_kwargs(layout: Layout, on_cpu: bool) -> dict[str, Any]:
         overlap_grad_reduce=overlap,
         overlap_param_gather=overlap and layout.distributed_optimizer,
         use_distributed_optimizer=layout.distributed_optimizer,
+        # fp8 weights gathered in fp8; MXFP8's borrow the gradient buffer for it (orchestrator/export.py)
+        **({"fp8_param_gather": True, "reuse_grad_buf_for_mxfp8_param_ag": layout.precision == "mxfp8"}
+           if layout.fp8_param_gather else {}),
     )
+
+
+_MOMENT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # optimizer_states -> OptimizerConfig's dtype
 
 
 def optimizer_config_kwargs(layout: Layout) -> dict[str, Any]:
@@ -277,6 +294,9 @@ def optimizer_config_kwargs(layout: Layout) -> dict[str, Any]:
         bf16=dtype == torch.bfloat16, params_dtype=dtype,
         use_distributed_optimizer=layout.distributed_optimizer,
     )
+    if layout.optimizer_states != "fp32":  # Adam's moments in lower precision (the precision-aware optimizer)
+        moments = _MOMENT_DTYPES[layout.optimizer_states]
+        kwargs.update(use_precision_aware_optimizer=True, exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
     if layout.optimizer_offload > 0:
         kwargs.update(optimizer_cpu_offload=True, optimizer_offload_fraction=layout.optimizer_offload,
                       use_precision_aware_optimizer=True)

@@ -7,6 +7,8 @@ follows Megatron's CP semantics so CP layouts can be measured on CPU:
 - K and V are all-gathered over the CP group with Megatron's own autograd mapping (the backward is a
   reduce-scatter), which is the `all_gather` cp_comm_type;
 - the causal mask is built from global token positions, so the result equals the CP=1 attention.
+Packed documents (THD, `packed_seq_params`): a token sees the earlier tokens of its own document only, the pack
+laid out as trainers/packed_batches.py describes it (each document's 2*CP chunks under CP).
 It also serves MLA on CPU at any CP: Megatron-Core 0.19.2's MLA passes k_channels/v_channels (query/key and
 value head widths differ), which the local DotProductAttention does not accept.
 
@@ -26,6 +28,9 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import is_layer_window_attention
+
+
+_LAST_THD_MASK: list = [None]  # (the pack's cu_seqlens_padded, CP rank and size, window) -> its [q, k] mask
 
 
 def cp_chunk_positions(cp_rank: int, cp_size: int, local_len: int) -> torch.Tensor:
@@ -57,8 +62,10 @@ class ContextParallelDotProductAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
-        if packed_seq_params is not None or attention_bias is not None:
-            raise NotImplementedError("CPU context-parallel attention supports neither packed sequences nor bias")
+        if attention_bias is not None:
+            raise NotImplementedError("CPU context-parallel attention does not support an attention bias")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         local_len, batch = query.shape[0], query.shape[1]
         if self.cp_size > 1:
             key = gather_from_sequence_parallel_region(key, True, self.cp_group)
@@ -67,13 +74,42 @@ class ContextParallelDotProductAttention(MegatronModule):
             query_pos = cp_chunk_positions(self.cp_rank, self.cp_size, local_len)
         else:
             key_pos = query_pos = torch.arange(local_len)
+        return self._attend(query, key, value, self._hidden(query_pos, key_pos))
+
+    def _packed(self, query, key, value, packed_seq_params):
+        """THD: [tokens, heads, dim] of documents packed back to back (trainers/packed_batches.py's layout);
+        a token sees the earlier tokens of its own document only."""
+        from trainers.packed_batches import thd_token_positions
+
+        if packed_seq_params.qkv_format != "thd":
+            raise NotImplementedError(f"packed sequences in {packed_seq_params.qkv_format} format")
+        cu = packed_seq_params.cu_seqlens_q_padded
+        cu = (cu if cu is not None else packed_seq_params.cu_seqlens_q).cpu()
+        query, key, value = (t.unsqueeze(1) for t in (query, key, value))  # [t, b=1, heads, dim]
+        if self.cp_size > 1:
+            key = gather_from_sequence_parallel_region(key, True, self.cp_group)
+            value = gather_from_sequence_parallel_region(value, True, self.cp_group)
+        # every layer of a microbatch reads the same pack: its mask is built once (the last one is kept)
+        key_of_mask = (tuple(cu.tolist()), self.cp_rank, self.cp_size, self.window_size)
+        cached = _LAST_THD_MASK[0]
+        if cached is None or cached[0] != key_of_mask:
+            query_doc, query_pos, _ = thd_token_positions(cu, self.cp_rank, self.cp_size)
+            held = [thd_token_positions(cu, r, self.cp_size) for r in range(self.cp_size)]
+            key_doc, key_pos = torch.cat([h[0] for h in held]), torch.cat([h[1] for h in held])
+            hidden = self._hidden(query_pos, key_pos) | (query_doc[:, None] != key_doc[None, :])
+            cached = _LAST_THD_MASK[0] = (key_of_mask, hidden)
+        return self._attend(query, key, value, cached[1]).squeeze(1)  # [t, heads * dim], as TE returns THD
+
+    def _attend(self, query, key, value, hidden):
+        """Softmax attention of [s, b, heads, dim] queries over keys, `hidden` [queries, keys] masked out."""
+        local_len, batch = query.shape[0], query.shape[1]
         if self.heads > self.query_groups:  # grouped-query attention
             key = key.repeat_interleave(self.heads // self.query_groups, dim=2)
             value = value.repeat_interleave(self.heads // self.query_groups, dim=2)
         # [s, b, heads, dim] -> [b, heads, s, dim]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
-        scores = scores.masked_fill(self._hidden(query_pos, key_pos), float("-inf"))
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = sink_softmax(scores.float(), self.softmax_offset).to(q.dtype)
         context = torch.matmul(probs, v)
         return context.permute(2, 0, 1, 3).reshape(local_len, batch, -1)

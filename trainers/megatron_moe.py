@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--comm-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
     p.add_argument("--layout", default=None, help="JSON/YAML file of Layout.to_dict(); flags below override it")
+    p.add_argument("--lengths", default=None, help="a document-length histogram (`moe-autotune lengths`): pack "
+                                                   "documents drawn from it into each sequence (THD)")
     layout = p.add_argument_group("layout (same flags as `moe-autotune estimate`)")
     for dim in DIMENSIONS:
         layout.add_argument(dim.flag, dest=dim.name, default=None,
@@ -79,6 +81,16 @@ def load_model_spec(args: argparse.Namespace):
     if args.num_layers or args.hidden_size:
         model = model.with_overrides(num_layers=args.num_layers, hidden_size=args.hidden_size)
     return model
+
+
+def _load_lengths(path: str | None, seq_len: int):
+    if path is None:
+        return None
+    from search_spaces.packing import load_histogram
+
+    hist = load_histogram(path)
+    hist.check_fits(seq_len)
+    return hist
 
 
 # --- small helpers ----------------------------------------------------------------------------------
@@ -161,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         layout = layout_from_args(args, on_cpu)
         model = load_model_spec(args)
         gpu = load_gpu(_gpu_name(args.gpu, on_cpu))
+        args.packing_histogram = _load_lengths(args.lengths, args.seq_len)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -170,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainers import config as trainer_config
 
     reason = trainer_config.refusal(model, gpu, layout, world, args.seq_len)
+    if not reason and args.packing_histogram is not None:
+        from trainers.packed_batches import packed_capability_gap
+
+        reason = packed_capability_gap(model, on_cpu)
     if reason:
         result.status, result.error = "invalid", reason
         result.wall_time_s = time.time() - T_START

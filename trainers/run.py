@@ -63,8 +63,9 @@ def _build_config(model, layout, on_cpu: bool, have_te: bool):
     return config_class(**kwargs)
 
 
-def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bool):
-    """One GPTModel per virtual pipeline stage on this rank, with its layers placed by Megatron."""
+def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bool, packed: bool = False):
+    """One GPTModel per virtual pipeline stage on this rank, with its layers placed by Megatron (`packed`: it
+    takes THD batches)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
@@ -72,7 +73,7 @@ def _build_chunks(model, layout, config, seq_len: int, on_cpu: bool, have_te: bo
     for vp_stage in range(layout.vpp) if layout.vpp > 1 else [None]:
         spec = _block_spec(config, on_cpu, have_te, vp_stage)
         if on_cpu:
-            _use_cpu_modules(spec, config, layout)
+            _use_cpu_modules(spec, config, layout, packed)
         chunk = GPTModel(
             config=config, transformer_layer_spec=spec,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -104,14 +105,15 @@ def _block_spec(config, on_cpu: bool, have_te: bool, vp_stage):
     return get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
 
 
-def _use_cpu_modules(spec, config, layout) -> None:
+def _use_cpu_modules(spec, config, layout, packed: bool = False) -> None:
     """CPU stand-ins inside Megatron's layer specs: grouped experts (so moe_act recompute applies, as with TE)
-    and, for CP, MLA, sliding windows or attention sinks, the CPU core attention (TE's role on GPU)."""
+    and, for CP, MLA, sliding windows, attention sinks or packed documents (THD), the CPU core attention (TE's
+    role on GPU)."""
     from trainers.cp_attention import ContextParallelDotProductAttention
     from trainers.cpu_experts import grouped_experts_builder
 
     cpu_attention = (layout.cp > 1 or config.multi_latent_attention or config.window_size is not None
-                     or config.softmax_type != "vanilla")
+                     or config.softmax_type != "vanilla" or packed)
     for layer_spec in spec.layer_specs:
         mlp = layer_spec.submodules.mlp
         # The MoE spec is a ModuleSpec or a functools.partial(MoELayer, submodules=MoESubmodules(...)).
@@ -201,6 +203,22 @@ class Built:
     have_te: bool
 
 
+def _model_flops(args, model, layout) -> float:
+    """Bridge's FLOPs of a step; of packed documents each document's own attention (the expected packing)."""
+    hist = _packing(args)
+    if hist is None:
+        return flops_per_step(model, args.seq_len, layout.gbs)
+    from search_spaces.packing import packed_flops_per_step, statistics_for
+
+    stats = statistics_for(hist, args.seq_len, layout.cp, layout.tp, layout.sp)
+    return packed_flops_per_step(model, args.seq_len, layout.gbs, stats)
+
+
+def _packing(args):
+    """The document-length histogram the trial packs (megatron_moe's --lengths), or None."""
+    return getattr(args, "packing_histogram", None)
+
+
 def _build(args, layout, model, on_cpu: bool) -> Built:
     if on_cpu:
         from trainers import cpu_compat
@@ -218,7 +236,7 @@ def _build(args, layout, model, on_cpu: bool) -> Built:
     tensor_parallel.model_parallel_cuda_manual_seed(args.seed, te_rng_tracker=config.use_te_rng_tracker,
                                                     use_cudagraphable_rng=config.cuda_graph_impl != "none")
     torch.manual_seed(args.seed)
-    chunks = _build_chunks(model, layout, config, args.seq_len, on_cpu, have_te)
+    chunks = _build_chunks(model, layout, config, args.seq_len, on_cpu, have_te, _packing(args) is not None)
     wrapped, optimizer = _wrap_ddp_and_optimizer(chunks, config, layout, on_cpu)
     return Built(device, config, chunks, wrapped, optimizer, have_te)
 
@@ -235,6 +253,7 @@ class Steps:
     microbatches: int
     schedule: object
     routed: dict | None  # tokens into each MoE layer's router and rows into its experts (routing_load), or None
+    packing: dict | None = None  # packed documents: real tokens and padding of the measured steps, or None
 
 
 def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
@@ -247,6 +266,12 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     cp_group = ps.get_context_parallel_group()
     data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
+    if _packing(args) is not None:  # documents packed into each sequence (THD): trainers/packed_batches.py
+        from search_spaces.packing import pad_multiple
+        from trainers.packed_batches import PackedTokens
+
+        data = PackedTokens(data, _packing(args), pad_multiple(layout.cp, layout.tp, layout.sp))
+    packed = not isinstance(data, SyntheticTokens)
     state = StepState(measure_step=max(args.warmup - 1, 0))
     saved = measure.SavedActivations(exclude=measure.param_storage_keys(built.wrapped))
     # Megatron refuses user forward hooks on the modules it graphs: no counts under CUDA graphs
@@ -261,13 +286,15 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         if return_schedule_plan:
             # the EP overlap's combined 1F1B schedule asks the (unwrapped) GPTModel for the plan it then runs
             # beside another microbatch's backward: nothing runs here to record
-            plan = chunk.build_schedule_plan(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+            plan = chunk.build_schedule_plan(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                                             packed_seq_params=batch.get("packed_seq_params"))
             return plan, partial(_loss_func, batch["loss_mask"])
         index = chunk_index[id(chunk)]
         record = state.step == state.measure_step and index not in state.measured_chunks
         # by module too, unless CUDA graphs: Megatron refuses user forward hooks on the modules it graphs
         with saved.recording(None if layout.cuda_graphs else chunk) if record else contextlib.nullcontext():
-            output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+            output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
+                           packed_seq_params=batch.get("packed_seq_params"))
         if record:
             state.measured_chunks.add(index)
             state.activation_bytes += saved.bytes
@@ -292,7 +319,9 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         reduced = schedule(
             forward_step_func=forward_step, data_iterator=iterators if len(wrapped) > 1 else iterators[0],
             model=wrapped if len(wrapped) > 1 else wrapped[0], num_microbatches=microbatches,
-            seq_length=args.seq_len // layout.cp, micro_batch_size=layout.mbs, forward_only=False)
+            # a THD pack holds the microbatch's sequences back to back, batch dimension 1
+            seq_length=(layout.mbs if packed else 1) * args.seq_len // layout.cp,
+            micro_batch_size=1 if packed else layout.mbs, forward_only=False)
         _sync(built.device)
         schedule_done = time.perf_counter()
         built.optimizer.step()
@@ -304,7 +333,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
     return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, state.activations_by_module,
-                 microbatches, schedule, copies.remove() if copies is not None else None)
+                 microbatches, schedule, copies.remove() if copies is not None else None,
+                 data.report(range(args.warmup, args.warmup + args.steps)) if packed else None)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -330,6 +360,7 @@ def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
         "experts": sorted({type(m.experts).__name__ for m in modules if getattr(m, "experts", None) is not None}),
         "graphs_captured": _graphs_captured(),
         "routed": steps.routed,
+        "packing": steps.packing,
         "expert_group": (ps.get_pipeline_model_parallel_rank(), ps.get_expert_data_parallel_rank(),
                          ps.get_expert_tensor_parallel_rank()),
     }
@@ -459,9 +490,14 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
         cpu_seconds_per_step=sum(statistics.mean(g["cpu_times"]) for g in gathered if g["cpu_times"]),
         host_cores=host_cores(),
     )
+    packing = gathered[0]["packing"]  # every rank draws the same documents
+    if packing is not None:
+        result.extra["packing"] = packing
     if step_time:
-        result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world
-        result.tflops_per_gpu = flops_per_step(model, args.seq_len, layout.gbs) / step_time / world / 1e12
+        # real tokens only: padding is computed, never counted
+        share = packing["useful_token_share"] if packing is not None else 1.0
+        result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world * share
+        result.tflops_per_gpu = _model_flops(args, model, layout) / step_time / world / 1e12
         result.mfu = result.tflops_per_gpu / gpu.peak(layout.precision)
     # the sweep's own judgement (layout in effect, finite numbers, TF/s and tokens/s below the chip's peak,
     # memory within the device, tokens/s agreeing with the step time) on the spot

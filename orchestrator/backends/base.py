@@ -32,6 +32,7 @@ class TrialRequest:
     hidden_size: int | None = None
     trial_number: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    lengths: str | None = None  # packed documents: the document-length histogram the trainer draws from
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -48,6 +48,8 @@ def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path:
         args += ["--num-layers", str(request.num_layers)]
     if request.hidden_size:
         args += ["--hidden-size", str(request.hidden_size)]
+    if request.lengths:
+        args += ["--lengths", request.lengths]
     if launcher == "python":
         return [sys.executable, "-m", module, *args]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.gpus_per_node)]

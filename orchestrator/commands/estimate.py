@@ -15,9 +15,13 @@ from search_spaces.errors import SpecError
 from search_spaces.breakdown import COMPUTE_PARTS, COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
+from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, compare_full, load_packing,
+                                                print_comparison, print_packing)
 
 
 CALIBRATION_HELP = "a calibration file written by `moe-autotune calibrate` (default: the packaged constants)"
+SOFTWARE_HELP = ("the NeMo / Megatron-Bridge container release you run, e.g. 25.11: compute at the speed that release "
+                 "reached on this GPU in published rows (default: the newest published release)")
 
 
 def register(app: typer.Typer) -> None:
@@ -49,6 +53,9 @@ def estimate(
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size", help="override the model's width"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    software: Optional[str] = typer.Option(None, "--software", help=SOFTWARE_HELP),
+    packing: Optional[str] = typer.Option(None, "--packing", help=PACKING_HELP),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help=LENGTHS_HELP),
     layout_flags: dict | None = None,
 ) -> int:
     """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their defaults;
@@ -57,17 +64,25 @@ def estimate(
     knob, what switching it to its neighbours would change (JSON key "neighbours")."""
     from search_spaces.calibration_file import load_calibration  # not calibration.py: the fit is not needed here
     from search_spaces.costmodel import estimate as run_estimate
+    from search_spaces.maturity import at_software, software_label
     from search_spaces.neighbours import neighbours
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     layout = _layout_of_flags(layout_flags or {}, num_gpus)
-    cal = load_calibration(calibration)
-    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal)
-    near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal) if est.legal else []
+    hist = load_packing(packing, lengths, seq_len)
+    cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
+    est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal, packing=hist)
+    near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal, hist) if est.legal else []
     if as_json:
-        echo(json_line({**est.to_dict(), "neighbours": near}, "estimate --json"))
+        echo(json_line({**est.to_dict(), "neighbours": near, "software": software_label(cal, gpu_spec.name)},
+                       "estimate --json"))
     else:
         _print_estimate(est)
+        console().print(f"software assumed: {software_label(cal, gpu_spec.name)}")
+        for note in _memory_notes(est, spec, gpu_spec, layout):
+            console().print(note)
+        if est.packing is not None and est.legal:
+            print_packing(est.packing)
         if near:
             _print_neighbours(near)
     if not est.legal:
@@ -75,6 +90,15 @@ def estimate(
         typer.echo(f"error: illegal layout: {reasons}", err=True)
         raise typer.Exit(2)
     return 0
+
+
+def _memory_notes(est, spec, gpu_spec, layout) -> list[str]:
+    """What the figures rest on beyond the fitted range, and the host-memory refusal, in words (text output)."""
+    from search_spaces.routing import extrapolation_note
+
+    notes = [f"does not fit the host: {est.host_memory_refusal}"] if est.host_memory_refusal else []
+    note = extrapolation_note(spec, layout, gpu_spec.is_cpu) if est.legal else None
+    return notes + ([f"note: {note}"] if note else [])
 
 
 def _layout_of_flags(flags: dict, num_gpus: int):
@@ -160,10 +184,15 @@ def space(
     hidden_size: Optional[int] = typer.Option(None, "--hidden-size"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    software: Optional[str] = typer.Option(None, "--software", help=SOFTWARE_HELP),
+    packing: Optional[str] = typer.Option(None, "--packing", help=PACKING_HELP),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help=LENGTHS_HELP),
 ) -> int:
-    """Enumerate the legal layouts, count rejections per rule, list the fastest that fit."""
+    """Enumerate the legal layouts, count rejections per rule, list the fastest that fit (with --lengths: ranked
+    by real tokens/s of packed documents, beside the best for full-length documents and why they differ)."""
     from search_spaces.calibration_file import load_calibration
     from search_spaces.layout import BY_NAME
+    from search_spaces.maturity import at_software, software_label
     from search_spaces.space import explore
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
@@ -176,11 +205,15 @@ def space(
         if key not in BY_NAME:
             raise SpecError(f"--fix: unknown layout field {key!r}; allowed: {', '.join(BY_NAME)}")
         fixed[key] = BY_NAME[key].decode(value)
-    cal = load_calibration(calibration)
-    result = explore(spec, gpu_spec, num_gpus, seq_len, fixed=fixed or None, gbs=gbs, top=top, budget_s=budget,
-                     max_grids=max_grids, cal=cal)
+    hist = load_packing(packing, lengths, seq_len)
+    cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
+    kwargs = dict(fixed=fixed or None, gbs=gbs, top=top, budget_s=budget, max_grids=max_grids, cal=cal)
+    result = explore(spec, gpu_spec, num_gpus, seq_len, **kwargs, packing=hist)
+    versus_full = compare_full(spec, gpu_spec, num_gpus, seq_len, result, kwargs, hist) if hist else None
     if as_json:
-        echo(json_line(result.to_dict(), "space --json"))
+        extra = {"packing": {"versus_full_length": versus_full}} if hist else {}
+        extra["software"] = software_label(cal, gpu_spec.name)
+        echo(json_line({**result.to_dict(), **extra}, "space --json"))
         return 0
     from rich.table import Table
 
@@ -189,6 +222,7 @@ def space(
                   f"{result.total:,} combinations, {result.legal_count:,} legal "
                   f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
                   f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
+    out.print(f"software assumed: {software_label(cal, gpu_spec.name)}")
     if result.cut_short:
         out.print(f"cut short: --budget {budget:g} s ran out after ranking {result.grids_ranked:,} parallel grids "
                   f"(of at most --max-grids {max_grids:,}): this ranking depends on the machine's speed; "
@@ -207,6 +241,8 @@ def space(
         best.add_row(str(i), row["key"], f"{p['tokens_per_sec_per_gpu']:,.1f}", f"{p['tflops_per_gpu']:,.1f}",
                      f"{p['mfu']:.1%}", f"{p['peak_memory_gib']:.1f}")
     out.print(best)
+    if versus_full:
+        print_comparison(versus_full)
     return 0
 
 

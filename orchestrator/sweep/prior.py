@@ -65,8 +65,15 @@ class Prior:
 
     @cached_property
     def cal(self) -> Calibration:
-        """The cost model's constants: the spec's calibration file over the packaged ones (data handed in)."""
-        return load_calibration(self.spec.calibration)
+        """The cost model's constants: the spec's calibration file over the packaged ones (data handed in), at the
+        spec's software release (search_spaces/maturity.py)."""
+        from search_spaces.maturity import at_software
+        return at_software(load_calibration(self.spec.calibration), self.spec.software, [self.gpu.name])
+
+    @cached_property
+    def packing(self):
+        """The packed documents' histogram (search_spaces/packing.py), None for full-length documents."""
+        return self.spec.packing.histogram(self.spec.seq_len)
 
     @property
     def memory_limit_gib(self) -> float:
@@ -152,7 +159,8 @@ class Prior:
         # no time budget (budget_s=None): how much is ranked is a count (explore's max_grids), so a seeded sweep
         # proposes the same layouts on a loaded machine as on a quiet one
         found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=self.pinned,
-                        gbs=self.spec.gbs, top=self.EXPLORED, budget_s=None, cal=self.cal, free=self.spec.free)
+                        gbs=self.spec.gbs, top=self.EXPLORED, budget_s=None, cal=self.cal, free=self.spec.free,
+                        packing=self.packing)
         return [Layout.from_dict(row["layout"]) for row in found.top]
 
     # ---- the cost model --------------------------------------------------------------------------
@@ -162,7 +170,8 @@ class Prior:
         return self._cache[layout]
 
     def _predict(self, layout: Layout) -> Prediction:
-        est = estimate(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, layout, cal=self.cal)
+        est = estimate(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, layout, cal=self.cal,
+                       packing=self.packing)
         reason = None
         if est.violations:
             reason = "; ".join(f"{v.rule}: {v.reason}" for v in est.violations)

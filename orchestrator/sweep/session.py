@@ -75,7 +75,9 @@ class Session:
                             num_gpus=world, nodes=nodes, gpus_per_node=per_node,
                             steps=spec.steps, warmup=spec.warmup, timeout_s=spec.trial_timeout_s,
                             workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
-                            hidden_size=spec.model_overrides.hidden_size, trial_number=number)
+                            hidden_size=spec.model_overrides.hidden_size, trial_number=number,
+                            lengths=str(Path(spec.packing.lengths).resolve()) if spec.packing.mode == "packed"
+                            else None)
 
     def mlflow_record(self, record: TrialRecord) -> RunRecord:
         """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs."""

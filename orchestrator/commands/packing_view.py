@@ -1,0 +1,94 @@
+"""What `estimate` and `space` show of packed documents (`--lengths FILE`): the useful-token and attention shares,
+and for `space` the best layout for full-length documents beside the best for the user's, with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from search_spaces.errors import SpecError
+
+PACKING_HELP = "how samples are built: full (default: one document per sequence) or packed (needs --lengths)"
+LENGTHS_HELP = "a document-length histogram (`moe-autotune lengths`): documents packed into each sequence (THD)"
+
+# the step-time components a reason names (the ones packing moves)
+REASON_COMPONENTS = ("attention", "cp_comm", "recompute", "gemm", "tp_comm", "pipeline_bubble", "ep_comm")
+
+
+def load_packing(packing: Optional[str], lengths: Optional[Path], seq_len: int):
+    """The histogram the flags name (None: full-length documents; --lengths alone means packed); bad input is one
+    SpecError line."""
+    from search_spaces.packing import PACKINGS, load_histogram
+
+    if packing is not None and packing not in PACKINGS:
+        raise SpecError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    if lengths is None:
+        if packing == "packed":
+            raise SpecError("--packing packed needs --lengths FILE (a document-length histogram)")
+        return None
+    if packing == "full":
+        raise SpecError("--packing full reads no --lengths (full-length documents); drop one of them")
+    hist = load_histogram(lengths)
+    hist.check_fits(seq_len)
+    return hist
+
+
+def print_packing(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from orchestrator.commands.output import console
+
+    d = report["distribution"]
+    table = Table(title="packed documents (THD)", show_header=False)
+    table.add_row("documents", f"mean {d['mean_tokens']:,.0f} tokens, median {d['median_tokens']:,}, p90 "
+                               f"{d['p90_tokens']:,}, longest {d['longest_tokens']:,}")
+    table.add_row("per sequence", f"{report['documents_per_sequence']:.1f} documents, each padded to a multiple of "
+                                  f"{report['pad_multiple']}")
+    table.add_row("useful tokens", f"{report['useful_token_share']:.1%} (padding {report['padding_share']:.1%}: "
+                                   f"computed, not counted in tokens/s)")
+    table.add_row("attention", f"{report['attention_vs_full_length']:.1%} of a full-length sequence's; "
+                               f"{report.get('attention_share_of_step', 0.0):.1%} of the step")
+    console().print(table)
+
+
+def compare_full(spec, gpu_spec, num_gpus: int, seq_len: int, packed_result, explore_kwargs: dict,
+                 hist) -> dict[str, Any] | None:
+    """The best layout for full-length documents beside the best for the packed ones, and why they differ: the
+    full-length best estimated on the packed documents, component by component."""
+    from search_spaces.costmodel import estimate
+    from search_spaces.layout import Layout
+    from search_spaces.space import explore
+
+    full = explore(spec, gpu_spec, num_gpus, seq_len, **explore_kwargs)
+    if not full.top or not packed_result.top:
+        return None
+    full_best = Layout.from_dict(full.top[0]["layout"])
+    packed_best = Layout.from_dict(packed_result.top[0]["layout"])
+    cal = explore_kwargs.get("cal")
+    a = estimate(spec, gpu_spec, num_gpus, seq_len, full_best, cal=cal, packing=hist)
+    b = estimate(spec, gpu_spec, num_gpus, seq_len, packed_best, cal=cal, packing=hist)
+    ca, cb = a.time.components(), b.time.components()
+    moved = sorted(REASON_COMPONENTS, key=lambda k: -abs(ca.get(k, 0.0) - cb.get(k, 0.0)))[:3]
+    return {"full_length_best": full.top[0]["key"], "packed_best": packed_result.top[0]["key"],
+            "full_length_best_cp": full_best.cp, "packed_best_cp": packed_best.cp,
+            "full_length_best_tokens_full": full.top[0]["prediction"]["tokens_per_sec_per_gpu"],
+            "full_length_best_tokens_packed": a.tokens_per_sec_per_gpu,
+            "packed_best_tokens_packed": b.tokens_per_sec_per_gpu,
+            "attention_vs_full_length": b.packing["attention_vs_full_length"],
+            "reason": {k: {"full_length_best_s": ca.get(k, 0.0), "packed_best_s": cb.get(k, 0.0)} for k in moved}}
+
+
+def print_comparison(cmp: dict[str, Any]) -> None:
+    from orchestrator.commands.output import console
+
+    out = console()
+    out.print(f"best for full-length documents: {cmp['full_length_best']} "
+              f"({cmp['full_length_best_tokens_full']:,.1f} tokens/s/GPU on them, "
+              f"{cmp['full_length_best_tokens_packed']:,.1f} on your documents)")
+    out.print(f"best for your documents:        {cmp['packed_best']} "
+              f"({cmp['packed_best_tokens_packed']:,.1f} tokens/s/GPU)")
+    why = "; ".join(f"{k} {v['full_length_best_s']:.2f} s -> {v['packed_best_s']:.2f} s"
+                    for k, v in cmp["reason"].items())
+    out.print(f"why (per step, both on your documents): attention per sequence is "
+              f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's, so CP "
+              f"{cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}: {why}")

@@ -1,0 +1,126 @@
+"""Work split over forked processes: a pure function of its part, each part's result back in order.
+
+`space` ranks a thousand grids, each independently of the others; on a machine with more than one core the parts
+run at once in forked children (they inherit the warm memo tables and every object by copy, so nothing but the
+results is pickled). The answer is the one a single process gives: the parts are merged in their order, and a part
+whose child fails for any reason (a signal, memory, an error) is computed again here.
+
+Forking is skipped where it is not safe or not worth it: no os.fork (Windows), another thread alive (a child of a
+threaded process can deadlock on a lock a thread held), one core, or one part.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+from typing import Callable, Sequence, TypeVar
+
+Part = TypeVar("Part")
+Result = TypeVar("Result")
+
+# at most this many processes at once (the parent is one): a few cores hold the gain, more copy memory for nothing
+MAX_WORKERS = 4
+
+
+def available_workers() -> int:
+    """How many processes may share the work here (1: run it in this process)."""
+    if not hasattr(os, "fork") or _threads() > 1:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def _threads() -> int:
+    """This process's threads, a C library's own pools included (they hold locks too): Python's count where the
+    system does not list them."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def map_forked(work: Callable[[Part], Result], parts: Sequence[Part]) -> list[Result]:
+    """[work(part) for part in parts], the first part in this process and each other in a forked child."""
+    if len(parts) < 2 or available_workers() < 2:
+        return [work(part) for part in parts]
+    children: list[tuple[int, int] | None] = []
+    rest: list[object] = []
+    try:
+        for part in parts[1:]:
+            children.append(_start(work, part))
+        first = work(parts[0])
+        for child in children:
+            rest.append(_FAILED if child is None else _collect(child))
+    except BaseException:
+        for child in children[len(rest):]:  # interrupted here: the children not yet collected are ended
+            if child is not None:
+                _stop(*child)
+        raise
+    return [first, *(work(part) if result is _FAILED else result for part, result in zip(parts[1:], rest))]
+
+
+_FAILED = object()
+
+
+def _start(work: Callable[[Part], Result], part: Part) -> tuple[int, int] | None:
+    """(the child's pid, the pipe its result comes through); None where no child could start (a process or file
+    limit): the part is then computed here."""
+    try:
+        reader, writer = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(reader)
+        os.close(writer)
+        return None
+    if pid == 0:  # the child: compute, send, and leave without running the parent's exit handlers or buffers
+        status = 1
+        try:
+            os.close(reader)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends the child; the parent says what happened
+            payload = pickle.dumps(work(part), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(writer, "wb") as out:
+                out.write(payload)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    return pid, reader
+
+
+def _collect(child: tuple[int, int]) -> object:
+    """The child's result, or _FAILED where it sent none whole."""
+    pid, reader = child
+    chunks = []
+    with os.fdopen(reader, "rb") as pipe:
+        while chunk := pipe.read(1 << 20):
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not chunks:
+        return _FAILED
+    try:
+        return pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 -- a truncated result: computed again in this process
+        return _FAILED
+
+
+def _stop(pid: int, reader: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):  # already gone, or reaped by _collect
+        pass
+    try:
+        os.close(reader)
+    except OSError:  # closed by _collect before it was interrupted
+        pass
+
+
+__all__ = ["MAX_WORKERS", "available_workers", "map_forked"]
