@@ -111,6 +111,8 @@ def run(with_searches: bool = True) -> dict:
 
 
 def section(result: dict) -> list[str]:
+    if "commands" not in result:  # a result stored before the commands were timed (bench/results.json)
+        return ["Stored before this benchmark timed the commands: rerun `python bench/run_all.py --only sweep_speed`."]
     c = result["commands"]
     what = {"space": f"`space` DeepSeek-V3 131072 tokens on 1024 H100 ({c['space_total']:,} combinations, "
                      f"{c['space_legal']:,} legal{', cut short by --budget' if c['space_cut_short'] else ''})",

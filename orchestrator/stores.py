@@ -276,6 +276,8 @@ def ready_mlflow(uri: str, create: bool) -> None:
     path = sqlite_file(uri)
     if path is None:
         return
+    if path.exists():
+        _require_undamaged(path, uri)
     if path.exists() and _half_made_mlflow(path):
         if not create:
             raise TrackingError(f"the MLflow store {redact_uri(uri)} was never finished (its creation stopped "
@@ -296,6 +298,25 @@ def _mlflow_schema(url: str) -> None:
         engine = SqlAlchemyStore._engine_map.pop(url, None)
         if engine is not None:
             engine.dispose()
+
+
+def _require_undamaged(path: Path, uri: str) -> None:
+    """A store whose file is not a database, or is cut or corrupted, is one line here, read without writing:
+    MLflow's engine would retry it for about 100 s of warnings first."""
+    from orchestrator.errors import TrackingError
+
+    wal = path.with_name(path.name + "-wal").exists()
+    try:
+        with closing(sqlite3.connect(path.resolve().as_uri() + ("?mode=ro" if wal else "?immutable=1"), uri=True,
+                                     timeout=connections.SQLITE_BUSY_S)) as conn:
+            damage = [str(row[0]) for row in conn.execute("PRAGMA quick_check(3)")]
+    except sqlite3.OperationalError:
+        return  # locked or unreadable now: the store's own open says so
+    except sqlite3.DatabaseError as exc:
+        damage = [str(exc)]
+    if damage != ["ok"]:
+        raise TrackingError(f"the MLflow store {redact_uri(uri)} is damaged ({'; '.join(damage)[:200]}); restore "
+                            "it from a copy or point --tracking-uri elsewhere")
 
 
 def _half_made_mlflow(path: Path) -> bool:

@@ -67,7 +67,10 @@ def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
     if not target.exists():
         raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
                             f"directory {str(target)!r} does not exist")
-    try:  # a read-only or immutable folder, a damaged or locked file: one line now, not MLflow's minutes of retries
+    if not os.access(target, os.W_OK):
+        raise TrackingError(f"cannot use the MLflow tracking URI {tracking_uri!r}: "
+                            f"{str(target)!r} is not writable")
+    try:  # an immutable folder, a damaged or locked file: one line now, not MLflow's minutes of retries
         stores.require_writable(tracking_uri, "MLflow store")
     except StorageError as exc:
         raise TrackingError(str(exc)) from None

@@ -135,11 +135,7 @@ CREATES = {("sweep", "optuna"), ("sweep", "mlflow"), ("promote", "mlflow")}
 # the one line.
 KNOWN_GAPS = {
     ("sweep", "optuna store: read-only"): "the folder is immutable: the MLflow store beside it retries ~100 s",
-    ("sweep", "mlflow store: corrupted"): "MLflow's engine retry: ~100 s of warnings before the line",
-    ("sweep", "mlflow store: truncated"): "MLflow's engine retry: ~100 s of warnings before the line",
     ("sweep", "mlflow store: locked"): "a logged SQLAlchemy traceback ('database is locked') before the line",
-    ("promote", "mlflow store: corrupted"): "MLflow's engine retry: ~100 s of warnings before the line",
-    ("promote", "mlflow store: truncated"): "MLflow's engine retry: ~100 s of warnings before the line",
     ("promote", "mlflow store: locked"): "a logged SQLAlchemy traceback ('database is locked') before the line",
     ("ui", "mlflow store: read-only"): "the folder is immutable: MLflow's engine retry, ~100 s of warnings",
 }
