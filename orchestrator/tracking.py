@@ -516,6 +516,7 @@ def runs_page_url(base_url: str, experiment_id: str) -> str:
 
     MLflow 3.17's UI picks the view from `workflowType` in the URL (else the browser's last choice, GenAI by
     default), not from the experiment's tag; later MLflow sources also follow the tag."""
+    base_url = redact_uri(base_url)  # printed: a server reached through user-info keeps its password out of it
     return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
             f"?workflowType=machine_learning&viewStateShareKey={TRIALS_VIEW}")
 
