@@ -55,10 +55,13 @@ _SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "mssql",
 
 
 def bound_mlflow() -> None:
-    """MLflow's HTTP client (and libpq under MLflow's SQL stores) within our bounds, unless the user chose theirs."""
+    """MLflow's HTTP client (and libpq under MLflow's SQL stores) within our bounds, unless the user chose theirs;
+    and MLflow's own "View run ... at: <tracking URI>" lines off (a server's URI with user-info would print its
+    password onto standard output at every run's end; the commands print the runs page themselves, redacted)."""
     for name, value in MLFLOW_HTTP_ENV.items():
         os.environ.setdefault(name, value)
     os.environ.setdefault("PGCONNECT_TIMEOUT", str(DB_CONNECT_TIMEOUT_S))
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def scheme(url: str) -> str:

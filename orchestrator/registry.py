@@ -74,6 +74,17 @@ def _client():
     return open_mlflow(mlflow.get_registry_uri(), create=True)
 
 
+def _writing_client():
+    """_client, for a command that writes: a SQLite store that refuses writes, is damaged or held locked is one
+    line before anything is written (MLflow logs a traceback per refused statement and stops half way)."""
+    import mlflow
+
+    from orchestrator.tracking import check_sqlite_store
+
+    check_sqlite_store(mlflow.get_registry_uri())
+    return _client()
+
+
 def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: int | None = None) -> dict[str, str]:
     """The artifact files of one trial, as text (also what `export` prints); `gpus_per_node` for the sbatch
     script (default: the sweep's)."""
@@ -142,7 +153,7 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     """Log the trial's files to a new run, register them as a new version, move `production` to it."""
     from mlflow.exceptions import MlflowException
 
-    client = _client()
+    client = _writing_client()
     name = registered_model_name(ctx.model, ctx.seq_len)
     files = render(view, ctx, study_name)
     tags = {"moe_autotune.study": study_name, PROMOTION_TAG: str(view.number),
@@ -189,7 +200,7 @@ def rollback(name: str) -> Promotion:
     """Move `production` back to the version that held it before the current one."""
     from mlflow.exceptions import MlflowException
 
-    client = _client()
+    client = _writing_client()
     current = current_production(name)
     if current is None:
         raise SpecError(f"registered model {name!r} has no production version to roll back")

@@ -68,11 +68,12 @@ def link_run(storage: str, study_name: str, tags: dict[str, str]) -> str | None:
 
     from orchestrator.records import StudyRecord
     from orchestrator.stores import open_mlflow
-    from orchestrator.study import open_storage
+    from orchestrator.study import open_existing_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:  # both stores bounded (orchestrator/connections.py): a server that does not answer is one line
-        study = optuna.load_study(study_name=study_name, storage=open_storage(storage, create=False))
+        # a missing store is one line, never an empty one created in its place
+        study = optuna.load_study(study_name=study_name, storage=open_existing_storage(storage))
     except KeyError:
         raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}") from None
     context = StudyRecord.of(study)

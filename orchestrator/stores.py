@@ -278,6 +278,7 @@ def ready_mlflow(uri: str, create: bool) -> None:
         return
     if path.exists():
         _require_undamaged(path, uri)
+        _require_openable(path, uri)
     if path.exists() and _half_made_mlflow(path):
         if not create:
             raise TrackingError(f"the MLflow store {redact_uri(uri)} was never finished (its creation stopped "
@@ -317,6 +318,22 @@ def _require_undamaged(path: Path, uri: str) -> None:
     if damage != ["ok"]:
         raise TrackingError(f"the MLflow store {redact_uri(uri)} is damaged ({'; '.join(damage)[:200]}); restore "
                             "it from a copy or point --tracking-uri elsewhere")
+
+
+def _require_openable(path: Path, uri: str) -> None:
+    """A store SQLite cannot open as the stores' engines do (a WAL file in a folder that refuses the -wal and -shm
+    files beside it: immutable, read-only) is one line here; MLflow's engine would retry it for about 100 s."""
+    from orchestrator.errors import TrackingError
+
+    try:
+        with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S)) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "unable to open" not in str(exc):
+            return  # locked, busy: the store's own open waits for it and says so
+        raise TrackingError(f"cannot open the MLflow store {redact_uri(uri)}: {_why_not_writable(path.parent)}, and "
+                            "SQLite needs to make its -wal and -shm files there; make the folder writable or copy "
+                            "the store elsewhere") from None
 
 
 def _half_made_mlflow(path: Path) -> bool:

@@ -242,7 +242,17 @@ def run_and_search(folder: Path, plant: Planted, run: Callable[[Path, dict[str, 
     assert any(name.endswith("environment.json") for name in texts), sorted(texts)
     leaks = [(s.shape, where) for s in plant.all() for where, text in texts.items()
              if s.needle in text or s.needle in "".join(text.split())]
-    assert not leaks, f"secrets written or printed: {leaks[:10]}"
+    assert not leaks, f"secrets written or printed: {leaks[:10]}; first: {_around(plant, texts, *leaks[0])}"
+
+
+def _around(plant: Planted, texts: dict[str, str], shape: str, where: str) -> str:
+    """Where a leaked needle sits: 200 characters around it, the needle itself shown as <NEEDLE>."""
+    text = texts[where]
+    for secret in plant.all():
+        at = text.find(secret.needle) if secret.shape == shape else -1
+        if at >= 0:
+            return text[max(0, at - 200):at + 200].replace(secret.needle, "<NEEDLE>")
+    return "(found with whitespace removed)"
 
 
 def _mlflow_texts(tracking: str, folder: Path) -> dict[str, str]:

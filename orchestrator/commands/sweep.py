@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Optional
@@ -52,8 +51,9 @@ def sweep(
     crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
     from orchestrator.slurm_job import job_tags
     from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
-    # scancel / kill send SIGTERM: unwind like Ctrl-C so running trials are recorded as interrupted
-    signal.signal(signal.SIGTERM, _interrupt)
+    from orchestrator.interrupts import unwind_on_signals
+
+    unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
     if spec.lengths:
         from orchestrator.sweep.family import run_family
 
@@ -207,6 +207,3 @@ def _cell(value) -> str:
         return f"{value:,.1f}"
     return str(value)
 
-
-def _interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
