@@ -45,6 +45,8 @@ TOP_PREDICTION = ("tokens_per_sec_per_gpu", "tflops_per_gpu", "mfu", "step_time_
 # more in the cost model, which does not see what dropping does to training: a user who wants one fixes it)
 ROUTING_CHOICES = ("dropless", "capacity:1.0")
 OPT_IN = tuple(d.name for d in DIMENSIONS if d.opt_in)
+# the memory levers (search_spaces/offload.py): what `space --free levers` varies
+MEMORY_LEVERS = ("activation_offload", "expert_stash", "optimizer_states", "fp8_param_gather")
 # the parallel grid (enumerated nested, pruned by rule) and the features tried on each legal grid
 GRID_FIELDS = PARALLEL_SIZES + ("mbs",)
 FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + ("distributed_optimizer",)
@@ -727,8 +729,12 @@ def _greedy_features(legal: list[dict], dims: Dimensions, gpu: GPUSpec) -> Itera
                                            f.get("optimizer_states", "fp32") != "fp32",
                                            rc_order.get(f["recompute"], 99), not f["cuda_graphs"],
                                            not f.get("ep_overlap", False), f.get("expert_stash", "none") == "none"))
-            if candidates:
-                yield candidates
+            # each kind of offload (optimizer, activations) in a group of its own: an offload's copies may cost
+            # more than the heavier recompute (or the other offload) it spares, so the first fit of each kind is
+            # estimated and the faster ranked; a freed lever then never ranks below the space without it
+            kinds = dict.fromkeys((f["optimizer_offload"], bool(f.get("activation_offload"))) for f in candidates)
+            for kind in kinds:
+                yield [f for f in candidates if (f["optimizer_offload"], bool(f.get("activation_offload"))) == kind]
 
 
 def _pick(pool: list[dict], field_name: str, preference: tuple) -> Any:

@@ -210,6 +210,9 @@ CASES = {
                                              ["config"]),
     "space: --fix without a value": (lambda w: ["space", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "8",
                                                 "--seq-len", "1024", "--fix", "tp"], ["field=value"]),
+    "space: --free of a dimension that varies already": (
+        lambda w: ["space", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "1024",
+                   "--free", "levers,tp"], ["--free", "'tp'"]),
     "status: storage file does not exist": (lambda w: ["status", "--storage", f"sqlite:///{w['root'] / 'absent.db'}"],
                                             ["does not exist"]),
     "status: unknown study": (lambda w: ["status", "no-such-study", "--storage", w["storage"]], ["no-such-study"]),

@@ -70,6 +70,20 @@ def test_space_json(capsys):
     assert top["layout"]["precision"] == "fp32" and top["prediction"]["peak_memory_gib"] > 0
 
 
+def test_space_free_levers_varies_the_memory_levers(capsys):
+    """`--free levers` multiplies the space by every lever's values (3 activation offloads of an MoE, 2 stashes,
+    2 moment precisions, fp8 weights or not); the layouts it ranks stay legal."""
+    argv = ["space", "--model", "tiny-moe", "--gpu", "h100", "--num-gpus", "8", "--seq-len", "1024", "--top", "3",
+            "--max-grids", "4", "--json"]
+    counts = {}
+    for extra in ([], ["--free", "levers"]):
+        assert main([*argv, *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        counts[bool(extra)] = out["total"]
+        assert out["top"], out
+    assert counts[True] == counts[False] * 3 * 2 * 2 * 2
+
+
 def test_space_table(capsys):
     assert main(["space", "--model", "tiny-moe", "--gpu", "cpu", "--num-gpus", "2", "--seq-len", "256",
                  "--top", "2"]) == 0

@@ -20,6 +20,8 @@ from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, comp
 
 
 CALIBRATION_HELP = "a calibration file written by `moe-autotune calibrate` (default: the packaged constants)"
+FREE_HELP = ("an opt-in dimension to vary too (repeatable or comma-separated): routing, or a memory lever "
+             "(activation_offload, expert_stash, optimizer_states, fp8_param_gather; `levers` for all of them)")
 SOFTWARE_HELP = ("the NeMo / Megatron-Bridge container release you run, e.g. 25.11: compute at the speed that release "
                  "reached on this GPU in published rows (default: the newest published release)")
 
@@ -177,6 +179,7 @@ def space(
     top: int = typer.Option(10, help="how many fitting layouts to list"),
     gbs: Optional[int] = typer.Option(None, help="global batch (default ~16M tokens per step)"),
     fix: list[str] = typer.Option([], "--fix", help="FIELD=VALUE, keep a layout field fixed (repeatable)"),
+    free: list[str] = typer.Option([], "--free", help=FREE_HELP),
     budget: float = typer.Option(30.0, help="at most this many seconds estimating layouts: a safety net (the output "
                                  "says when it cut the ranking short, which then depends on the machine's speed)"),
     max_grids: int = typer.Option(1200, "--max-grids", help="parallel grids to estimate, in rule-of-thumb order"),
@@ -191,23 +194,15 @@ def space(
     """Enumerate the legal layouts, count rejections per rule, list the fastest that fit (with --lengths: ranked
     by real tokens/s of packed documents, beside the best for full-length documents and why they differ)."""
     from search_spaces.calibration_file import load_calibration
-    from search_spaces.layout import BY_NAME
     from search_spaces.maturity import at_software, software_label
     from search_spaces.space import explore
 
     spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
-    fixed = {}
-    for item in fix:
-        if "=" not in item:
-            raise SpecError(f"--fix wants FIELD=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        key = key.strip().replace("-", "_")
-        if key not in BY_NAME:
-            raise SpecError(f"--fix: unknown layout field {key!r}; allowed: {', '.join(BY_NAME)}")
-        fixed[key] = BY_NAME[key].decode(value)
+    fixed = _fixed(fix)
     hist = load_packing(packing, lengths, seq_len)
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
-    kwargs = dict(fixed=fixed or None, gbs=gbs, top=top, budget_s=budget, max_grids=max_grids, cal=cal)
+    kwargs = dict(fixed=fixed or None, gbs=gbs, top=top, budget_s=budget, max_grids=max_grids, cal=cal,
+                  free=_freed(free))
     result = explore(spec, gpu_spec, num_gpus, seq_len, **kwargs, packing=hist)
     versus_full = compare_full(spec, gpu_spec, num_gpus, seq_len, result, kwargs, hist) if hist else None
     if as_json:
@@ -244,6 +239,37 @@ def space(
     if versus_full:
         print_comparison(versus_full)
     return 0
+
+
+def _fixed(fix: list[str]) -> dict:
+    """`--fix FIELD=VALUE` items as layout values (a SpecError names a bad field or value)."""
+    from search_spaces.layout import BY_NAME
+
+    fixed = {}
+    for item in fix:
+        if "=" not in item:
+            raise SpecError(f"--fix wants FIELD=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if key not in BY_NAME:
+            raise SpecError(f"--fix: unknown layout field {key!r}; allowed: {', '.join(BY_NAME)}")
+        fixed[key] = BY_NAME[key].decode(value)
+    return fixed
+
+
+def _freed(free: list[str]) -> tuple[str, ...]:
+    """`--free` names (repeatable, or comma-separated; `levers` for every memory lever): opt-in dimensions."""
+    from search_spaces.space import MEMORY_LEVERS, OPT_IN
+
+    names: list[str] = []
+    for item in free:
+        for name in filter(None, (n.strip().replace("-", "_") for n in item.split(","))):
+            names += MEMORY_LEVERS if name == "levers" else [name]
+    unknown = [n for n in names if n not in OPT_IN]
+    if unknown:
+        raise SpecError(f"--free: {unknown[0]!r} is not an opt-in dimension; allowed: levers, {', '.join(OPT_IN)} "
+                        "(the others vary already; --fix pins one)")
+    return tuple(dict.fromkeys(names))
 
 
 def _num(value: float) -> str:
