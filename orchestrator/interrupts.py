@@ -6,10 +6,12 @@ collector's callback or a `__del__` (SQLAlchemy's and MLflow's objects have them
 cannot propagate: Python prints "Exception ignored in ..." with a traceback and the interrupt is lost. The hook
 below catches exactly that case, prints nothing, and has the same signal sent again a moment later (from a thread:
 a signal raised inside the hook would run its handler inside the hook), so that the interrupt lands in the
-sweep's own code."""
+sweep's own code. Once a stop is asked for, SQLAlchemy's log of the cursor the signal cut off is muted
+(below)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -22,6 +24,10 @@ REDELIVERY_DELAY_S = 0.01  # long enough to leave the finalizer, short against a
 
 def _raise(signum, frame) -> None:  # noqa: ARG001
     _last_signal[:] = [signum]
+    # the interrupt may land inside a SQLAlchemy fetch: SQLAlchemy then logs "Error closing cursor" with the
+    # KeyboardInterrupt's traceback while it unwinds. From here on the process is stopping, and a cursor the
+    # signal cut off is expected; an error that matters is still raised, not only logged.
+    logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
     raise KeyboardInterrupt(f"signal {signum}")
 
 

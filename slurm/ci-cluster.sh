@@ -49,7 +49,9 @@ SchedulerType=sched/backfill
 # Jobs start about 1 s after submit instead of waiting for the next scheduling pass.
 SchedulerParameters=batch_sched_delay=0
 ReturnToService=2
-KillWait=5
+# Slurm's default: the seconds a cancelled job's processes have between SIGTERM and SIGKILL, in which a sweep
+# marks its running trials interrupted (5 s was too short on a loaded 2-core machine: the trial was left RUNNING)
+KillWait=30
 GresTypes=gpu
 SlurmctldPort=$CTLD_PORT
 SlurmctldPidFile=$R/slurmctld.pid

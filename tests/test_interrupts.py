@@ -59,3 +59,33 @@ def test_without_the_hook_the_signal_is_lost_and_printed():
     done = _run("bare", "TERM")
     assert done.stdout.strip() == "not interrupted", (done.stdout, done.stderr)
     assert "Exception ignored" in done.stderr
+
+
+# what SQLAlchemy does when the interrupt lands inside a fetch: it logs the cursor it could not close, with the
+# KeyboardInterrupt's traceback, then lets the interrupt go on (CI saw it on a sweep's stderr)
+FETCH_SCRIPT = textwrap.dedent("""
+    import logging, os, signal
+    from orchestrator.interrupts import unwind_on_signals
+    unwind_on_signals()
+
+    def fetchall():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside the fetch
+                pass
+        except BaseException:
+            logging.getLogger("sqlalchemy.pool.impl.QueuePool").error("Error closing cursor", exc_info=True)
+            raise
+
+    try:
+        fetchall()
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def test_an_interrupted_fetch_stops_without_sqlalchemys_logged_traceback():
+    done = subprocess.run([sys.executable, "-c", FETCH_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
