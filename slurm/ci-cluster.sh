@@ -72,6 +72,8 @@ CONF
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 idle_nodes() { sinfo -h -t idle -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+# nodes that answer: idle, or running or finishing a job (a test's job may still be ending when the next starts)
+up_nodes() { sinfo -h -t idle,alloc,mix,comp -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 
 start() {
   if [ "$(id -u)" != 0 ]; then echo "error: ci-cluster.sh start needs root (slurmd runs as root)" >&2; exit 2; fi
@@ -87,18 +89,19 @@ start() {
   for ((i = 1; i <= N; i++)); do
     alive "$R/slurmd-node$i.pid" || slurmd -N "node$i"
   done
-  # A node left down by an earlier run (e.g. killed slurmd) comes back here.
+  # A node left down by an earlier run (e.g. killed slurmd) comes back here; a node busy with a job that is still
+  # running or ending (started again while a test's job winds down) is up.
   for _ in $(seq 1 300); do
-    [ "$(idle_nodes)" -ge "$N" ] && break
+    [ "$(up_nodes)" -ge "$N" ] && break
     scontrol update nodename="node[1-$N]" state=resume >/dev/null 2>&1 || true
     sleep 0.1
   done
-  if [ "$(idle_nodes)" -lt "$N" ]; then
-    echo "error: only $(idle_nodes)/$N nodes idle after 30 s; see $R/log/" >&2
+  if [ "$(up_nodes)" -lt "$N" ]; then
+    echo "error: only $(up_nodes)/$N nodes up after 30 s; see $R/log/" >&2
     sinfo -N -o '%N %T %G' >&2 || true
     exit 1
   fi
-  echo "slurm: $N nodes idle in $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}") s (SLURM_CONF=$SLURM_CONF)"
+  echo "slurm: $N nodes up in $(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}") s (SLURM_CONF=$SLURM_CONF)"
 }
 
 stop() {
