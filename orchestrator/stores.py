@@ -325,8 +325,8 @@ def _require_openable(path: Path, uri: str) -> None:
     files beside it: immutable, read-only) is one line here; MLflow's engine would retry it for about 100 s."""
     from orchestrator.errors import TrackingError
 
-    try:
-        with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S)) as conn:
+    try:  # no busy wait: a lock answers at once, and the store's own open does the waiting (SQLITE_BUSY_S)
+        with closing(sqlite3.connect(path, timeout=0)) as conn:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.OperationalError as exc:
         if "unable to open" not in str(exc):
