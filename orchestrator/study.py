@@ -7,6 +7,7 @@ What the storage holds of the study and of each trial is the storage contract of
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -174,6 +175,23 @@ def family_members(storage: str, name: str) -> list[optuna.Study]:
              if StudyRecord.of(s).family == name and s.study_name != name]
     members = [optuna.load_study(study_name=n, storage=store) for n in names]
     return sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0))
+
+
+@dataclass(frozen=True)
+class StoredTrial:
+    """A trial another driver left running, as something TrialRecord.write can store attributes on (Optuna's
+    Trial would call the sampler's before_trial; a FrozenTrial keeps its id private)."""
+    storage: optuna.storages.BaseStorage
+    trial_id: int
+
+    def set_user_attr(self, key: str, value: object) -> None:
+        self.storage.set_trial_user_attr(self.trial_id, key, value)
+
+
+def running_trial(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> StoredTrial:
+    """Trial `number` of `study`, found through the storage's public lookups."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return StoredTrial(storage, storage.get_trial_id_from_study_id_trial_number(study_id, number))
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

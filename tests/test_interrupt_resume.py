@@ -37,6 +37,7 @@ from orchestrator.check import check
 from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.loop import Sweep
+from orchestrator.sweep.record import Recorder
 from search_spaces.result import MEASURED_STATUSES
 from tests.sweep_helpers import make_spec, prior_for, spec_data, write_spec
 
@@ -156,11 +157,10 @@ def test_an_interruption_at_any_write_then_resume_counts_each_layout_once(write,
         assert_counted_once(spec.storage, spec.name, n_trials)
 
 
-def test_a_trial_stopped_between_its_result_and_its_tell_is_recorded_once_not_listed_ok(tmp_path):
-    """The reported case: the signal lands after a trial stored its result and before Optuna was told. Before
-    the fix the trial stayed running with status ok, was failed by the resume and re-measured beside it."""
-    n_trials = 6
-    spec = make_spec(tmp_path, "at-tell", budget={"n_trials": n_trials}, gpus_per_node=8, seq_len=512, free=FREE)
+def _stopped_between_result_and_tell(spec, mark_interrupted: bool = True) -> int:
+    """Run `spec` until its third measured trial has stored status ok, then stop it before Optuna is told; when
+    not `mark_interrupted` the driver is gone before it can mark the trial (SIGKILL, or its marking write failed).
+    Returns the stopped trial's number."""
     real_tell, told = optuna.Study.tell, []
 
     def tell(self, trial, values=None, state=None, skip_if_finished=False):
@@ -170,18 +170,47 @@ def test_a_trial_stopped_between_its_result_and_its_tell_is_recorded_once_not_li
                 raise _Stop("between the result and the tell")
         return real_tell(self, trial, values, state, skip_if_finished)
 
-    optuna.Study.tell = tell
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optuna.Study, "tell", tell)
+        if not mark_interrupted:
+            patch.setattr(Recorder, "interrupted", lambda self, proposals: None)
         with pytest.raises(_Stop):
             run_sweep(spec, prior=prior_for(spec), show_progress=False)
-    finally:
-        optuna.Study.tell = real_tell
-    stopped = optuna.load_study(study_name=spec.name, storage=spec.storage).trials[told[-1]]
-    assert stopped.state == optuna.trial.TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+    return told[-1]
+
+
+def _resume_records_the_result_once(spec, n_trials: int, stopped: int) -> optuna.Study:
     assert run_sweep(spec, resume=True, prior=prior_for(spec), show_progress=False).exit_code == 0
     study = assert_counted_once(spec.storage, spec.name, n_trials)
-    retry = [t for t in study.trials if t.user_attrs.get("retry_of") == told[-1]]
+    retry = [t for t in study.trials if t.user_attrs.get("retry_of") == stopped]
     assert len(retry) == 1 and retry[0].user_attrs.get("measured_result"), "the stored result is recorded, not re-run"
+    return study
+
+
+def test_a_trial_stopped_between_its_result_and_its_tell_is_recorded_once_not_listed_ok(tmp_path):
+    """The reported case: the signal lands after a trial stored its result and before Optuna was told. Before
+    the fix the trial stayed running with status ok, was failed by the resume and re-measured beside it."""
+    n_trials = 6
+    spec = make_spec(tmp_path, "at-tell", budget={"n_trials": n_trials}, gpus_per_node=8, seq_len=512, free=FREE)
+    number = _stopped_between_result_and_tell(spec)
+    stopped = optuna.load_study(study_name=spec.name, storage=spec.storage).trials[number]
+    assert stopped.state == optuna.trial.TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+    _resume_records_the_result_once(spec, n_trials, number)
+
+
+def test_a_trial_left_running_with_status_ok_is_stored_as_interrupted_by_the_resume(tmp_path):
+    """CI's case: the driver went before it could mark the trial, leaving it running with status ok. The resume
+    fails it as interrupted, with the reason, in the storage itself (not only as records read it), and records its
+    measured result once in a retry."""
+    n_trials = 6
+    spec = make_spec(tmp_path, "left-running", budget={"n_trials": n_trials}, gpus_per_node=8, seq_len=512,
+                     free=FREE)
+    number = _stopped_between_result_and_tell(spec, mark_interrupted=False)
+    left = optuna.load_study(study_name=spec.name, storage=spec.storage).trials[number]
+    assert left.state == optuna.trial.TrialState.RUNNING and left.user_attrs["status"] == "ok"
+    failed = _resume_records_the_result_once(spec, n_trials, number).trials[number]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["status"] == "interrupted" and "driver stopped" in failed.user_attrs["reason"]
 
 
 def test_an_older_study_with_a_failed_trial_stored_as_ok_lists_it_as_interrupted(tmp_path):

@@ -133,7 +133,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     session = Session(spec, prior, space, sampler, study, lease, tracker,
                       ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
     try:
-        _start(session, existed, run_tags or {})
+        _start(session, storage, existed, run_tags or {})
     except studies.STORAGE_WRITE_ERRORS as exc:  # e.g. the disk filled while the study was set up
         session.close()
         raise studies.storage_failure(exc, spec.storage) from None
@@ -143,7 +143,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     return session
 
 
-def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
+def _start(session: Session, storage: optuna.storages.BaseStorage, existed: bool, run_tags: dict[str, str]) -> None:
     spec, study = session.spec, session.study
     if existed:
         _check_situation(study, spec)
@@ -162,7 +162,7 @@ def _start(session: Session, existed: bool, run_tags: dict[str, str]) -> None:
         parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
         StudyRecord.write(study, mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
     if existed:
-        _recover(session)
+        _recover(session, storage)
 
 
 def _check_workdir(workdir: Path, create: bool = False) -> None:
@@ -218,18 +218,20 @@ def _backend_name(name: str) -> str:
         return name
 
 
-def _recover(session: Session) -> None:
+def _recover(session: Session, storage: optuna.storages.BaseStorage) -> None:
     """What the last driver left: results it could not store, trials it left running or interrupted.
 
-    Each such trial is failed (never told complete: it does not count) and queued once more, as a new trial that
-    records the result it had measured (kept in the result spool, or stored before its tell) or, when it had
-    none, runs its layout again; its MLflow child is closed as failed."""
+    Each such trial is failed as interrupted, with the reason (never told complete: it does not count, and its
+    stored status no longer says what it measured), and queued once more, as a new trial that records the result
+    it had measured (kept in the result spool, or stored before its tell) or, when it had none, runs its layout
+    again; its MLflow child is closed as failed."""
     study, tracker = session.study, session.tracker
     session.lease.fence()
     kept = session.spool.records()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         reason = "the driver stopped while the trial was running; its layout runs again"
         stored = TrialRecord.of(t)  # read before the tell: what it stored while running
+        TrialRecord.write(studies.running_trial(storage, study, t.number), status="interrupted", reason=reason)
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if tracker:
             tracker.mark_failed(t.number, reason)
