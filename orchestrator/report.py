@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 from search_spaces.breakdown import COUNT_KEYS, PEAK_KEYS
 
 from orchestrator.commands.output import write_text
+from orchestrator.commands.packing_view import study_comparison
 from orchestrator.records import StudyRecord
 from orchestrator.winner import TrialView, views
 
@@ -362,6 +363,7 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
                f"{context.gpu} · backend {context.backend} · {len(trials)} trials")
     page = _PAGE.render(
         title=title, summary=summary, winner=_winner(winner), headline=headline(study, trials, winner),
+        packing=study_comparison(context.spec or {}, int(context.num_gpus or 0)),
         png_note=png_note if png_note and pngs else None, table_head=_TABLE_HEAD, table_rows=_table_rows(trials),
         sections=[_section(name, fig, i == 0, pngs_written.get(name)) for i, (name, fig) in enumerate(figs.items())])
     html_path = out / "report.html"

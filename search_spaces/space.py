@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 from search_spaces.breakdown import GIB
 from search_spaces.calibration_file import Calibration
 from search_spaces.costmodel import estimate, peak_memory_gib, tokens_per_sec_per_gpu
-from search_spaces.packing import LengthHistogram
+from search_spaces.packing import LengthHistogram, packed_statistics
 from search_spaces.errors import SpecError
 from search_spaces.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
 from search_spaces.forked import available_workers, map_forked
@@ -563,7 +563,7 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
     counted = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
     count, grids = _count(model, gpu, num_gpus, seq_len, dims, counted)
-    scored = _ranked_grids(model, gpu, num_gpus, seq_len, grids)
+    scored = _ranked_grids(model, gpu, num_gpus, seq_len, grids, _attention_length(packing, seq_len))
     # a table of its own: get() keeps one list per (TP, CP), of the first grid asked, here in ranking order
     table = _FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
     limit = len(scored) if max_grids is None else min(max_grids, len(scored))
@@ -650,7 +650,16 @@ class _Ranker:
         return rows
 
 
-def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, grids: list[dict]) -> list[dict]:
+def _attention_length(packing: LengthHistogram | None, seq_len: int) -> float:
+    """The length a full-length document would have for the same attention per sequence as these packed ones
+    (seq_len without packing): what the rule of thumb's CP shard is sized by."""
+    if packing is None:
+        return seq_len
+    return seq_len * packed_statistics(packing, seq_len, 1).attention_share
+
+
+def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, grids: list[dict],
+                  attention_length: float) -> list[dict]:
     """The grids whose static floor can fit, in the order they are estimated (cheap first: _priority)."""
     floors: dict[tuple, float] = {}
     scored = []
@@ -660,7 +669,7 @@ def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, g
             floors[sizes] = _static_floor_gib(model, gpu, g)
         if floors[sizes] > gpu.memory_gib:
             continue
-        scored.append((_priority(g, model, gpu, num_gpus, seq_len, floors[sizes]), g))
+        scored.append((_priority(g, num_gpus, seq_len, attention_length), g))
     return [g for _, g in sorted(scored, key=lambda x: x[0])]
 
 
@@ -696,10 +705,11 @@ class _PeakProbe:
         return self._buffers[key]
 
 
-def _priority(g: dict, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, floor: float) -> tuple:
-    """Order in which grids are estimated (the budget may not reach all): the rules of thumb first."""
-    shard = seq_len / (g["cp"] * g["tp"])
-    cp_miss = abs(math.log2(max(shard, 1) / 4096)) if seq_len > 8192 else math.log2(g["cp"])
+def _priority(g: dict, num_gpus: int, seq_len: int, attention_length: float) -> tuple:
+    """Order in which grids are estimated (the budget may not reach all): the rules of thumb first, the CP rule
+    (a 4K shard of attention per rank) by the attention's length (packed documents attend within each)."""
+    shard = attention_length / (g["cp"] * g["tp"])
+    cp_miss = abs(math.log2(max(shard, 1) / 4096)) if attention_length > 8192 else math.log2(g["cp"])
     return (g["etp"] != 1, g["mbs"] != 1 and seq_len >= 16384, round(cp_miss),
             -(num_gpus // (g["tp"] * g["cp"] * g["pp"])), g["vpp"] == 1 and g["pp"] > 2, g["pp"], g["tp"])
 

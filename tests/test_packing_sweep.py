@@ -74,3 +74,10 @@ def test_a_packed_sweep_records_the_distribution_and_exports_the_packing(tmp_pat
 
     dataset = yaml.safe_load(capsys.readouterr().out)["dataset"]
     assert dataset["seq_length"] == 256 and dataset["packed_sequence_specs"]["packed_sequence_size"] == 256
+    # the report: the cost model's best for full-length documents beside its best for these, in the sweep's space
+    assert main(["report", "packed", "--storage", data["storage"], "--out", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert 'id="packing"' in page and "best layout for full-length documents is tp" in page
+    lengths.unlink()  # moved or deleted since the sweep: the page says so, it is still written
+    assert main(["report", "packed", "--storage", data["storage"], "--out", str(tmp_path / "report")]) == 0
+    assert "no comparison with full-length documents" in (tmp_path / "report" / "report.html").read_text()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,11 @@ def test_the_setup_lines_are_what_ci_runs():
 
 
 def test_the_estimate_lines_run(tmp_path, monkeypatch, capsys):
+    """In a folder holding examples/, after the README's `lengths` lines (which write the histograms they read)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
+    for argv in [argv for _, _, argv in commands() if argv[:2] == ["moe-autotune", "lengths"]]:
+        assert main(argv[1:]) == 0, argv
     runs = [argv for _, _, argv in commands() if argv[:2] == ["moe-autotune", "estimate"]
             and "--calibration" not in argv]
     assert runs

@@ -92,3 +92,46 @@ def print_comparison(cmp: dict[str, Any]) -> None:
     out.print(f"why (per step, both on your documents): attention per sequence is "
               f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's, so CP "
               f"{cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}: {why}")
+
+
+def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
+    """For the report of a sweep over packed documents: the cost model's best layout for full-length documents
+    beside its best for the sweep's own (in the sweep's space: its fixed and free dimensions, its batch), and why;
+    empty for full-length sweeps, a note when the histogram cannot be read any more."""
+    from search_spaces.space import explore
+
+    packing = spec.get("packing") or {}
+    if packing.get("mode") != "packed":
+        return ""
+    seq_len = int(spec["seq_len"])
+    try:
+        hist = load_packing("packed", Path(packing["lengths"]), seq_len)
+        overrides = spec.get("model_overrides") or {}
+        model, gpu = _model_and_gpu(spec, overrides)
+    except SpecError as exc:
+        return f"Packed documents: no comparison with full-length documents ({exc})."
+    kwargs = dict(fixed=spec.get("fixed") or None, gbs=spec.get("gbs"), top=1, free=spec.get("free") or ())
+    cmp = compare_full(model, gpu, num_gpus, seq_len, explore(model, gpu, num_gpus, seq_len, **kwargs, packing=hist),
+                       kwargs, hist)
+    if cmp is None:
+        return "Packed documents: nothing in this sweep's space is predicted to fit, packed or full-length."
+    same = cmp["full_length_best"] == cmp["packed_best"]
+    why = "; ".join(f"{k} {v['full_length_best_s']:.3g} s -> {v['packed_best_s']:.3g} s"
+                    for k, v in cmp["reason"].items())
+    return (f"Packed documents ({hist.describe()['mean_tokens']:,.0f} tokens on average; attention "
+            f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's): the cost model's best layout for "
+            f"full-length documents is {cmp['full_length_best']} ({cmp['full_length_best_tokens_full']:,.0f} "
+            f"tokens/s/GPU on them, {cmp['full_length_best_tokens_packed']:,.0f} on these documents); "
+            + ("it is also the best for these documents." if same else
+               f"for these documents {cmp['packed_best']} ({cmp['packed_best_tokens_packed']:,.0f} tokens/s/GPU; "
+               f"CP {cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}; per step: {why})."))
+
+
+def _model_and_gpu(spec: dict[str, Any], overrides: dict[str, Any]):
+    from search_spaces.hardware import load_gpu
+    from search_spaces.models import load_model
+
+    model = load_model(spec["model"])
+    if overrides.get("num_layers") or overrides.get("hidden_size"):
+        model = model.with_overrides(num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+    return model, load_gpu(spec["gpu"])
