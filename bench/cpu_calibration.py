@@ -22,10 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu_measurements import FIT, HELD, ensure, find  # noqa: E402
+from bench.cpu_measurements import FIT, HELD, PACKED, PACKED_LENGTHS, ensure, find  # noqa: E402
 from orchestrator.calibrate import calibrate  # noqa: E402
 from search_spaces.calibration import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
 from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
+from search_spaces.costmodel import estimate  # noqa: E402
+from search_spaces.packing import load_histogram  # noqa: E402
 
 SEQ_LEN = 256
 # what the CPU fit owns in calibration.json (the GPU constants are bench/fit_calibration.py's)
@@ -86,13 +88,37 @@ def run(write: bool = False) -> dict:
         CALIBRATION_PATH.write_text(json.dumps(stored, indent=2) + "\n")
     return {"fit_layouts": len(fit_ms), "held_layouts": len(held_ms), "failed_runs": fit_failed + held_failed,
             "fitted": fitted, "before": score(held_ms, start), "after": score(held_ms, cal),
-            "fit_after": score(fit_ms, cal), "cores": cal.cpu_cores}
+            "fit_after": score(fit_ms, cal), "cores": cal.cpu_cores, "packed": score_packed(cal)}
+
+
+def score_packed(cal: Calibration) -> dict:
+    """Packed documents (never fitted): real tokens/s and peak memory measured against `estimate --lengths`."""
+    cache = ensure([SEQ_LEN], PACKED, lengths=PACKED_LENGTHS)
+    hist = load_histogram(ROOT / PACKED_LENGTHS)
+    rows = []
+    for layout in PACKED:
+        run = find(cache, layout, SEQ_LEN, PACKED_LENGTHS)
+        if run is None or run["status"] != "ok":
+            continue
+        est = estimate(run["model"], "cpu", run["num_gpus"], SEQ_LEN, layout, cal=cal, packing=hist)
+        tok, peak = est.tokens_per_sec_per_gpu, est.peak_memory_gib
+        rows.append({"layout": layout.key(), "measured_tokens": round(run["tokens_per_sec_per_gpu"], 1),
+                     "predicted_tokens": round(tok, 1),
+                     "tokens_error_pct": round(100 * (tok / run["tokens_per_sec_per_gpu"] - 1), 1),
+                     "measured_peak_gib": round(run["peak_memory_gib"], 3), "predicted_peak_gib": round(peak, 3),
+                     "peak_error_pct": round(100 * (peak / run["peak_memory_gib"] - 1), 1),
+                     "useful_token_share": round(run.get("useful_token_share") or 1.0, 3)})
+    mape = {key: round(sum(abs(r[key]) for r in rows) / len(rows), 1) if rows else None
+            for key in ("tokens_error_pct", "peak_error_pct")}
+    return {"rows": rows, "tokens_mape": mape["tokens_error_pct"], "peak_mape": mape["peak_error_pct"],
+            "lengths": PACKED_LENGTHS}
 
 
 def summary_line(r: dict) -> str:
-    a = r["after"]
+    a, p = r["after"], r["packed"]
     return (f"cpu calibration: tokens/s MAPE {a['tokens_mape']}%, peak memory MAPE {a['peak_mape']}% over "
-            f"{r['held_layouts']} layouts")
+            f"{r['held_layouts']} layouts; packed documents {p['tokens_mape']}% and {p['peak_mape']}% over "
+            f"{len(p['rows'])}")
 
 
 def section(r: dict) -> list[str]:
@@ -110,6 +136,14 @@ def section(r: dict) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {x['layout']} | {x['measured_tokens']} | {x['predicted_tokens']} | {x['tokens_error_pct']} | "
               f"{x['measured_peak_gib']} | {x['predicted_peak_gib']} | {x['peak_error_pct']} |" for x in a["rows"]]
+    p = r["packed"]
+    lines += ["", f"Packed documents ({p['lengths']}, THD, never fitted): real tokens/s against "
+                  f"`estimate --lengths` with the fitted constants.", "",
+              "| layout | useful share | measured tokens/s | predicted | error % | measured peak GiB | predicted | "
+              "error % |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {x['layout']} | {x['useful_token_share']} | {x['measured_tokens']} | {x['predicted_tokens']} | "
+              f"{x['tokens_error_pct']} | {x['measured_peak_gib']} | {x['predicted_peak_gib']} | "
+              f"{x['peak_error_pct']} |" for x in p["rows"]]
     return lines + ["", summary_line(r)]
 
 

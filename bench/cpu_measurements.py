@@ -64,6 +64,10 @@ LAYOUTS = [
 ]
 FIT = LAYOUTS[0::2]
 HELD = LAYOUTS[1::2]
+# packed documents (THD) of a short-document histogram: never fitted, only scored (bench/cpu_calibration.py);
+# DP, CP (documents padded to 2*CP), a pack of two sequences (MBS 2) and PP
+PACKED_LENGTHS = "bench/packed_lengths_256.json"  # relative to the repository root
+PACKED = [_layout(), _layout(cp=2), _layout(tp=2, mbs=2), _layout(ep=2, pp=2)]
 
 
 def load_cache() -> dict:
@@ -73,14 +77,16 @@ def load_cache() -> dict:
                       f"--steps {STEPS} --warmup {WARMUP}, nice -n 5 on a shared machine)", "runs": []}
 
 
-def runs_of(cache: dict, layout: Layout, seq_len: int) -> list[dict]:
-    return [run for run in cache["runs"] if run["seq_len"] == seq_len and Layout.from_dict(run["layout"]) == layout]
+def runs_of(cache: dict, layout: Layout, seq_len: int, lengths: str | None = None) -> list[dict]:
+    return [run for run in cache["runs"] if run["seq_len"] == seq_len and run.get("lengths") == lengths
+            and Layout.from_dict(run["layout"]) == layout]
 
 
-def find(cache: dict, layout: Layout, seq_len: int) -> dict | None:
+def find(cache: dict, layout: Layout, seq_len: int, lengths: str | None = None) -> dict | None:
     """The layout's measurement: over its repeats, the fastest median step (other jobs on the machine only ever
-    slow a run down); status ok if any repeat was ok. None if never measured."""
-    runs = runs_of(cache, layout, seq_len)
+    slow a run down); status ok if any repeat was ok. None if never measured. Packed documents (`lengths`):
+    tokens/s of real tokens (the run's useful share of each step's tokens)."""
+    runs = runs_of(cache, layout, seq_len, lengths)
     if not runs:
         return None
     ok = [r for r in runs if r["status"] == "ok" and r.get("step_times_s")]
@@ -88,17 +94,19 @@ def find(cache: dict, layout: Layout, seq_len: int) -> dict | None:
         return runs[0]
     best = min(ok, key=lambda r: statistics.median(r["step_times_s"]))
     step = statistics.median(best["step_times_s"])
-    return {**best, "tokens_per_sec_per_gpu": GBS * seq_len / step / RANKS, "repeats": len(runs),
+    share = best.get("useful_token_share") or 1.0
+    return {**best, "tokens_per_sec_per_gpu": GBS * seq_len * share / step / RANKS, "repeats": len(runs),
             "peak_memory_gib": statistics.mean(r["peak_memory_gib"] for r in ok if r.get("peak_memory_gib"))}
 
 
-def measure(layout: Layout, seq_len: int) -> dict:
-    """One real trainer run; the TrialResult's measured figures."""
+def measure(layout: Layout, seq_len: int, lengths: str | None = None) -> dict:
+    """One real trainer run (of packed documents with `lengths`); the TrialResult's measured figures."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = ["nice", "-n", "5", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
                "-m", "trainers.megatron_moe", "--model", MODEL, "--seq-len", str(seq_len), "--steps", str(STEPS),
-               "--warmup", str(WARMUP), "--result", str(out), *layout.to_flags()]
+               "--warmup", str(WARMUP), "--result", str(out), *layout.to_flags(),
+               *(["--lengths", lengths] if lengths else [])]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         if not out.is_file():
@@ -108,26 +116,28 @@ def measure(layout: Layout, seq_len: int) -> dict:
             "status": result.get("status"), "error": result.get("error"),
             "tokens_per_sec_per_gpu": result.get("tokens_per_sec_per_gpu"),
             "peak_memory_gib": result.get("peak_memory_gib"), "step_times_s": result.get("step_times_s"),
-            "memory_gib": result.get("memory_gib"),
+            "memory_gib": result.get("memory_gib"), "lengths": lengths,
+            "useful_token_share": (result.get("extra", {}).get("packing") or {}).get("useful_token_share"),
             "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")}
 
 
-def ensure(seq_lens: list[int], layouts: list[Layout] = LAYOUTS, repeats: int = REPEATS) -> dict:
+def ensure(seq_lens: list[int], layouts: list[Layout] = LAYOUTS, repeats: int = REPEATS,
+           lengths: str | None = None) -> dict:
     """Measure what the cache lacks (one run at a time; each repeat pass after the previous one over every layout,
     so a layout's repeats are minutes apart), save after each run, return the cache."""
     cache = load_cache()
     for repeat in range(repeats):
         for seq in seq_lens:
             for layout in layouts:
-                if len(runs_of(cache, layout, seq)) > repeat:
+                if len(runs_of(cache, layout, seq, lengths)) > repeat:
                     continue
-                _measure_into(cache, layout, seq)
+                _measure_into(cache, layout, seq, lengths)
     return cache
 
 
-def _measure_into(cache: dict, layout: Layout, seq: int) -> None:
-    run = measure(layout, seq)
-    print(f"seq {seq} {layout.key()}: {run['status']} {run['tokens_per_sec_per_gpu']} tokens/s/GPU, "
+def _measure_into(cache: dict, layout: Layout, seq: int, lengths: str | None = None) -> None:
+    run = measure(layout, seq, lengths)
+    print(f"seq {seq} {layout.key()}{' packed' if lengths else ''}: {run['status']} {run['tokens_per_sec_per_gpu']} tokens/s/GPU, "
           f"peak {run['peak_memory_gib']} GiB", flush=True)
     cache["runs"].append(run)
     CACHE.write_text(json.dumps(cache, indent=1) + "\n")
@@ -136,8 +146,12 @@ def _measure_into(cache: dict, layout: Layout, seq: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, nargs="+", default=[256, 128])
+    parser.add_argument("--packed", action="store_true", help="measure the packed layouts (PACKED) at 256 instead")
     args = parser.parse_args()
-    ensure(args.seq_len)
+    if args.packed:
+        ensure([256], PACKED, lengths=PACKED_LENGTHS)
+    else:
+        ensure(args.seq_len)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def _case(name: str, nproc: int, flags: str, model: str = "tiny-moe", part: str 
 MLA = "tiny-mla-moe"
 GQA, GQA_NOQK, MHA = "tiny-gqa-moe", "tiny-gqa-noqknorm-moe", "tiny-mha-moe"
 QWEN3_NEXT = "tiny-qwen3-next"
+PACKED = "bench/packed_lengths.json"  # a document-length histogram of short documents (relative to the root)
 CASES: list[Case] = [
     # read module by module while the CPU terms were written
     _case("d_h256_s1024", 1, "--hidden-size 256 --seq-len 1024", part="derive"),
@@ -131,6 +132,11 @@ CASES: list[Case] = [
     _case("qwen3next_cp2_full_h256_s4096", 2, "--hidden-size 256 --seq-len 4096 --cp 2 --recompute full",
           QWEN3_NEXT),
     _case("qwen3next_cp2_ep2_h256_s2048", 2, "--hidden-size 256 --seq-len 2048 --cp 2 --ep 2", QWEN3_NEXT),
+    # packed documents (THD, PackedSeqParams): the sequence's tokens are the same, attention is per document
+    _case("packed_h256_s1024", 1, f"--hidden-size 256 --seq-len 1024 --lengths {PACKED}"),
+    _case("packed_cp2_h256_s2048", 2, f"--hidden-size 256 --seq-len 2048 --cp 2 --lengths {PACKED}"),
+    _case("packed_mla_h256_s1024", 1, f"--hidden-size 256 --seq-len 1024 --lengths {PACKED}", MLA),
+    _case("packed_gqa_tp2_mbs2", 2, f"--seq-len 1024 --tp 2 --mbs 2 --gbs 2 --lengths {PACKED}", GQA),
 ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from search_spaces.flops import linear_attention_core_per_token
 from search_spaces.launch_overhead import LayerBusy
+from search_spaces.packing import statistics_for
 from search_spaces.pipeline import Unit
 from search_spaces.step_job import (FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
                                     activation_passes_time, attention_peak, moe_layers, split_traffic_time)
@@ -32,6 +33,12 @@ CPU_PP_COLLECTIVES_PER_STAGE = 2
 CPU_DP_COLLECTIVES_PER_STEP = 2
 # gloo's all-to-all between processes on one host, whatever the dispatcher (assumed; no fused kernels on cpu)
 CPU_DISPATCHER_EFFICIENCY = 0.5
+# packed documents (THD) on the CPU trainer, seconds per document of a microbatch per softmax-attention layer:
+# eager host work per document (Megatron's THD RoPE splits the pack by document; the CPU attention lays out each
+# document's tokens to build its mask), a fixed part and a part per CP rank whose tokens are laid out. Derived
+# from two packed-vs-unpacked pairs of bench/cpu_calibration.py (DP4 and CP2, 4 ranks on 2 cores), the other
+# packed layouts held out; GPUs run fused THD kernels (no such term).
+CPU_PACKED_DOCUMENT_S = (1.1e-3, 1.0e-3)
 
 
 def cpu_collectives(job: Job, layers: int, softmax_layers: int, moe: int) -> int:
@@ -99,7 +106,8 @@ class GlooHostTerms:
         layers = sum(1 for u in units if u.is_layer)
         softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")
         n = cpu_collectives(job, layers, softmax, moe_layers(job.model, units))
-        return job.cal.cpu_overhead_per_layer_s * layers + job.cal.cpu_collective_latency_s * n
+        return (job.cal.cpu_overhead_per_layer_s * layers + job.cal.cpu_collective_latency_s * n
+                + _packed_documents_time(job, softmax))
 
     def dp_latency(self, job: Job, ranks: int) -> float:
         """The DP gradient reduce and parameter gather, each ranks-1 gloo exchanges."""
@@ -111,6 +119,16 @@ class GlooHostTerms:
         slowdown = host_slowdown(job.num_gpus, job.cal.cpu_cores)
         layers = sum(1 for u in rank.units if u.is_layer)
         return (slowdown - 1.0) * (rank.total + job.cal.cpu_overhead_per_layer_s * layers)
+
+
+def _packed_documents_time(job: Job, softmax_layers: int) -> float:
+    """CPU_PACKED_DOCUMENT_S for the documents of a microbatch (0 for full-length sequences)."""
+    if job.packing is None:
+        return 0.0
+    L = job.layout
+    documents = statistics_for(job.packing, job.seq_len, L.cp, L.tp, L.sp).documents_per_sequence * L.mbs
+    fixed, per_cp_rank = CPU_PACKED_DOCUMENT_S
+    return documents * softmax_layers * (fixed + per_cp_rank * L.cp)
 
 
 HOST_TERMS = GlooHostTerms()

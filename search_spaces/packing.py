@@ -227,9 +227,10 @@ def pack_sequence(lengths: list[int], seq_len: int, multiple: int) -> tuple[list
 
 
 class DocumentStream:
-    """Packed sequences drawn from a histogram, reproducibly (the trainer's batches): documents are drawn in
-    proportion to their counts and packed in order; a sequence is closed when the next document does not fit,
-    which then opens the next sequence."""
+    """Packed sequences drawn from a histogram, reproducibly (the trainer's batches), by the cost model's rule:
+    documents are drawn in proportion to their counts until their padded tokens fill the sequences asked for,
+    then packed first-fit-decreasing into them, never cut; a document no sequence has room for waits for the
+    next call (it is drawn first then)."""
 
     def __init__(self, hist: LengthHistogram, seq_len: int, multiple: int, seed: int = 0):
         import random
@@ -239,23 +240,34 @@ class DocumentStream:
             raise SpecError(f"seq_len {seq_len} does not divide by the padding multiple {multiple}")
         self.hist, self.seq_len, self.multiple = hist, seq_len, multiple
         self._rng = random.Random(seed)
-        self._pending: int | None = None
+        self._pending: list[int] = []
+
+    def _padded(self, d: int) -> int:
+        return -(-d // self.multiple) * self.multiple
+
+    def next_sequences(self, n: int) -> list[list[int]]:
+        """Real document lengths of the next `n` packed sequences (each in the order it was packed)."""
+        drawn, total = list(self._pending), sum(map(self._padded, self._pending))
+        while total < n * self.seq_len:
+            d = self._rng.choices(self.hist.lengths, weights=self.hist.counts)[0]
+            drawn.append(d)
+            total += self._padded(d)
+        bins: list[list[int]] = [[] for _ in range(n)]
+        room = [self.seq_len] * n
+        self._pending = []
+        for d in sorted(drawn, reverse=True):  # first-fit-decreasing: the longest first, each into the first room
+            p = self._padded(d)
+            at = next((i for i in range(n) if room[i] >= p), None)
+            if at is None:
+                self._pending.append(d)
+                continue
+            bins[at].append(d)
+            room[at] -= p
+        return bins
 
     def next_sequence(self) -> list[int]:
         """Real document lengths of the next packed sequence."""
-        out: list[int] = []
-        used = 0
-        while used < self.seq_len:
-            d = self._pending if self._pending is not None else \
-                self._rng.choices(self.hist.lengths, weights=self.hist.counts)[0]
-            p = -(-d // self.multiple) * self.multiple
-            if used + p > self.seq_len:
-                self._pending = d
-                break
-            self._pending = None
-            out.append(d)
-            used += p
-        return out
+        return self.next_sequences(1)[0]
 
 
 # ---- what the cost model asks ------------------------------------------------------------------------------------

@@ -303,8 +303,10 @@ def attention_layer_time(job: Job, kind: str) -> AttentionTime:
     model, L = job.model, job.layout
     if kind == "linear":
         return AttentionTime(0.0, 0.0)
-    if job.packing is not None:  # causal within each packed document
+    if job.packing is not None and not job.gpu.is_cpu:  # causal within each packed document
         return packed_attention_layer_time(job, kind)
+    # (the CPU trainer's attention is dense: every row's [S/CP, S] scores, the other documents masked out; so a
+    # packed row costs what a full-length one does there, trainers/cp_attention.py)
     dims = attention_dims(model)
     flops = 2 * _attention_core_per_token(model, kind, job.seq_len) * job.tokens_mb / (L.tp * L.cp)
     fwd_rate, bwd_rate = job.terms.attention_rates(job, dims, attention_kernel_length(job, kind))

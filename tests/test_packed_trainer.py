@@ -31,9 +31,9 @@ def _attention(cp_size: int = 1, cp_rank: int = 0):
     return ns
 
 
-def _params(cu_padded):
+def _params(cu_padded, rows: int = 1):
     cu = torch.tensor(cu_padded, dtype=torch.int32)
-    return types.SimpleNamespace(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=cu)
+    return types.SimpleNamespace(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=cu, pack_rows=rows)
 
 
 def _causal(q, k, v):
@@ -68,9 +68,30 @@ def test_under_cp_each_rank_attends_as_the_whole_pack_does(monkeypatch):
     monkeypatch.setattr(cp_attention, "gather_from_sequence_parallel_region", lambda t, *a: gathered[t.data_ptr()])
     for r in range(cp):
         k_local, v_local = k[held[r]], v[held[r]]
-        gathered[k_local.data_ptr()] = torch.cat([k[idx] for idx in held]).unsqueeze(1)
-        gathered[v_local.data_ptr()] = torch.cat([v[idx] for idx in held]).unsqueeze(1)
+        gathered[k_local.data_ptr()] = torch.cat([k[idx] for idx in held])
+        gathered[v_local.data_ptr()] = torch.cat([v[idx] for idx in held])
         part = _attention(cp, r)._packed(q[held[r]], k_local, v_local, _params(CU_PADDED))
+        assert torch.allclose(part.reshape(len(held[r]), -1), whole[held[r]], atol=1e-6)
+
+
+def test_a_pack_of_two_sequences_attended_row_by_row_equals_the_whole_pack(monkeypatch):
+    """MBS 2: the pack's two sequences attended apart (as a batch, no [pack, pack] scores) give what the whole
+    pack attended at once gives, on one rank and on each CP rank."""
+    two_rows = [0, 8, 32, 40, 48, 64]  # 8 + 24 | 8 + 8 + 16: no document crosses the row boundary at 32
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(64, HEADS, DIM, generator=gen) for _ in range(3))
+    whole = _attention()._packed(q, k, v, _params(two_rows)).reshape(64, -1)
+    assert torch.allclose(_attention()._packed(q, k, v, _params(two_rows, rows=2)).reshape(64, -1), whole,
+                          atol=1e-6)
+    cp = 2
+    held = [thd_token_positions(torch.tensor(two_rows), r, cp)[2] for r in range(cp)]
+    gathered = {}
+    monkeypatch.setattr(cp_attention, "gather_from_sequence_parallel_region", lambda t, *a: gathered[t.data_ptr()])
+    for r in range(cp):
+        k_local, v_local = k[held[r]], v[held[r]]
+        gathered[k_local.data_ptr()] = torch.cat([k[idx] for idx in held])
+        gathered[v_local.data_ptr()] = torch.cat([v[idx] for idx in held])
+        part = _attention(cp, r)._packed(q[held[r]], k_local, v_local, _params(two_rows, rows=2))
         assert torch.allclose(part.reshape(len(held[r]), -1), whole[held[r]], atol=1e-6)
 
 
@@ -83,6 +104,7 @@ def test_packed_batches_follow_megatrons_thd_layout():
     group = types.SimpleNamespace(size=lambda: 2, rank=lambda: 1)
     (batch,) = list(data.microbatches(0, 0, 1, "cpu", group))
     params = batch["packed_seq_params"]
+    assert params.pack_rows == 2  # the CPU attention attends the pack's two sequences apart
     cu, cu_padded = params.cu_seqlens_q.tolist(), params.cu_seqlens_q_padded.tolist()
     docs = [d for seq in data.step(0).documents for d in seq]
     assert [b - a for a, b in zip(cu, cu[1:])] == docs  # real lengths

@@ -173,3 +173,19 @@ def test_estimate_shows_useful_tokens_and_attention_share(tmp_path, capsys):
     assert "useful tokens" in text and "of a full-length sequence's" in text
     assert main(argv[:-2] + ["--packing", "packed"]) == 2
     assert "needs --lengths" in capsys.readouterr().err
+
+
+def test_on_cpu_packed_attention_is_dense_and_each_document_costs_host_time():
+    """The CPU trainer's attention computes every row's scores (other documents masked out), and its eager THD
+    path pays per document: on cpu packing leaves the attention as it is and adds host time with the documents;
+    on a GPU the attention shrinks (THD kernels)."""
+    layout = Layout(gbs=8, precision="fp32", dispatcher="alltoall")
+    full = estimate("tiny-moe", "cpu", 4, 256, layout).time
+    few = estimate("tiny-moe", "cpu", 4, 256, layout, packing=histogram([120, 250], [1, 1])).time
+    many = estimate("tiny-moe", "cpu", 4, 256, layout, packing=histogram([12, 30], [1, 1])).time
+    assert few.attention == many.attention == full.attention
+    assert full.launch_overhead < few.launch_overhead < many.launch_overhead
+    gpu = Layout(gbs=8, dispatcher="alltoall")
+    gpu_full = estimate("tiny-moe", "h100", 4, 8192, gpu).time
+    gpu_many = estimate("tiny-moe", "h100", 4, 8192, gpu, packing=histogram([512, 1024], [1, 1])).time
+    assert gpu_many.attention < 0.5 * gpu_full.attention

@@ -30,9 +30,6 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import is_layer_window_attention
 
 
-_LAST_THD_MASK: list = [None]  # (the pack's cu_seqlens_padded, CP rank and size, window) -> its [q, k] mask
-
-
 def cp_chunk_positions(cp_rank: int, cp_size: int, local_len: int) -> torch.Tensor:
     """Global positions of the tokens CP rank `cp_rank` holds (its two load-balanced chunks)."""
     chunk = local_len // 2
@@ -78,27 +75,35 @@ class ContextParallelDotProductAttention(MegatronModule):
 
     def _packed(self, query, key, value, packed_seq_params):
         """THD: [tokens, heads, dim] of documents packed back to back (trainers/packed_batches.py's layout);
-        a token sees the earlier tokens of its own document only."""
+        a token sees the earlier tokens of its own document only. A pack of several sequences (its `pack_rows`,
+        set by the trainer) is attended row by row, as a batch: no document crosses a row, and Transformer
+        Engine's THD kernels never form the scores of one row against another (a dense [pack, pack] would
+        hold MBS^2 the probabilities). The mask is built per layer, as the unpacked path's is."""
         from trainers.packed_batches import thd_token_positions
 
         if packed_seq_params.qkv_format != "thd":
             raise NotImplementedError(f"packed sequences in {packed_seq_params.qkv_format} format")
         cu = packed_seq_params.cu_seqlens_q_padded
         cu = (cu if cu is not None else packed_seq_params.cu_seqlens_q).cpu()
-        query, key, value = (t.unsqueeze(1) for t in (query, key, value))  # [t, b=1, heads, dim]
+        rows = getattr(packed_seq_params, "pack_rows", 1)
+        local, heads, dim = query.shape
+        width = local // rows  # a row's tokens on this rank: rows are whole sequences, documents padded to 2*CP
         if self.cp_size > 1:
             key = gather_from_sequence_parallel_region(key, True, self.cp_group)
             value = gather_from_sequence_parallel_region(value, True, self.cp_group)
-        # every layer of a microbatch reads the same pack: its mask is built once (the last one is kept)
-        key_of_mask = (tuple(cu.tolist()), self.cp_rank, self.cp_size, self.window_size)
-        cached = _LAST_THD_MASK[0]
-        if cached is None or cached[0] != key_of_mask:
-            query_doc, query_pos, _ = thd_token_positions(cu, self.cp_rank, self.cp_size)
-            held = [thd_token_positions(cu, r, self.cp_size) for r in range(self.cp_size)]
-            key_doc, key_pos = torch.cat([h[0] for h in held]), torch.cat([h[1] for h in held])
-            hidden = self._hidden(query_pos, key_pos) | (query_doc[:, None] != key_doc[None, :])
-            cached = _LAST_THD_MASK[0] = (key_of_mask, hidden)
-        return self._attend(query, key, value, cached[1]).squeeze(1)  # [t, heads * dim], as TE returns THD
+        query_doc, query_pos, _ = thd_token_positions(cu, self.cp_rank, self.cp_size)
+        held = [thd_token_positions(cu, r, self.cp_size) for r in range(self.cp_size)]
+        key_doc, key_pos = (torch.stack([h[i] for h in held]) for i in (0, 1))  # [CP, tokens of a rank]
+
+        def by_row(t):  # [CP * local, ...] (rank-major) -> [rows, CP * width, ...]: each row's keys of every rank
+            t = t.reshape(self.cp_size, rows, width, *t.shape[1:]).transpose(0, 1)
+            return t.reshape(rows, self.cp_size * width, *t.shape[3:])
+
+        hidden = self._hidden(query_pos.view(rows, width), by_row(key_pos.reshape(-1)))
+        hidden = (hidden | (query_doc.view(rows, width, 1) != by_row(key_doc.reshape(-1)).unsqueeze(1))).unsqueeze(1)
+        context = self._attend(query.view(rows, width, heads, dim).transpose(0, 1), by_row(key).transpose(0, 1),
+                               by_row(value).transpose(0, 1), hidden)  # [width, rows, heads * dim]
+        return context.transpose(0, 1).reshape(local, -1)  # [t, heads * dim], as TE returns THD
 
     def _attend(self, query, key, value, hidden):
         """Softmax attention of [s, b, heads, dim] queries over keys, `hidden` [queries, keys] masked out."""
@@ -115,8 +120,8 @@ class ContextParallelDotProductAttention(MegatronModule):
         return context.permute(2, 0, 1, 3).reshape(local_len, batch, -1)
 
     def _hidden(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """[queries, keys] True where a query may not look: the future, and outside its sliding window."""
-        distance = query_pos[:, None] - key_pos[None, :]
+        """[..., queries, keys] True where a query may not look: the future, and outside its sliding window."""
+        distance = query_pos[..., :, None] - key_pos[..., None, :]  # (batched over leading dimensions)
         hidden = distance < 0
         if self.window_size is not None and self.window_size[0] >= 0:
             hidden = hidden | (distance > self.window_size[0])

@@ -71,7 +71,7 @@ class PackedTokens:
     def step(self, step: int) -> PackedStep:
         if step not in self._steps:
             stream = DocumentStream(self.hist, self.seq_len, self.multiple, seed=self.tokens.seed * 100_003 + step)
-            self._steps[step] = PackedStep([stream.next_sequence() for _ in range(self.gbs)])
+            self._steps[step] = PackedStep(stream.next_sequences(self.gbs))
         return self._steps[step]
 
     def microbatches(self, step: int, dp_rank: int, dp_size: int, device, cp_group=None):
@@ -103,6 +103,7 @@ class PackedTokens:
                 cu_seqlens_kv=torch.tensor(cu, dtype=torch.int32).to(device),
                 cu_seqlens_q_padded=cu_padded_t.to(device), cu_seqlens_kv_padded=cu_padded_t.to(device),
                 max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+            params.pack_rows = self.mbs  # the CPU attention attends each sequence of the pack apart
             yield {"tokens": inputs[:, index].to(device), "labels": labels[:, index].to(device),
                    "loss_mask": mask[:, index].to(device), "position_ids": position.view(1, -1).to(device),
                    "packed_seq_params": params}
