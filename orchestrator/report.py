@@ -346,9 +346,10 @@ def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> dict[s
 
 
 def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
-          family: list[dict[str, Any]] | None = None) -> Report:
+          family: list[dict[str, Any]] | None = None, compare_packing: bool = True) -> Report:
     """report.html and, where a Chrome runs (and `pngs`), one PNG per figure in out_dir; `family`: the rows
-    of the length family the study belongs to."""
+    of the length family the study belongs to; `compare_packing`: a packed sweep's page sets the cost model's
+    best layout for full-length documents beside its best for the sweep's (two explorations of its space)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
@@ -363,7 +364,7 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
                f"{context.gpu} · backend {context.backend} · {len(trials)} trials")
     page = _PAGE.render(
         title=title, summary=summary, winner=_winner(winner), headline=headline(study, trials, winner),
-        packing=study_comparison(context.spec or {}, int(context.num_gpus or 0)),
+        packing=study_comparison(context.spec or {}, int(context.num_gpus or 0)) if compare_packing else "",
         png_note=png_note if png_note and pngs else None, table_head=_TABLE_HEAD, table_rows=_table_rows(trials),
         sections=[_section(name, fig, i == 0, pngs_written.get(name)) for i, (name, fig) in enumerate(figs.items())])
     html_path = out / "report.html"

@@ -46,6 +46,7 @@ def megatron_dataset(tmp_path_factory):
     return prefix, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.xdist_group("megatron_dataset")  # one worker builds the dataset once
 def test_idx_reader_agrees_with_megatron_cores(megatron_dataset):
     prefix, megatron_lengths = megatron_dataset
     ours, summary = idx_document_lengths(prefix + ".idx")
@@ -53,6 +54,7 @@ def test_idx_reader_agrees_with_megatron_cores(megatron_dataset):
     assert ours[-2:].tolist() == [12, 131]
 
 
+@pytest.mark.xdist_group("megatron_dataset")  # one worker builds the dataset once
 def test_a_large_dataset_is_sampled_within_the_bound(megatron_dataset):
     prefix, megatron_lengths = megatron_dataset
     seen = []
@@ -62,6 +64,7 @@ def test_a_large_dataset_is_sampled_within_the_bound(megatron_dataset):
     assert summary["sampling"] == "uniform sample of 100 (seed 1)" and seen[-1] == (100, 100)
 
 
+@pytest.mark.xdist_group("megatron_dataset")  # one worker builds the dataset once
 def test_lengths_command_writes_the_histogram_estimate_reads(megatron_dataset, tmp_path, capsys):
     prefix, megatron_lengths = megatron_dataset
     out = tmp_path / "h.json"

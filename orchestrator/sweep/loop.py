@@ -244,13 +244,14 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
 
 def _log_views(session: Session, study: optuna.Study) -> None:
     """The sweep's views on its parent run: the leaderboard (an MLflow table and a CSV), the Pareto plot and the
-    report page (no PNGs: no headless Chrome at every sweep's end)."""
+    report page (no PNGs: no headless Chrome at every sweep's end; no packed-vs-full comparison, which explores
+    the space twice: `moe-autotune report` draws it)."""
     import tempfile
 
     from orchestrator import report  # plotly and jinja2: only when a sweep ends with MLflow
 
     with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
-        page = report.write(study, tmp, pngs=False)
+        page = report.write(study, tmp, pngs=False, compare_packing=False)
         session.tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
                                   [page.html_path, *page.pngs.values()])
 
