@@ -15,7 +15,7 @@ from search_spaces.errors import SpecError
 from search_spaces.breakdown import COMPUTE_PARTS, COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
-from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, compare_full, load_packing,
+from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, compare_full, load_packing, load_situation,
                                                 print_comparison, print_packing)
 
 
@@ -29,21 +29,6 @@ SOFTWARE_HELP = ("the NeMo / Megatron-Bridge container release you run, e.g. 25.
 def register(app: typer.Typer) -> None:
     app.command("estimate")(with_layout_options(estimate))
     app.command("space")(space)
-
-
-def _model_gpu(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Optional[int],
-               hidden_size: Optional[int]):
-    from search_spaces.hardware import load_gpu
-    from search_spaces.models import load_model
-
-    from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, check_size
-
-    check_size(num_gpus, "--num-gpus", MAX_GPUS)  # one range for every entry point (search_spaces/inputs.py)
-    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
-    spec = load_model(model)
-    if num_layers or hidden_size:
-        spec = spec.with_overrides(num_layers=num_layers, hidden_size=hidden_size)
-    return spec, load_gpu(gpu)
 
 
 def estimate(
@@ -69,7 +54,7 @@ def estimate(
     from search_spaces.maturity import at_software, software_label
     from search_spaces.neighbours import neighbours
 
-    spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     layout = _layout_of_flags(layout_flags or {}, num_gpus)
     hist = load_packing(packing, lengths, seq_len)
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
@@ -197,7 +182,7 @@ def space(
     from search_spaces.maturity import at_software, software_label
     from search_spaces.space import explore
 
-    spec, gpu_spec = _model_gpu(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     fixed = _fixed(fix)
     hist = load_packing(packing, lengths, seq_len)
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])

@@ -104,15 +104,16 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
     if packing.get("mode") != "packed":
         return ""
     seq_len = int(spec["seq_len"])
-    try:
+    overrides = spec.get("model_overrides") or {}
+    kwargs = dict(fixed=spec.get("fixed") or None, gbs=spec.get("gbs"), top=1, free=spec.get("free") or ())
+    try:  # the histogram moved, or a spec an older version stored: the page says so, and is written
         hist = load_packing("packed", Path(packing["lengths"]), seq_len)
-        overrides = spec.get("model_overrides") or {}
-        model, gpu = _model_and_gpu(spec, overrides)
+        model, gpu = load_situation(spec["model"], spec["gpu"], num_gpus, seq_len, overrides.get("num_layers"),
+                                overrides.get("hidden_size"))
+        packed = explore(model, gpu, num_gpus, seq_len, **kwargs, packing=hist)
     except SpecError as exc:
         return f"Packed documents: no comparison with full-length documents ({exc})."
-    kwargs = dict(fixed=spec.get("fixed") or None, gbs=spec.get("gbs"), top=1, free=spec.get("free") or ())
-    cmp = compare_full(model, gpu, num_gpus, seq_len, explore(model, gpu, num_gpus, seq_len, **kwargs, packing=hist),
-                       kwargs, hist)
+    cmp = compare_full(model, gpu, num_gpus, seq_len, packed, kwargs, hist)
     if cmp is None:
         return "Packed documents: nothing in this sweep's space is predicted to fit, packed or full-length."
     same = cmp["full_length_best"] == cmp["packed_best"]
@@ -127,11 +128,17 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
                f"CP {cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}; per step: {why})."))
 
 
-def _model_and_gpu(spec: dict[str, Any], overrides: dict[str, Any]):
+def load_situation(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Optional[int],
+                   hidden_size: Optional[int]):
+    """The catalog model (with its overrides) and the GPU, the sizes checked: every entry point's one range."""
     from search_spaces.hardware import load_gpu
     from search_spaces.models import load_model
 
-    model = load_model(spec["model"])
-    if overrides.get("num_layers") or overrides.get("hidden_size"):
-        model = model.with_overrides(num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
-    return model, load_gpu(spec["gpu"])
+    from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, check_size
+
+    check_size(num_gpus, "--num-gpus", MAX_GPUS)  # one range for every entry point (search_spaces/inputs.py)
+    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    spec = load_model(model)
+    if num_layers or hidden_size:
+        spec = spec.with_overrides(num_layers=num_layers, hidden_size=hidden_size)
+    return spec, load_gpu(gpu)
