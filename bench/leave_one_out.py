@@ -6,8 +6,9 @@ is judged on them. A fold here leaves a whole source out -- its 4K rows, its lon
 row of the others (both halves) with bench/fit_calibration.py's objective (its parameters, its knob pairs, its
 long-context weight, then the delta-net state step), and predicts the source it never saw. What no kept row can move
 is not taken from the packaged fit: a GPU family with no kept row gets the Calibration defaults for its fitted GEMM
-rates, a software release with no kept row gets no attention release factor (today's kernels), and Blackwell
-Ultra's measured rate is re-measured on the kept rows (1.0 when no pair of rows is left to measure it).
+rates, a software release with no kept row gets the attention release factor its kernels' published benchmarks give
+(bench/fit_calibration.py's KERNEL_RELEASE_FACTOR, not its rows), and Blackwell Ultra's measured rate is re-measured
+on the kept rows (1.0 when no pair of rows is left to measure it).
 
 Start (`cold=False`, the default): the packaged constants (the fit's warm start), which were fitted on the declared
 fit half of every source -- the left-out source's fit half included -- so a fold's constants begin where that half
@@ -20,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from bench.fit_calibration import (ASSUMED_LAYOUT_SERIES, PARAMETERS, STATE_STEP, extra_loss, start,
-                                   ultra_ratio)
+from bench.fit_calibration import (ASSUMED_LAYOUT_SERIES, KERNEL_RELEASE_FACTOR, PARAMETERS, STATE_STEP,
+                                   extra_loss, start, ultra_ratio)
 from search_spaces.calibration import Measurement, Parameter, fit, predict_tokens, predict_tokens_best_cp
 from search_spaces.calibration_file import Calibration
 from search_spaces.knob_pairs import load_knob_pairs
@@ -72,7 +73,8 @@ def fold_start(kept: list[Measurement], cold: bool) -> Calibration:
                 table[fam] = getattr(defaults, key)[fam]
         update[key] = table
     releases = {m.release for m in kept}
-    update["attention_release_factor"] = {r: v for r, v in base.attention_release_factor.items() if r in releases}
+    update["attention_release_factor"] = {r: v if r in releases else KERNEL_RELEASE_FACTOR[r]
+                                          for r, v in base.attention_release_factor.items()}
     ratio, pairs = ultra_ratio([m for m in kept if m.source != LONG_CONTEXT_MOE_SOURCE])
     update["sustained_rate"] = {gpu: round(ratio, 3) if pairs else 1.0 for gpu in base.sustained_rate}
     if not any(m.release in ASSUMED_LAYOUT_SERIES for m in kept):

@@ -25,7 +25,8 @@ from search_spaces.layout import Layout
 PATH = Path(__file__).parent / "reference" / "knob_effects.csv"
 # metrics whose larger value is faster; a step time is the inverse
 THROUGHPUT_METRICS = ("tflops", "tokens_per_sec")
-KNOBS = ("dispatcher", "cuda_graphs", "precision", "recompute", "cp_comm_type", "ep_overlap")
+KNOBS = ("dispatcher", "cuda_graphs", "precision", "recompute", "cp_comm_type", "ep_overlap", "routing",
+         "optimizer_offload")
 HALVES = ("fit", "held")
 
 

@@ -156,10 +156,15 @@ def with_levers(model: ModelSpec, layout: Layout, seq_len: int, kind: str, is_mo
 
 
 # ---- the optimizer moments ----------------------------------------------------------------------------------
+def moment_bytes_per_param(layout: Layout) -> int:
+    """Adam's two moments per parameter: 4 + 4 B, or 2 + 2 B in bf16 (what optimizer offload moves to the host)."""
+    return 8 if layout.optimizer_states == "fp32" else 4
+
+
 def optimizer_bytes_per_param(layout: Layout, weight_bytes: int) -> int:
     """Adam's states per parameter: the moments (4 + 4 B, or 2 + 2 B in bf16) and the fp32 master copy when the
     weights are not fp32 (4 B, or its 16-bit remainder beside bf16 weights under the precision-aware optimizer)."""
     if layout.optimizer_states == "fp32":
-        return 8 + (0 if weight_bytes == 4 else 4)
+        return moment_bytes_per_param(layout) + (0 if weight_bytes == 4 else 4)
     remainder = layout.precision in ("bf16", "fp8-delayed")
-    return 4 + (0 if weight_bytes == 4 else 2 if remainder else 4)
+    return moment_bytes_per_param(layout) + (0 if weight_bytes == 4 else 2 if remainder else 4)

@@ -236,6 +236,30 @@ def test_dropless_routing_costs_what_the_published_pairs_show():
     assert d.tflops_per_gpu / f.tflops_per_gpu == pytest.approx(338 / 370, abs=0.05)
 
 
+def test_the_dropless_load_holds_at_ep64_against_trained_routers_it_was_not_fitted_on():
+    """UltraEP's busiest-rank loads at EP64 (routing.SKEW_CHECKS): the skews fitted at EP8 (softmax) and on one
+    EP64 throughput pair (sigmoid) land within 12% of them, and the softmax router with 2 experts per rank is the
+    busier one, as published (2.86 against 1.30)."""
+    from search_spaces.routing import EXPERT_SKEW, SKEW_CHECKS, dropless_load
+
+    loads = {}
+    for kind, (ep, per_rank, copies, published) in SKEW_CHECKS.items():
+        loads[kind] = dropless_load(ep, per_rank, copies, EXPERT_SKEW[kind])
+        assert loads[kind] == pytest.approx(published, rel=0.12), kind
+    assert loads["softmax"] > 2 * loads["sigmoid"]
+
+
+def test_estimate_says_where_a_dropless_figure_extrapolates_and_what_checks_it():
+    from search_spaces.models import load_model
+    from search_spaces.routing import extrapolation_note
+
+    qwen = load_model("qwen3-235b-a22b")
+    assert extrapolation_note(qwen, Layout(ep=8), cpu=False) is None  # where the skew was fitted
+    note = extrapolation_note(qwen, Layout(ep=32), cpu=False)
+    assert "EP32" in note and "fitted at EP8" in note and "published 2.86" in note
+    assert extrapolation_note(qwen, Layout(ep=32, routing="forced_balance"), cpu=False) is None
+
+
 def test_capacity_routing_caps_the_expert_path_at_its_factor():
     base = dict(ep=8, gbs=1024, precision="bf16", dispatcher="alltoall")  # no recompute: routed copies are kept
 

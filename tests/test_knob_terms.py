@@ -21,12 +21,15 @@ def test_the_pairs_file_is_sourced_balanced_and_covers_the_searched_knobs():
     assert len(pairs) >= 12
     assert {p.knob for p in pairs} >= {"dispatcher", "cuda_graphs", "precision", "recompute", "ep_overlap"}
     assert {p.knob for p in pairs} <= set(KNOBS)
+    # half fit, half held out; a pair found after the last refit joins the held half (fitting on it would change
+    # constants the packaged calibration was not fitted with)
     halves = [p.half for p in pairs]
-    assert abs(halves.count("fit") - halves.count("held")) <= 1
+    assert 0 <= halves.count("held") - halves.count("fit") <= 2
     for p in pairs:
         assert "@" in p.source and p.changed  # a commit, and B differs from A
         assert p.a.replace(**{k: getattr(p.b, k) for k in ("dispatcher", "cuda_graphs", "precision", "recompute",
-                                                          "cp_comm_type", "hierarchical_cp", "ep_overlap")}) == p.b
+                                                          "cp_comm_type", "hierarchical_cp", "ep_overlap", "routing",
+                                                          "optimizer_offload")}) == p.b
 
 
 def test_the_noise_band_is_what_the_same_layout_moves_between_a_release_and_its_patch():

@@ -165,13 +165,12 @@ def test_qwen3_next_at_the_cards_layouts_loses_throughput_at_64k():
 
 @pytest.mark.slow
 def test_qwen3_next_space_fits_8k_and_32k_at_moderate_cp_and_64k_only_much_tighter():
-    """`space` on 32 GB200: the best layouts at 8K and 32K fit at CP <= 4 with selective recompute (Grace's
-    optimizer offload is cheap: it spares the full recompute); at 64K the best needs full recompute or CP >= 8.
-    (It asserted 1.3x the shorter bests' memory until the ranking tried each kind of offload apart: the shorter
-    bests now spend the memory the offload frees, on lighter recompute, and run 5-19% faster.)"""
+    """`space` on 32 GB200: the best layouts at 8K and 32K fit at CP <= 4; at 64K the best needs at least 1.3x their
+    memory (the seed's "memory gets tight"). (For one stop it asserted selective recompute at 8K/32K instead: the
+    model then freed the fp32 master shard too under optimizer offload, which Megatron-Core keeps on the GPU.)"""
     best = {seq: explore("qwen3-next-80b-a3b", "gb200", 32, seq, top=1).top[0] for seq in QWEN3_NEXT_CARD}
     for seq in (8192, 32768):
         assert best[seq]["layout"]["cp"] <= 4, best[seq]["key"]
-        assert best[seq]["layout"]["recompute"] != "full", best[seq]["key"]
     long = best[65536]
-    assert long["layout"]["recompute"] == "full" or long["layout"]["cp"] >= 8, long["key"]
+    shorter = max(best[seq]["prediction"]["peak_memory_gib"] for seq in (8192, 32768))
+    assert long["prediction"]["peak_memory_gib"] >= 1.3 * shorter, long["key"]

@@ -102,15 +102,31 @@ def test_first_stage_holds_more_in_flight_than_the_last():
     assert inflight_per_chunk(layouts, 0, 8)[0] == 4 * inflight_per_chunk(layouts, 3, 8)[0]
 
 
-def test_optimizer_offload_moves_states_to_host():
+def test_optimizer_offload_moves_the_moments_to_host_and_keeps_the_master_shard():
+    """Megatron-Core's HybridDeviceOptimizer steps a pinned host copy of the distributed optimizer's fp32 master shard,
+    which stays on the GPU: offloading moves the moments (8 of Adam's 12 B per bf16 parameter)."""
     q, h100 = load_model("qwen3-30b-a3b"), load_gpu("h100")
     base = Layout(ep=8, gbs=8, precision="bf16")
     on = memory_breakdown(q, h100, 8, 4096, base.replace(optimizer_offload=1.0))
     half = memory_breakdown(q, h100, 8, 4096, base.replace(optimizer_offload=0.5))
     off = memory_breakdown(q, h100, 8, 4096, base)
-    assert on.optimizer_states == 0 and on.offloaded_to_host == pytest.approx(off.optimizer_states)
-    assert half.optimizer_states == pytest.approx(off.optimizer_states / 2)
-    assert on.peak < off.peak - 0.9 * off.optimizer_states
+    assert on.optimizer_states == pytest.approx(off.optimizer_states * 4 / 12)  # the master shard
+    assert on.offloaded_to_host == pytest.approx(off.optimizer_states)  # the moments and the master's host copy
+    assert half.optimizer_states == pytest.approx(off.optimizer_states * (1 - 0.5 * 8 / 12))
+    assert on.peak < off.peak - 0.6 * off.optimizer_states
+
+
+def test_optimizer_offload_saves_what_the_published_card_measured():
+    """Megatron-Bridge's CPU-offloading card (skills/nemo-mbridge-perf-cpu-offloading @067f987df): Qwen3-30B-A3B at TP2
+    PP2 EP4 on 16 H100, 47.2 GB allocated without offload, 32.0 GB with all of it offloaded (15.3 GB saved; 3.8 GB per
+    quarter). The card's GBS 8 is assumed from its skill's command; the saving does not depend on it."""
+    q, h100 = load_model("qwen3-30b-a3b"), load_gpu("h100")
+    base = Layout(tp=2, pp=2, ep=4, mbs=1, gbs=8, precision="bf16", dispatcher="alltoall")
+    # what torch allocates (the card's figure, in GB): the peak without the allocator's margin
+    allocated = [(m.peak - m.allocator_margin) / 1e9 for f in (0.0, 0.25, 1.0)
+                 for m in [memory_breakdown(q, h100, 16, 4096, base.replace(optimizer_offload=f))]]
+    assert allocated[0] - allocated[2] == pytest.approx(15.3, rel=0.05)
+    assert allocated[0] - allocated[1] == pytest.approx(3.8, rel=0.05)
 
 
 def test_gpu_extras_cuda_graphs_and_dispatcher_buffers():

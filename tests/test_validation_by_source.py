@@ -4,6 +4,7 @@ through the constants only it measures."""
 
 import pytest
 
+from bench.fit_calibration import KERNEL_RELEASE_FACTOR
 from bench.leave_one_out import FAMILY_FITTED, PARAMETERS, _moved_by, fold_start, folds, run_fold
 from search_spaces.calibration_file import Calibration, calibration
 from search_spaces.reference import MODELZOO, NEMO, ORIGINS, long_context_moe_rows, published_rows
@@ -32,10 +33,14 @@ def test_a_gpu_family_left_out_starts_from_the_defaults_not_from_the_packaged_fi
     assert not any(_moved_by(p, kept) for p in PARAMETERS if p.constant in FAMILY_FITTED and p.family == "hopper")
 
 
-def test_a_release_left_out_gets_no_release_factor_and_ultra_is_remeasured():
+def test_a_release_left_out_gets_its_kernels_factor_not_its_rows_and_ultra_is_remeasured():
     kept = [m for m in ROWS if not _fold(NEMO).leaves_out(m)]
     start = fold_start(kept, cold=False)
-    assert calibration().attention_release_factor and not start.attention_release_factor
+    packaged = calibration().attention_release_factor
+    assert set(packaged) == set(KERNEL_RELEASE_FACTOR) and start.attention_release_factor == KERNEL_RELEASE_FACTOR
+    assert start.attention_release_factor != packaged  # the packaged factors were fitted on those rows
+    # a fold that keeps a release's rows starts from the packaged (fitted) factor
+    assert fold_start(ROWS, cold=False).attention_release_factor == packaged
     assert not any(_moved_by(p, kept) for p in PARAMETERS if p.constant == "attention_release_factor")
     # without the Blackwell Ultra rows no pair of twins is left: the Ultra rate is 1, not the packaged measurement
     no_ultra = [m for m in ROWS if m.gpu not in ("b300", "gb300")]
