@@ -2,8 +2,10 @@
 
 Pairs: search_spaces/reference/knob_effects.csv (search_spaces.knob_pairs), each one knob switched at a fixed
 layout -- MoE dispatcher (alltoall / DeepEP / HybridEP), CUDA-graph scope, precision (BF16, per-tensor FP8,
-MXFP8, also on Qwen3-30B-A3B's small experts), recompute -- with its source (repository, commit, what was
-compared). Half are declared fit (bench/fit_calibration.py may fit on them), half held out. Per pair: the
+MXFP8, also on Qwen3-30B-A3B's small experts), recompute, EP overlap, and two memory levers' costs (dropless routing
+against forced balance at EP16; the whole optimizer offloaded to the host) -- with its source (repository, commit,
+what was compared). Half are declared fit (bench/fit_calibration.py may fit on them), half held out; a pair found
+after the last refit joins the held half. Per pair: the
 published ratio (B's throughput over A's) and the predicted one. A published ratio is itself two runs, and the same
 layout run twice moves too: the performance summary lists 77 layouts in a release and in its patch release (26.04
 and 26.04.01, ...), whose TF/s differ by a median 1.1%, and by up to NOISE = their 95th percentile (6.2%; derived
