@@ -36,7 +36,7 @@ from search_spaces.costmodel import Estimate, estimate
 from search_spaces.hardware import GPUSpec
 from search_spaces.host_terms import host_slowdown
 from search_spaces.layout import Layout
-from search_spaces.memory import inflight_per_chunk
+from search_spaces.memory import inflight_per_chunk, rank_memory_breakdown
 from search_spaces.models import ModelSpec
 from search_spaces.pipeline import placement
 from search_spaces.result import TrialResult
@@ -166,7 +166,7 @@ def compose(plan: ProxyPlan, measured: ProxyMeasurement, gpu: GPUSpec, seq_len: 
     est_full = estimate(plan.full_model, gpu, plan.full_world, seq_len, full)
     est_proxy = estimate(plan.model, gpu, plan.world, seq_len, plan.layout)
     time = _compose_time(plan, measured, est_full, est_proxy, gpu.is_cpu)
-    memory = _compose_memory(plan, measured, est_full, est_proxy)
+    memory = _compose_memory(plan, measured, est_full, _first_stages(plan, gpu, seq_len))
     step = sum(time["measured"].values()) + sum(time["modelled"].values())
     peak = sum(memory["measured"].values()) + sum(memory["modelled"].values())
     tokens = full.gbs * seq_len / step / plan.full_world
@@ -221,14 +221,20 @@ def _per_mb(times: StepTime, keys: tuple[str, ...], microbatches: int) -> float:
     return max(sum(getattr(times, k) for k in keys) / microbatches, 1e-30)
 
 
+def _first_stages(plan: ProxyPlan, gpu: GPUSpec, seq_len: int) -> tuple[MemoryBreakdown, MemoryBreakdown]:
+    """The first pipeline rank's memory in the full layout and in the proxy: the rank the proxy measures (the most
+    loaded rank of the two can differ: each has its own share of embedding, MTP and layers)."""
+    return (rank_memory_breakdown(plan.full_model, gpu, plan.full_world, seq_len, plan.full_layout, 0),
+            rank_memory_breakdown(plan.model, gpu, plan.world, seq_len, plan.layout, 0))
+
+
 def _compose_memory(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate,
-                    est_proxy: Estimate) -> dict[str, dict[str, float]]:
+                    first_stages: tuple[MemoryBreakdown, MemoryBreakdown]) -> dict[str, dict[str, float]]:
     full = plan.full_layout
     counts = inflight_per_chunk(full, 0, full.grad_accum(plan.full_world) or 1)
     inflight = sum(counts) / len(counts)  # the measured activations cover all of a rank's chunks
     measured = {"weights": m.weights_gib, "gradients": m.gradients_gib,
-                "optimizer_states": m.optimizer_states_gib * _ratio(est_full.memory, est_proxy.memory,
-                                                                      "optimizer_states"),
+                "optimizer_states": m.optimizer_states_gib * _ratio(*first_stages, "optimizer_states"),
                 "activations": m.activations_per_microbatch_gib * inflight}
     modelled = {k: getattr(est_full.memory, k) / GIB for k in BUFFERS}
     return {"measured": measured, "modelled": modelled}
