@@ -1,6 +1,6 @@
 """The Optuna study: objectives, storage, and the read side (best, Pareto, leaderboard).
 
-What the storage holds of the study and of each trial is the storage contract of orchestrator/records.py
+What the storage holds of the study and of each trial is the storage contract of orchestrator/records/
 (StudyRecord, TrialRecord); this module reads it through those records only.
 """
 

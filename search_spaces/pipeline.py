@@ -81,9 +81,6 @@ class Placement:
     def _layout_string(self) -> str:
         return "|".join("".join(u.kind for u in stage) for stage in self.stages)
 
-    def max_layers_per_stage(self) -> int:
-        return max(sum(1 for u in s if u.is_layer) for s in self.stages)
-
 
 def _split(units: list[Unit], stages: int) -> list[tuple[Unit, ...]]:
     """Contiguous split into `stages` parts of (nearly) equal unit counts."""

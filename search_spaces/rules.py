@@ -100,10 +100,6 @@ def check(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: L
     return out
 
 
-def is_legal(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> bool:
-    return not check(model, gpu, num_gpus, seq_len, layout)
-
-
 def level_rules(level: str) -> tuple[str, ...]:
     """The rules a partial grid at `level` of the enumeration can already break."""
     return tuple(r.name for r in REGISTRY if r.level == level)

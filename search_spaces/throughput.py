@@ -384,11 +384,6 @@ def rank_computes(job: Job) -> list[RankCompute]:
     return [rank_compute(job, rates, rank) for rank in ranks]
 
 
-def slowest_rank_compute(job: Job) -> RankCompute:
-    """The pipeline rank whose compute per microbatch is the largest."""
-    return max(rank_computes(job), key=lambda rc: rc.total)
-
-
 # ---- communication per microbatch -----------------------------------------------------------------------------
 def tp_comm_time(job: Job, layers: int) -> float:
     """Sequence-parallel all-gathers and reduce-scatters of the rank's layers, partly overlapped."""

@@ -42,7 +42,7 @@ def test_counts_add_up():
 
 @pytest.mark.timeout(120)
 def test_dsv3_1024_h100_space_follows_the_rules_of_thumb():
-    # its speed is a benchmark figure (bench/space_speed.py), not an assertion here
+    # its speed is a benchmark figure (bench/sweep_speed.py), not an assertion here
     d = explore("deepseek-v3", "h100", 1024, 131072, top=5).to_dict()
     assert d["legal_count"] > 0 and d["fitting_count"] > 0 and d["rejected_by_rule"]
     assert d["legal_count"] + sum(d["rejected_by_rule"].values()) == d["total"]

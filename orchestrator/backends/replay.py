@@ -1,6 +1,6 @@
 """Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
 
-The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records.py): the situation, one column per searchable
+The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records/tables.py): the situation, one column per searchable
 layout dimension and the batch (values as `Layout.params` encodes them; lists may use `;`), the status and
 the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table lacks takes the
 dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
@@ -36,7 +36,7 @@ from orchestrator.backends.base import TrialRequest, completed, stamp
 from orchestrator.records import (LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS, REQUIRED_COLUMNS,
                                   TABLE_COLUMNS)
 
-# the table's columns are the trial record's (orchestrator/records.py); a leaderboard's extra columns and a
+# the table's columns are the trial record's (orchestrator/records/tables.py); a leaderboard's extra columns and a
 # `note` are allowed and skipped
 EXTRA_COLUMNS = ("trial", *LEADERBOARD_EXTRA, "note")
 # rows of trials that never ran (a leaderboard export has them): skipped

@@ -1,6 +1,6 @@
 """Telling Optuna and MLflow what became of each trial.
 
-What is stored is the storage contract of orchestrator/records.py (TrialRecord): layout, layout_key,
+What is stored is the storage contract of orchestrator/records/trial.py (TrialRecord): layout, layout_key,
 prediction, backend, fidelity, trial_size, mlflow_run_id when a trial starts, then status, result, reason,
 command; objectives [tokens/s/GPU, peak GiB]; constraints memory_over_limit_gib and not_measured_ok (feasible
 when both are <= 0). MLflow gets the same record.
