@@ -94,10 +94,12 @@ def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
 
 # The example's budget (200 trials) for the layout samplers; multivariate TPE's proposals cost more as the trials
 # grow (200 took 220 s on 2 cores), so it runs fewer here: the same properties, the example's full run is
-# bench/sweep_speed.py's.
+# bench/sweep_speed.py's. TPE samples every dimension freely and in this memory-tight situation about 2% of its
+# proposals fit (since optimizer offload keeps the fp32 master shard on the GPU): it may stop at the proposal cap
+# (budget.max_proposals_per_trial x n_trials) before its budget, and says so.
 @pytest.mark.slow  # with SQLite and MLflow stores: 40-50 s per search on 2 cores
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("search, n_trials", [("calibrated", 200), ("tpe", 60), ("grid", 200)])
+@pytest.mark.parametrize("search, n_trials", [("calibrated", 200), ("tpe", 30), ("grid", 200)])
 def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search, n_trials):
     """The example's what-if trials at full scale: the seeds first, never worse than them (its speed:
     bench/sweep_speed.py)."""
@@ -106,13 +108,15 @@ def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search, n_trials):
         "search": search, "budget": {"n_trials": n_trials}})
     spec = spec.model_copy(update={"workdir": str(tmp_path / "runs")})
     out = run_sweep(spec, show_progress=False)
-    assert out.n_measured == n_trials
     seeds = [t for t in out.study.trials if t.user_attrs.get("proposed_by") == "rule-of-thumb"
              and studies.fits(t)]
     assert seeds, "no seed recipe fitted"
     assert out.best.values[0] >= max(t.values[0] for t in seeds)
+    cap = n_trials * spec.budget.max_proposals_per_trial
     if search == "tpe":  # TPE samples dimensions freely: the cost model must screen some proposals out
-        assert out.n_infeasible >= 1
-    else:  # the layout samplers only propose legal layouts
+        assert out.n_infeasible >= 1 and out.n_measured > len(seeds)  # it measured layouts of its own
+        assert out.n_measured == n_trials or f"stopped proposing after {cap} proposals" in out.messages
+    else:  # the layout samplers only propose legal layouts, and reach their budget
+        assert out.n_measured == n_trials
         assert all(t.user_attrs.get("status") != "infeasible" or t.user_attrs.get("proposed_by") != search
                    for t in out.study.trials)
