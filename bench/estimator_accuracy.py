@@ -202,7 +202,8 @@ def loo_section(loo: dict | None) -> list[str]:
     lines = ["", "**Validation by source** (bench/leave_one_out.py): each source left out in turn, the constants "
              "refitted on every row of the others (bench/fit_calibration.py's objective, warm-started from the "
              "packaged constants; a GPU family, release or Ultra pair no kept row measures gets the defaults, the "
-             "release factor of its kernels' published benchmarks, a re-measured rate), the left-out rows (long-context MoE rows with their publisher, "
+             "release factor of its kernels' published benchmarks, a re-measured rate), the left-out rows "
+             "(long-context MoE rows with their publisher, "
              f"at their best CP type) predicted. All refits: {loo['refit_cpu_s']:.0f} CPU s. Beside each, the "
              "packaged calibration's MAPE on the same rows (it was fitted on half of them).", "",
              "| left out | rows | MAPE % (refit without them) | packaged calibration MAPE % | refit CPU s |",
