@@ -8,7 +8,7 @@ bench/cpu_measurements.json, so a rerun measures only what is missing). The CPU 
 rates of the eager trainer, its overhead per layer, the fixed cost of a gloo collective, the process's resident
 baseline) are fitted by the same code as `moe-autotune calibrate` (orchestrator.calibrate) on the FIT layouts,
 then the HELD layouts are scored with the fitted constants -- and with the hand-set ones they replace.
-`--write` stores the fitted CPU constants in search_spaces/calibration.json (what `estimate --gpu cpu` and the
+`--write` stores the fitted CPU constants in search_spaces/calibration/calibration.json (what `estimate --gpu cpu` and the
 quickstart's sweep use). Last line: `cpu calibration: tokens/s MAPE X%, peak memory MAPE Y% over N layouts`.
 """
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cpu_measurements import FIT, HELD, PACKED, PACKED_LENGTHS, ensure, find  # noqa: E402
 from orchestrator.calibrate import calibrate  # noqa: E402
-from search_spaces.calibration import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
-from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
-from search_spaces.costmodel import estimate  # noqa: E402
-from search_spaces.packing import load_histogram  # noqa: E402
+from search_spaces.calibration.fit import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
+from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
+from search_spaces.cost.costmodel import estimate  # noqa: E402
+from search_spaces.cost.packing import load_histogram  # noqa: E402
 
 SEQ_LEN = 256
 # what the CPU fit owns in calibration.json (the GPU constants are bench/fit_calibration.py's)

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
 
 CACHE = ROOT / "bench" / "cpu_measurements.json"
 MODEL = "tiny-moe"

@@ -1,14 +1,14 @@
 """Predicted vs published TF/s/GPU for every published row the cost model can express, fitted and held out.
 
-Rows: search_spaces.reference.published_rows() -- the Megatron-Bridge performance summary (newest release of each
+Rows: search_spaces.calibration.reference.published_rows() -- the Megatron-Bridge performance summary (newest release of each
 configuration) and MoE skill card, moe_4k_more.csv (Megatron-MoE-ModelZoo / skill cards, 4K MoE), and
 long_sequence_dense_cp.csv (NeMo: Llama2-7B on H100 from 4K to 1M, Llama3-8B on B200 from 8K to 1M, with CP;
 their TF/s converted from NeMo's whole-square attention count to Bridge's causal one). Rows are split by
 `declared_halves` (every other row of each source; every other length of each long-sequence series):
-search_spaces/calibration.json was fitted on the first half only (bench/fit_calibration.py), so the second half
+search_spaces/calibration/calibration.json was fitted on the first half only (bench/fit_calibration.py), so the second half
 is held out. MAPE is reported for rows <= 8K and >= 16K apart, and per long-sequence series the trend (TF/s at a
 length / TF/s at the series' shortest length) predicted beside published. Apart from them (so those figures stay
-comparable): the long-context MoE rows (search_spaces/reference/moe_long_context.csv: Qwen3-235B on H100 16K-128K,
+comparable): the long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv: Qwen3-235B on H100 16K-128K,
 DeepSeek-V3 on H100 4K-256K, Qwen3-Next on GB200 8K-64K, Qwen3-235B on GB200/GB300 at 128K), each predicted with its
 best CP communication type (none is published), every other row of each series held out.
 
@@ -31,9 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.calibration import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
-from search_spaces.calibration_file import Calibration, calibration  # noqa: E402
-from search_spaces.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
+from search_spaces.calibration.fit import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
+from search_spaces.calibration.calibration_file import Calibration, calibration  # noqa: E402
+from search_spaces.calibration.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
 from bench.leave_one_out import folds, predict, run_fold  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
@@ -162,7 +162,7 @@ def section(r: dict) -> list[str]:
     """The RESULTS.md section (bench/run_all.py)."""
     m = r["mape"]
     lines = [f"Predicted vs published TF/s/GPU on {r['count']} published rows ({r['skipped']} not expressible): the "
-             "calibration (search_spaces/calibration.json) was fitted on the declared fit half only "
+             "calibration (search_spaces/calibration/calibration.json) was fitted on the declared fit half only "
              "(bench/fit_calibration.py); the held-out half was never seen by the fit.", "",
              "| rows | fitted half: MAPE % (rows) | held-out half: MAPE % (rows) |", "|---|---|---|"]
     for name in ("<=8K", ">=16K"):
@@ -180,7 +180,7 @@ def section(r: dict) -> list[str]:
               f"{t['predicted_trend']} |" for t in r["trends"]]
     lines += loo_section(r["leave_one_out"])
     lc = r["long_context_moe"]
-    lines += ["", "Long-context MoE rows (search_spaces/reference/moe_long_context.csv), scored apart from the table "
+    lines += ["", "Long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv), scored apart from the table "
               "above, each at its best CP communication type (none is published): MAPE fitted "
               f"{lc['mape']['fitted']}%, held out **{lc['mape']['held out']}%**.", "",
               "| series | half | length | layout | best CP type | published TF/s | predicted | error % |",

@@ -1,12 +1,12 @@
-"""Fit the cost model's constants on the declared fit half of the published rows; writes search_spaces/calibration.json.
+"""Fit the cost model's constants on the declared fit half of the published rows; writes search_spaces/calibration/calibration.json.
 
     .venv/bin/python bench/fit_calibration.py [--dry-run]
 
-Rows: search_spaces.reference.published_rows() (Megatron-Bridge summary and skill card, moe_4k_more, the NeMo
+Rows: search_spaces.calibration.reference.published_rows() (Megatron-Bridge summary and skill card, moe_4k_more, the NeMo
 long-sequence CP rows), split by `declared_halves`: every other row of each source (every other length of each
 long-sequence series). Only the fit half is seen here; bench/estimator_accuracy.py scores the other half.
 Objective: mean |log(predicted / published)| tokens/s (= TF/s), bounded Nelder-Mead in log space
-(search_spaces.calibration.fit), started from the packaged constants (`--from-defaults`: the Calibration defaults),
+(search_spaces.calibration.fit.fit), started from the packaged constants (`--from-defaults`: the Calibration defaults),
 plus the same over the fit half of the long-context MoE rows (moe_long_context.csv, each at its best CP type,
 weighted LONG_WEIGHT) and, weighted PAIR_WEIGHT, the mean |log(predicted / published)| B/A ratio of the fit half of
 the knob pairs (knob_effects.csv): the absolute rows alone do not say how much a knob moves; then, alone, the
@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration import (SHARED_PARAMETERS, Parameter, errors, fit, mape,  # noqa: E402
+from search_spaces.calibration.fit import (SHARED_PARAMETERS, Parameter, errors, fit, mape,  # noqa: E402
                                        predict_tokens_best_cp)
-from search_spaces.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
-from search_spaces.knob_pairs import load_knob_pairs, predicted_ratio  # noqa: E402
-from search_spaces.maturity import measure_maturity  # noqa: E402
-from search_spaces.reference import (declared_halves, long_context_moe_rows, published_rows,  # noqa: E402
+from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
+from search_spaces.calibration.knob_pairs import load_knob_pairs, predicted_ratio  # noqa: E402
+from search_spaces.catalog.maturity import measure_maturity  # noqa: E402
+from search_spaces.calibration.reference import (declared_halves, long_context_moe_rows, published_rows,  # noqa: E402
                                      summary_rows_every_release)
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
@@ -117,7 +117,7 @@ def start(refit: bool = True) -> Calibration:
             base[key]["cpu"] = value["cpu"]
     ratio, _ = ultra_ratio(published_rows())  # a measurement, taken on every row (it is not fitted to the model)
     base["sustained_rate"] = {gpu: round(ratio, 3) for gpu in ULTRA}
-    # measured too: each older release's tokens/s over the newest's, same configuration (search_spaces/maturity.py)
+    # measured too: each older release's tokens/s over the newest's, same configuration (search_spaces/catalog/maturity.py)
     base["software_maturity"] = {gpu: {release: v["factor"] for release, v in table.items()}
                                  for gpu, table in measure_maturity(summary_rows_every_release()).items()}
     if not refit or not all(r in base["attention_release_factor"] for r in OLD_RELEASES):

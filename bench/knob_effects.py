@@ -1,6 +1,6 @@
 """How much each searched knob moves: published same-layout A/B pairs against the cost model's prediction.
 
-Pairs: search_spaces/reference/knob_effects.csv (search_spaces.knob_pairs), each one knob switched at a fixed
+Pairs: search_spaces/calibration/reference/knob_effects.csv (search_spaces.calibration.knob_pairs), each one knob switched at a fixed
 layout -- MoE dispatcher (alltoall / DeepEP / HybridEP), CUDA-graph scope, precision (BF16, per-tensor FP8,
 MXFP8, also on Qwen3-30B-A3B's small experts), recompute, EP overlap, and two memory levers' costs (dropless routing
 against forced balance at EP16; the whole optimizer offloaded to the host) -- with its source (repository, commit,
@@ -9,7 +9,7 @@ after the last refit joins the held half. Per pair: the
 published ratio (B's throughput over A's) and the predicted one. A published ratio is itself two runs, and the same
 layout run twice moves too: the performance summary lists 77 layouts in a release and in its patch release (26.04
 and 26.04.01, ...), whose TF/s differ by a median 1.1%, and by up to NOISE = their 95th percentile (6.2%; derived
-from the file, search_spaces.knob_pairs.noise_band): a published change within NOISE is not told apart from none at
+from the file, search_spaces.calibration.knob_pairs.noise_band): a published change within NOISE is not told apart from none at
 the 5% level. A direction is right when published and predicted ratios fall in the same class (slower beyond NOISE,
 within it, faster beyond it) or the prediction is within NOISE of the published ratio. Last line:
 `knob effects: N pairs, direction right X/N, ratio error MAPE Y% (held-out half)` (goal: X = N, Y <= 10).
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration_file import Calibration, calibration  # noqa: E402
-from search_spaces.knob_pairs import KnobPair, load_knob_pairs, noise_band, predicted_ratio  # noqa: E402
+from search_spaces.calibration.calibration_file import Calibration, calibration  # noqa: E402
+from search_spaces.calibration.knob_pairs import KnobPair, load_knob_pairs, noise_band, predicted_ratio  # noqa: E402
 
 # a published ratio within NOISE of 1 is "no change" (a two-sided 5% test against the same layout's run-to-run
 # changes between a release and its patch release); a prediction within NOISE of the published ratio is right
@@ -58,7 +58,7 @@ QWEN3_NEXT_LENGTHS = (8192, 32768, 65536)
 
 def qwen3_next_space(cal: Calibration) -> list[dict]:
     """The best fitting layout `space` finds for Qwen3-Next on 32 GB200 at 8K, 32K and 64K."""
-    from search_spaces.space import explore
+    from search_spaces.layouts.space import explore
     out = []
     for seq in QWEN3_NEXT_LENGTHS:
         best = explore("qwen3-next-80b-a3b", "gb200", 32, seq, top=1, cal=cal).top[0]
@@ -121,7 +121,7 @@ def before_after(r: dict) -> list[str]:
 
 def section(r: dict) -> list[str]:
     """The RESULTS.md section (bench/run_all.py)."""
-    lines = before_after(r) + ["Published same-layout A/B pairs (search_spaces/reference/knob_effects.csv, each with its source): "
+    lines = before_after(r) + ["Published same-layout A/B pairs (search_spaces/calibration/reference/knob_effects.csv, each with its source): "
              "the published throughput ratio B/A beside the cost model's. Knobs covered: "
              f"{', '.join(r['knobs'])}. Fit-half MAPE {r['mape_fit']}%, held-out-half MAPE **{r['mape_held']}%**.",
              "", "| pair | knob | half | change | published B/A | predicted B/A | error % | direction |",

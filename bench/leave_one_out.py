@@ -1,7 +1,7 @@
 """Validation by source: refit the cost model's constants without one publisher's rows (or one GPU's, one GPU
 family's), then predict the rows left out.
 
-The declared halves (search_spaces.reference.declared_halves) are held out from the fit but not from us: every refit
+The declared halves (search_spaces.calibration.reference.declared_halves) are held out from the fit but not from us: every refit
 is judged on them. A fold here leaves a whole source out -- its 4K rows, its long-context rows -- refits on every
 row of the others (both halves) with bench/fit_calibration.py's objective (its parameters, its knob pairs, its
 long-context weight, then the delta-net state step), and predicts the source it never saw. What no kept row can move
@@ -23,10 +23,10 @@ from typing import Callable
 
 from bench.fit_calibration import (ASSUMED_LAYOUT_SERIES, KERNEL_RELEASE_FACTOR, PARAMETERS, STATE_STEP,
                                    extra_loss, start, ultra_ratio)
-from search_spaces.calibration import Measurement, Parameter, fit, predict_tokens, predict_tokens_best_cp
-from search_spaces.calibration_file import Calibration
-from search_spaces.knob_pairs import load_knob_pairs
-from search_spaces.reference import LONG_CONTEXT_MOE_SOURCE, ORIGINS
+from search_spaces.calibration.fit import Measurement, Parameter, fit, predict_tokens, predict_tokens_best_cp
+from search_spaces.calibration.calibration_file import Calibration
+from search_spaces.calibration.knob_pairs import load_knob_pairs
+from search_spaces.calibration.reference import LONG_CONTEXT_MOE_SOURCE, ORIGINS
 
 # per-family constants the fit moves: reset to the defaults for a family no kept row measures
 FAMILY_FITTED = ("gemm_efficiency", "grouped_gemm_efficiency")

@@ -4,7 +4,7 @@ and how far each length's throughput is from the 4K one (issue 17: within +-15%)
 
 Layout (notes/long-context-moe.md, Megatron-Bridge's long-context skill): TP1, CP = seq/4096, EP32, PP8, VPP4,
 FP8 blockwise, DeepEP, selective recompute (mla_up_proj, layernorm, moe, mlp), optimizer offload; GBS keeps 128
-microbatches per pipeline at every length. `space` (search_spaces.space.explore) is run with every field fixed
+microbatches per pipeline at every length. `space` (search_spaces.layouts.space.explore) is run with every field fixed
 but the CP communication (cp_comm_type and hierarchical_cp), so its ranking is the CP choice.
 
     .venv/bin/python bench/long_context.py
@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.costmodel import estimate  # noqa: E402
-from search_spaces.hardware import load_gpu  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.models import load_model  # noqa: E402
-from search_spaces.space import explore, hierarchical_options  # noqa: E402
-from search_spaces.throughput import cp_step_report, job_for  # noqa: E402
+from search_spaces.cost.costmodel import estimate  # noqa: E402
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
+from search_spaces.catalog.models import load_model  # noqa: E402
+from search_spaces.layouts.space import explore, hierarchical_options  # noqa: E402
+from search_spaces.cost.throughput import cp_step_report, job_for  # noqa: E402
 
 MODEL, GPU, GPUS = "deepseek-v3", "h100", 256
 LAYOUT = dict(tp=1, ep=32, etp=1, pp=8, vpp=4, mbs=1, precision="fp8-blockwise", dispatcher="deepep",

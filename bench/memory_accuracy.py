@@ -4,7 +4,7 @@ Each study layout runs the real Megatron-Core trainer (trainers.megatron_moe, gl
 measured step) and reads back what trainers/measure.py counted on the most loaded rank: weights, gradients,
 optimizer states, and the activations one microbatch saves for backward, attributed to the module that saved
 each tensor. trainers/activation_terms.py maps the saving modules onto the activation terms of
-search_spaces/memory.py, so that every term is checked on its own, beside the components.
+search_spaces/cost/memory.py, so that every term is checked on its own, beside the components.
 
 Nothing is fitted: each term is written from what Megatron-Core saves (which tensor, dtype, sharding). The
 layouts whose per-module records were read while the CPU terms were written or corrected are the `derive`
@@ -33,11 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.hardware import load_gpu  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.memory import chunk_activation_terms, rank_memory_breakdown  # noqa: E402
-from search_spaces.models import load_model  # noqa: E402
-from search_spaces.pipeline import placement  # noqa: E402
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
+from search_spaces.cost.memory import chunk_activation_terms, rank_memory_breakdown  # noqa: E402
+from search_spaces.catalog.models import load_model  # noqa: E402
+from search_spaces.cost.pipeline import placement  # noqa: E402
 from trainers.activation_terms import LAYER, measured_terms  # noqa: E402
 
 CACHE = Path(__file__).with_name("memory_measurements.json")
@@ -274,7 +274,7 @@ def summary_line(result: dict) -> str:
 
 def section(result: dict) -> list[str]:
     lines = [
-        f"The memory model (search_spaces/memory.py, CPU terms) against the real Megatron-Core trainer on CPU: "
+        f"The memory model (search_spaces/cost/memory.py, CPU terms) against the real Megatron-Core trainer on CPU: "
         f"{result['layouts_checked']} `check` layouts scored, {result['layouts_derive']} `derive` layouts "
         f"(read module by module while the terms were written) shown but not scored. Nothing is fitted. "
         f"Error = predicted / measured - 1 on the most loaded rank; measured {result['measured']}, cached in "

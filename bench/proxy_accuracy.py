@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.hardware import load_gpu  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.models import load_model  # noqa: E402
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
+from search_spaces.catalog.models import load_model  # noqa: E402
 from search_spaces.proxy import ProxyPlan, composed_result, derive_proxy  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
 from search_spaces.validation import validate  # noqa: E402

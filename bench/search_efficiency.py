@@ -50,13 +50,13 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from search_spaces.costmodel import estimate  # noqa: E402
+from search_spaces.cost.costmodel import estimate  # noqa: E402
 from search_spaces.errors import SpecError  # noqa: E402
-from search_spaces.hardware import load_gpu  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.models import load_model  # noqa: E402
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
+from search_spaces.catalog.models import load_model  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
-from search_spaces.space import candidate_layouts  # noqa: E402
+from search_spaces.layouts.space import candidate_layouts  # noqa: E402
 
 from orchestrator.backends.replay import ReplayRow, ReplayTable  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
@@ -66,7 +66,7 @@ from orchestrator.sweep.record import Screen  # noqa: E402
 from orchestrator.records import TrialRecord, enqueue  # noqa: E402
 from orchestrator.searches import make_sampler  # noqa: E402
 from orchestrator.sweep.space import SweepSpace  # noqa: E402
-from search_spaces.layout import SEARCH_DIMENSIONS  # noqa: E402
+from search_spaces.layouts.layout import SEARCH_DIMENSIONS  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -1,6 +1,6 @@
 """Predictions for the reference recipes of shared/notes/long-context-moe.md (and the must-not-fit case), as
 published (their routing) and dropless, the routing users train with: when a recipe does not fit dropless, the
-first set of memory levers (search_spaces/offload.py) under which it does, tried lightest first.
+first set of memory levers (search_spaces/cost/offload.py) under which it does, tried lightest first.
 
     .venv/bin/python bench/seed_recipes.py
 `run()` returns the rows as dicts.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.costmodel import estimate  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.cost.costmodel import estimate  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
 
 DSV3 = dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8-blockwise", dispatcher="deepep",
             recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0)

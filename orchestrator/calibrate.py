@@ -1,10 +1,10 @@
 """A calibration that learns: measured trials from Optuna studies, MLflow experiments and replay tables in, a
-calibration file out (search_spaces.calibration does the fitting; this module reads the stores).
+calibration file out (search_spaces.calibration.fit does the fitting; this module reads the stores).
 
 Every trial that ran and measured (status ok, a tokens/s) is a data point, whatever sweep produced it, except
 analytic ones (their "measurement" is the cost model itself). The measurements are split in two declared
 halves (every other one in the order read; `holdout`), the per-GPU-family constants of the families they cover
-are fitted on the first half plus every published row of those families (search_spaces.reference; each side
+are fitted on the first half plus every published row of those families (search_spaces.calibration.reference; each side
 weighs as much as the other), and the error on the second half is reported before and after. On `cpu` the
 process's resident baseline is measured too (the median of measured peak minus the tensors the model counts).
 
@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from search_spaces.calibration import (Calibration, CalibrationDocument, Measurement, calibration_document, errors,
+from search_spaces.calibration.fit import (Calibration, CalibrationDocument, Measurement, calibration_document, errors,
                                        fit, load_calibration, mape, parameters_for, predict_peak_gib, usable)
 from search_spaces.errors import MoeAutotuneError, SpecError
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.reference import published_rows
-from search_spaces.software import measured_stack
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.calibration.reference import published_rows
+from search_spaces.catalog.software import measured_stack
 from search_spaces.validation import problems
 
 from orchestrator.records import StudyRecord, TrialRecord

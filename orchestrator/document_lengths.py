@@ -1,4 +1,4 @@
-"""Document lengths read from the data users train on, binned into the histogram `search_spaces.packing` reads.
+"""Document lengths read from the data users train on, binned into the histogram `search_spaces.cost.packing` reads.
 
 Sources (no torch: the orchestrator never imports it):
 - Megatron's indexed dataset (`PREFIX.idx` beside `PREFIX.bin`): the .idx header and arrays read with numpy
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from search_spaces.errors import SpecError
-from search_spaces.packing import HISTOGRAM_FORMAT, LengthHistogram, histogram
+from search_spaces.cost.packing import HISTOGRAM_FORMAT, LengthHistogram, histogram
 
 # megatron/core/datasets/indexed_dataset.py: _INDEX_HEADER, version 1, DType codes
 IDX_HEADER = b"MMIDIDX\x00\x00"

@@ -6,7 +6,7 @@ Three renderings of the same layout:
 - `sbatch_script`: a ready Slurm launch (torchrun per node under srun, running pretrain_gpt.py).
 `layout_from_megatron_args` parses the flags back to a Layout (round trip).
 
-Values are spelled as each dimension's declaration says (search_spaces.layout: `megatron_values`, ...). Every
+Values are spelled as each dimension's declaration says (search_spaces.layouts.layout: `megatron_values`, ...). Every
 flag, field name and value is checked against what consumes it: Megatron-LM's own argument parser and the
 megatron-core 0.19.2 config dataclasses (tests/test_export.py), Megatron-Bridge's override loading and the value
 sets Megatron-Core / Transformer Engine accept (tests/test_consumers.py). No torch or megatron import here.
@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import BY_NAME, DIMENSIONS, Layout
-from search_spaces.pipeline import SPLIT_DEFAULTS, megatron_split_fields
+from search_spaces.layouts.layout import BY_NAME, DIMENSIONS, Layout
+from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-LM flags whose name is not the config field's (`--field-name` otherwise).
 _LM_FLAG_OF_FIELD = {"fp8": "--fp8-format"}
@@ -516,7 +516,7 @@ def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[st
     """ConfigContainer overrides: model.* (TransformerConfig), train.*, optimizer.*, ddp.*, dataset.* and
     mixed_precision (a Bridge recipe name: it is applied over model.* at run time); one rendering per
     dimension of the registry; with `model`, also its layer kinds (`family_fields`), grouped expert GEMMs and
-    the pipeline split the cost model assumed (search_spaces.pipeline)."""
+    the pipeline split the cost model assumed (search_spaces.cost.pipeline)."""
     family = family_fields(model) if model is not None else {}
     if "linear_attention_freq" in family:  # Bridge takes the Python value, not Megatron-LM's string
         family["linear_attention_freq"] = _pattern_value(family["linear_attention_freq"])

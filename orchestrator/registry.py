@@ -28,7 +28,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 
 from orchestrator import connections, export
 from orchestrator.economics import to_train
@@ -88,7 +88,7 @@ def _writing_client():
 def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: int | None = None) -> dict[str, str]:
     """The artifact files of one trial, as text (also what `export` prints); `gpus_per_node` for the sbatch
     script (default: the sweep's)."""
-    from search_spaces.models import load_model
+    from search_spaces.catalog.models import load_model
 
     layout = view.layout
     model = load_model(ctx.model)  # production runs the full model, whatever proxy was profiled
@@ -101,7 +101,7 @@ def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: in
     if ((ctx.spec or {}).get("packing") or {}).get("mode") == "packed":  # the packing settings ride along
         import yaml
 
-        from search_spaces.packing import packing_exports
+        from search_spaces.cost.packing import packing_exports
 
         packed = packing_exports(layout, seq_len)
         megatron_args += "".join(f"{flag}\n" for flag in packed["megatron_args"])

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 from plotly.subplots import make_subplots
 
-from search_spaces.breakdown import COUNT_KEYS, PEAK_KEYS
+from search_spaces.cost.breakdown import COUNT_KEYS, PEAK_KEYS
 
 from orchestrator.commands.output import write_text
 from orchestrator.commands.packing_view import study_comparison

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 
 if TYPE_CHECKING:
     from orchestrator.sweep.prior import Prior

@@ -16,7 +16,7 @@ from search_spaces.bounded import loads_yaml
 from search_spaces.errors import SpecError
 from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
                                   check_name, read_text_file)
-from search_spaces.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
+from search_spaces.layouts.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
 from search_spaces.pydantic_line import one_line, short
 
 from orchestrator.backends import BACKENDS, DEFAULT_BACKEND, canonical_backend
@@ -61,7 +61,7 @@ class ModelOverrides(_Strict):
 
 
 class Packing(_Strict):
-    """How a training sample is built (search_spaces/packing.py)."""
+    """How a training sample is built (search_spaces/cost/packing.py)."""
     mode: Literal["full", "packed"] = "full"
     """full: one document of seq_len tokens per sequence (causal attention over all of it); packed: whole
     documents of the `lengths` histogram packed into each sequence (Megatron-Core's THD format, attention causal
@@ -77,7 +77,7 @@ class Packing(_Strict):
         if self.mode == "full" and self.lengths:
             raise ValueError("packing lengths is only read with mode: packed")
         if self.lengths:
-            from search_spaces.packing import load_histogram
+            from search_spaces.cost.packing import load_histogram
             load_histogram(self.lengths)  # a missing or broken file is refused before anything starts
         return self
 
@@ -85,7 +85,7 @@ class Packing(_Strict):
         """The histogram packed (None for full), its documents checked against seq_len."""
         if self.mode != "packed":
             return None
-        from search_spaces.packing import load_histogram
+        from search_spaces.cost.packing import load_histogram
         hist = load_histogram(self.lengths)
         hist.check_fits(seq_len)
         return hist
@@ -95,7 +95,7 @@ class SweepSpec(_Strict):
     name: str = "moe-autotune-sweep"
     """The study's name (Optuna) and the MLflow experiment's; letters, digits, '.', '_', '-'."""
     model: str = "tiny-moe"
-    """A catalog model (search_spaces/catalog/models) or the path of a Hugging Face config.json."""
+    """A catalog model (search_spaces/catalog/hf_configs) or the path of a Hugging Face config.json."""
     seq_len: int = Field(4096, ge=1, le=MAX_SEQ_LEN, strict=True)
     """Tokens per sequence. A list (`seq_len: [32768, 65536]`) is a length family: one sub-sweep per length, in
     order, each seeded from the previous length's best layouts (it is stored in `lengths`)."""
@@ -114,7 +114,7 @@ class SweepSpec(_Strict):
     searchable dimension but the opt-in ones (routing: name it to search token dropping, capacity:1.0, beside
     dropless routing)."""
     fixed: dict[str, Any] = Field(default_factory=dict)
-    """Layout fields held at a value (any field of search_spaces.layout.Layout)."""
+    """Layout fields held at a value (any field of search_spaces.layouts.layout.Layout)."""
     budget: Budget = Field(default_factory=Budget)
     """How many trials, for how long, how many at once."""
     objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
@@ -167,7 +167,7 @@ class SweepSpec(_Strict):
     constants: screening, ranking and the predictions beside each measurement; recorded in MLflow."""
     software: str | None = None
     """The NeMo / Megatron-Bridge container release the cluster runs ("25.11"): the cost model's predictions at the
-    speed that release reached on this GPU in published rows (search_spaces/maturity.py); default: the newest."""
+    speed that release reached on this GPU in published rows (search_spaces/catalog/maturity.py); default: the newest."""
     packing: Packing = Field(default_factory=Packing)
     """How samples are built: full-length documents (default) or documents packed from a length histogram."""
 
@@ -175,7 +175,7 @@ class SweepSpec(_Strict):
     @classmethod
     def _software_release(cls, value: str | None) -> str | None:
         if value is not None:
-            from search_spaces.maturity import parse_release
+            from search_spaces.catalog.maturity import parse_release
             parse_release(value)  # a release the maturity table cannot read is refused before anything starts
         return value
 
@@ -183,7 +183,7 @@ class SweepSpec(_Strict):
     @classmethod
     def _calibration_file(cls, value: str | None) -> str | None:
         if value is not None:
-            from search_spaces.calibration import load_calibration
+            from search_spaces.calibration.fit import load_calibration
             load_calibration(value)  # a missing or broken file is refused before anything starts
         return value
 

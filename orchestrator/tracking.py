@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from search_spaces.bounded import loads_json, parse_count
-from search_spaces.layout import PARALLEL_SIZES, Layout
+from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import connections, sqlite_tuning, stores
 from orchestrator.errors import LeaseLost, StorageError, TrackingError
@@ -180,7 +180,7 @@ class Tracker:
 
     def _log_packing(self, run_id: str, path: Path) -> None:
         """Packed documents: the distribution's summary as params and the histogram file as an artifact."""
-        from search_spaces.packing import load_histogram
+        from search_spaces.cost.packing import load_histogram
 
         summary = load_histogram(path).describe()
         self.client.log_param(run_id, "packing", "packed")

@@ -76,7 +76,7 @@ def gpu_memory_gib(study: optuna.Study) -> float | None:
     if not context.gpu:
         return None
     try:
-        from search_spaces.hardware import load_gpu
+        from search_spaces.catalog.hardware import load_gpu
         return float(load_gpu(context.gpu).memory_gib)
     except (ImportError, SpecError, ValueError, KeyError):
         return None

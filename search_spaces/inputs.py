@@ -120,7 +120,7 @@ def _char(c: str) -> str:
 # ---- sizes -------------------------------------------------------------------------------------------------
 # The largest sizes any spec or flag may ask for. Beyond them no cluster or run exists, and numbers that large
 # would only make enumerations long (a loop over divisors, a placement of layers); within them every
-# enumeration is bounded by a count that does not depend on the numbers (search_spaces/space.py).
+# enumeration is bounded by a count that does not depend on the numbers (search_spaces/layouts/space.py).
 MAX_GPUS = 2 ** 20  # 1,048,576 GPUs: five times the largest training clusters announced (~200k GPUs)
 MAX_GPUS_PER_NODE = 2 ** 10  # 1,024: a node or NVLink domain of today holds 4-72 GPUs (a rack-scale NVL576: 576)
 MAX_SEQ_LEN = 2 ** 24  # 16M tokens: above the longest context trained today (~10M tokens)

@@ -31,14 +31,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from search_spaces.breakdown import GIB, MemoryBreakdown, StepTime
-from search_spaces.costmodel import Estimate, estimate
-from search_spaces.hardware import GPUSpec
-from search_spaces.host_terms import host_slowdown
-from search_spaces.layout import Layout
-from search_spaces.memory import inflight_per_chunk, rank_memory_breakdown
-from search_spaces.models import ModelSpec
-from search_spaces.pipeline import placement
+from search_spaces.cost.breakdown import GIB, MemoryBreakdown, StepTime
+from search_spaces.cost.costmodel import Estimate, estimate
+from search_spaces.catalog.hardware import GPUSpec
+from search_spaces.cost.host_terms import host_slowdown
+from search_spaces.layouts.layout import Layout
+from search_spaces.cost.memory import inflight_per_chunk, rank_memory_breakdown
+from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.pipeline import placement
 from search_spaces.result import TrialResult
 
 PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured

@@ -24,7 +24,7 @@ from typing import Any
 
 from search_spaces.errors import SpecError
 from search_spaces.inputs import excerpt
-from search_spaces.layout import BY_NAME, PARALLEL_SIZES, Layout
+from search_spaces.layouts.layout import BY_NAME, PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 
 # Layout.dispatcher -> Megatron-Core token dispatcher class (deepep/hybridep are the flex dispatcher).
@@ -184,7 +184,7 @@ def _above_peak(result: TrialResult, layout: Layout, gpu: Any, model: Any, seq_l
                    f"peak of a {name}")
     tokens = result.tokens_per_sec_per_gpu
     if not out and model is not None and _finite(seq_len) and seq_len > 0 and _finite(tokens) and tokens > 0:
-        from search_spaces.flops import flops_per_token
+        from search_spaces.cost.flops import flops_per_token
         implied = tokens * flops_per_token(model, int(seq_len)) / 1e12
         if implied > peak:
             out.append(f"measured {tokens:,.0f} tokens/s per GPU needs {implied:,.1f} TF/s, above the "

@@ -92,7 +92,7 @@ def _model_file(world, name: str, content: dict | str | bytes) -> str:
     folder = world["root"] / "models" / name
     folder.mkdir(parents=True, exist_ok=True)
     if isinstance(content, dict):
-        cfg = json.loads((ROOT / "search_spaces" / "catalog" / "models" / "tiny-moe.json").read_text())
+        cfg = json.loads((ROOT / "search_spaces" / "catalog" / "hf_configs" / "tiny-moe.json").read_text())
         content = json.dumps({**cfg, **content}).replace('"__inf__"', "Infinity")
     (folder / "config.json").write_bytes(content if isinstance(content, bytes) else content.encode())
     return str(folder / "config.json")

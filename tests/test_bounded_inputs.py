@@ -28,8 +28,8 @@ from orchestrator.commands.output import json_line
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import _saved_view, _spool_record
 from search_spaces.bounded import MAX_DEPTH, MAX_INT_DIGITS, loads_json, loads_yaml, parse_count, read_csv
-from search_spaces.calibration import FAMILY_PARAMETERS, SHARED_PARAMETERS
-from search_spaces.calibration_file import Calibration, calibration, constant_range
+from search_spaces.calibration.fit import FAMILY_PARAMETERS, SHARED_PARAMETERS
+from search_spaces.calibration.calibration_file import Calibration, calibration, constant_range
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.inputs import EXCERPT_CHARS, excerpt
 from tests.test_hostile_properties import PROPERTY, assert_answered, inside, run, snapshot
@@ -211,7 +211,7 @@ def test_any_calibration_file_answers_or_is_refused_with_one_line(scratch, text)
 
 @st.composite
 def config_texts(draw) -> str:
-    tiny = json.loads((ROOT / "search_spaces" / "catalog" / "models" / "tiny-moe.json").read_text())
+    tiny = json.loads((ROOT / "search_spaces" / "catalog" / "hf_configs" / "tiny-moe.json").read_text())
     fields = draw(st.lists(st.sampled_from([*tiny, "layer_types", "rope_scaling"]), min_size=1, max_size=3))
     body = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in tiny.items())
     return "{" + body + "".join(f', "{k}": {draw(json_values())}' for k in fields) + "}"
@@ -480,7 +480,7 @@ def test_a_secret_in_any_file_never_reaches_an_error_line(scratch, secret, shape
         (scratch / "c.json").write_text(json.dumps(data))
         argv = [*ESTIMATE, "--calibration", str(scratch / "c.json")]
     else:
-        tiny = json.loads((ROOT / "search_spaces" / "catalog" / "models" / "tiny-moe.json").read_text())
+        tiny = json.loads((ROOT / "search_spaces" / "catalog" / "hf_configs" / "tiny-moe.json").read_text())
         folder = scratch / "secret-configs" / str(abs(hash(planted)))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps({**tiny, planted: 1, "hidden_size": planted}))

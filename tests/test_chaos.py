@@ -256,7 +256,7 @@ def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, m
     from orchestrator.backends.base import TrialRequest
     from orchestrator.backends.local import LocalRayBackend
     from orchestrator.spec import parse_spec
-    from search_spaces.layout import Layout
+    from search_spaces.layouts.layout import Layout
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.delenv("MOE_AUTOTUNE_FAULT", raising=False)

@@ -25,10 +25,10 @@ from orchestrator.sweep.samplers import SweepSampler
 from orchestrator.sweep.space import SweepSpace
 from search_spaces.errors import SpecError
 from tests.sweep_helpers import FAKE_TRAINER, make_spec
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
-from search_spaces.rules import check
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.rules import check
 
 STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted"}
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import BY_NAME, CP_COMM_TYPES, DIMENSIONS, Layout
-from search_spaces.models import load_model
-from search_spaces import rules
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import BY_NAME, CP_COMM_TYPES, DIMENSIONS, Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts import rules
 
 from orchestrator import export
 from tests import bridge_config
@@ -342,7 +342,7 @@ def test_the_bridge_yaml_sets_the_ep_overlap_over_a_recipes_own_comm_overlap(bri
 def test_the_bridge_yaml_runs_the_paged_stash(bridge, tmp_path, fused_adam):
     """The paged expert stash over a recipe that stashes with its own pool (Qwen3-MoE's full-iteration recipes:
     rank budget 1.5, a 1.2x CUDA pool and a host spill pool): after Bridge's setup the model runs the layout's
-    budget and the pool the cost model sized (search_spaces/offload.py), and bf16 moments reach the optimizer."""
+    budget and the pool the cost model sized (search_spaces/cost/offload.py), and bf16 moments reach the optimizer."""
     model = load_model("qwen3-30b-a3b")
     layout = Layout.from_dict(dict(ep=8, gbs=64, dispatcher="hybridep", expert_stash="paged:1.25",
                                    optimizer_states="bf16", activation_offload="core_attn,attn_proj"))

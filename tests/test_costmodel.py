@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from search_spaces.breakdown import COMPUTE_PARTS, GIB, TIME_KEYS
-from search_spaces.costmodel import estimate
-from search_spaces.flops import flops_per_step
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
+from search_spaces.cost.breakdown import COMPUTE_PARTS, GIB, TIME_KEYS
+from search_spaces.cost.costmodel import estimate
+from search_spaces.cost.flops import flops_per_step
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
 
 DSV3_128K = Layout.from_dict(dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8",
                                   dispatcher="deepep", recompute="up_proj,norm,moe,mlp", optimizer_offload=1.0))
@@ -86,7 +86,7 @@ def test_qwen3_30b_memory_against_the_published_measurement():
     assert allocated == pytest.approx(62.166, rel=0.10)
 
 
-# ---- the step-time model's parts (search_spaces/throughput.py) -------------------------------------------------
+# ---- the step-time model's parts (search_spaces/cost/throughput.py) -------------------------------------------------
 PARTS_CASES = [
     ("deepseek-v3", "h100", 256, 131072, DSV3_128K),
     ("deepseek-v3", "h100", 256, 131072, DSV3_128K.replace(cp_comm_type="a2a+p2p", hierarchical_cp=(8, 4))),
@@ -105,9 +105,9 @@ TOP_LEVEL = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "dispatche
 
 @pytest.mark.parametrize("model,gpu,n,seq,layout", PARTS_CASES)
 def test_step_time_parts_add_up(model, gpu, n, seq, layout):
-    from search_spaces.hardware import load_gpu
-    from search_spaces.rules import check
-    from search_spaces.throughput import step_time
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.layouts.rules import check
+    from search_spaces.cost.throughput import step_time
 
     spec, hw = load_model(model), load_gpu(gpu)
     assert not check(spec, hw, n, seq, layout)
@@ -128,8 +128,8 @@ def test_step_time_parts_add_up(model, gpu, n, seq, layout):
 
 @pytest.mark.parametrize("model,n", [("llama3-8b", 8), ("qwen3-30b-a3b", 16)])
 def test_recompute_is_its_own_part_and_only_adds_to_the_step(model, n):
-    from search_spaces.hardware import load_gpu
-    from search_spaces.throughput import step_time
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.cost.throughput import step_time
 
     spec, hw = load_model(model), load_gpu("h100")
     ep = n if spec.is_moe else 1
@@ -152,8 +152,8 @@ def test_recompute_is_its_own_part_and_only_adds_to_the_step(model, n):
                                              ("qwen3-next-80b-a3b", "gb200", 64, 65536),
                                              ("llama3-70b", "h100", 64, 8192)])
 def test_every_cp_comm_type_costs_nothing_without_cp(model, gpu, n, seq):
-    from search_spaces.hardware import load_gpu
-    from search_spaces.throughput import CP_COMM_TIME, RingStep, cp_geometry, job_for, linear_attention_cp_time
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.cost.throughput import CP_COMM_TIME, RingStep, cp_geometry, job_for, linear_attention_cp_time
 
     spec, hw = load_model(model), load_gpu(gpu)
     idle = RingStep(0.0, 0.0)
@@ -168,8 +168,8 @@ def test_every_cp_comm_type_costs_nothing_without_cp(model, gpu, n, seq):
 
 
 def test_cp_ring_hides_behind_attention_and_linear_layers_pay_all_to_all():
-    from search_spaces.hardware import load_gpu
-    from search_spaces.throughput import RingStep, cp_geometry, cp_p2p_time, job_for, linear_attention_cp_time
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.cost.throughput import RingStep, cp_geometry, cp_p2p_time, job_for, linear_attention_cp_time
 
     spec, hw = load_model("qwen3-next-80b-a3b"), load_gpu("gb200")
     job = job_for(spec, hw, 64, 65536, Layout(tp=2, cp=8))
@@ -182,7 +182,7 @@ def test_cp_ring_hides_behind_attention_and_linear_layers_pay_all_to_all():
 
 def test_pipeline_bubble_is_pp_minus_one_over_vpp_microbatch_times():
     """1F1B: a step is t_mb * (m + (PP-1)/VPP); the bubble's share of the step falls as m grows."""
-    from search_spaces.throughput import pipeline_bubble_time
+    from search_spaces.cost.throughput import pipeline_bubble_time
 
     assert pipeline_bubble_time(Layout(pp=1), 1.0, 8) == 0.0
     assert pipeline_bubble_time(Layout(pp=4), 1.0, 8) == pytest.approx(3.0)
@@ -191,11 +191,11 @@ def test_pipeline_bubble_is_pp_minus_one_over_vpp_microbatch_times():
 
 
 def test_every_family_has_its_cost_terms_and_a_job_takes_only_its_own():
-    from search_spaces.calibration_file import calibration
-    from search_spaces.hardware import FAMILIES, load_gpu
-    from search_spaces.host_terms import HOST_TERMS
-    from search_spaces.step_job import Job
-    from search_spaces.throughput import TERMS, job_for
+    from search_spaces.calibration.calibration_file import calibration
+    from search_spaces.catalog.hardware import FAMILIES, load_gpu
+    from search_spaces.cost.host_terms import HOST_TERMS
+    from search_spaces.cost.step_job import Job
+    from search_spaces.cost.throughput import TERMS, job_for
 
     assert set(TERMS) == set(FAMILIES)
     spec, h100 = load_model("llama3-8b"), load_gpu("h100")
@@ -204,7 +204,7 @@ def test_every_family_has_its_cost_terms_and_a_job_takes_only_its_own():
         Job(spec, h100, 8, 4096, Layout(), calibration(), HOST_TERMS)
 
 
-# ---- the router's mode (search_spaces/routing.py) ---------------------------------------------------------------
+# ---- the router's mode (search_spaces/cost/routing.py) ---------------------------------------------------------------
 # Megatron-MoE-ModelZoo best_practice/qwen3/readme.md @ 020b8136: Qwen3-235B on 256 H100, one layout (TP4, EP8, PP8,
 # VPP4, CP = seq / 16K, DeepEP, BF16, recompute layernorm + moe, GBS 256), TF/s (forced balance, dropless)
 QWEN_H100_PAIRS = {16384: (295, 237), 32768: (335, 277), 65536: (368, 320), 131072: (389, 357)}
@@ -240,7 +240,7 @@ def test_the_dropless_load_holds_at_ep64_against_trained_routers_it_was_not_fitt
     """UltraEP's busiest-rank loads at EP64 (routing.SKEW_CHECKS): the skews fitted at EP8 (softmax) and on one
     EP64 throughput pair (sigmoid) land within 12% of them, and the softmax router with 2 experts per rank is the
     busier one, as published (2.86 against 1.30)."""
-    from search_spaces.routing import EXPERT_SKEW, SKEW_CHECKS, dropless_load
+    from search_spaces.cost.routing import EXPERT_SKEW, SKEW_CHECKS, dropless_load
 
     loads = {}
     for kind, (ep, per_rank, copies, published) in SKEW_CHECKS.items():
@@ -250,8 +250,8 @@ def test_the_dropless_load_holds_at_ep64_against_trained_routers_it_was_not_fitt
 
 
 def test_estimate_says_where_a_dropless_figure_extrapolates_and_what_checks_it():
-    from search_spaces.models import load_model
-    from search_spaces.routing import extrapolation_note
+    from search_spaces.catalog.models import load_model
+    from search_spaces.cost.routing import extrapolation_note
 
     qwen = load_model("qwen3-235b-a22b")
     assert extrapolation_note(qwen, Layout(ep=8), cpu=False) is None  # where the skew was fitted
@@ -279,7 +279,7 @@ def test_capacity_routing_caps_the_expert_path_at_its_factor():
 
 
 def test_expert_load_follows_ep_and_the_experts_per_rank():
-    from search_spaces.routing import busiest_of, dropless_load, expert_load
+    from search_spaces.cost.routing import busiest_of, dropless_load, expert_load
 
     assert busiest_of(1) == 0 and busiest_of(8) == pytest.approx(1.42, abs=0.02)  # E[max of 8 normals] = 1.4236
     qwen = load_model("qwen3-235b-a22b")

@@ -20,8 +20,8 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep.prior import Prior
-from search_spaces import forked, space
-from search_spaces.space import explore
+from search_spaces.layouts import forked, space
+from search_spaces.layouts.space import explore
 
 # a space far larger than Prior.SMALL_SPACE: the prior ranks it through explore(); small enough to rank quickly
 SPEC = {"model": "qwen3-30b-a3b", "gpu": "h200", "nodes": 8, "gpus_per_node": 8, "seq_len": 32768,
@@ -68,7 +68,7 @@ def test_explore_without_a_budget_ignores_the_clock(monkeypatch):
 
 
 def test_explore_gives_one_answer_however_many_processes_rank_it(monkeypatch):
-    """The ranking is split over the machine's cores (search_spaces/forked.py): a machine with more or fewer of
+    """The ranking is split over the machine's cores (search_spaces/layouts/forked.py): a machine with more or fewer of
     them ranks the same grids, finds the same layouts and lists them in the same order."""
     def answer(found) -> dict:
         return {k: v for k, v in found.to_dict().items() if k != "seconds"}

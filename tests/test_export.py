@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
 
 from orchestrator import export
 
@@ -265,7 +265,7 @@ def test_bridge_override_keys_are_megatron_core_fields(mcore):
 def test_routing_exports_are_what_megatron_core_validates_and_reads_back(mcore, megatron_parser, routing):
     """The router fields of both exports: TransformerConfig accepts them (its __post_init__ checks the capacity
     factor against the load balancing and padding) and they spell the same routing back."""
-    from search_spaces.layout import BY_NAME
+    from search_spaces.layouts.layout import BY_NAME
 
     layout = Layout(ep=2, gbs=2, routing=routing)
     dim = BY_NAME["routing"]
@@ -370,7 +370,7 @@ def test_bad_megatron_args_are_one_line_errors():
 def test_every_layout_dimension_reaches_both_exports():
     """No dimension of the registry is dropped on the way to production: changing any one of them changes
     the Megatron-LM flags and the Bridge overrides."""
-    from search_spaces.layout import DIMENSIONS
+    from search_spaces.layouts.layout import DIMENSIONS
 
     base = Layout.from_dict(dict(tp=2, pp=2, gbs=8, recompute="full"))
     other = {"tp": 4, "cp": 2, "ep": 2, "etp": 2, "pp": 4, "vpp": 2, "mbs": 2, "gbs": 16, "precision": "fp8",

@@ -1,4 +1,4 @@
-"""Work split over forked processes (search_spaces/forked.py) gives what one process gives, in order, and a part
+"""Work split over forked processes (search_spaces/layouts/forked.py) gives what one process gives, in order, and a part
 whose child dies is computed again in the parent."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from search_spaces import forked
+from search_spaces.layouts import forked
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 

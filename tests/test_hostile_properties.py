@@ -22,10 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from search_spaces import heuristics, models, pipeline, proxy, rules, space
+from search_spaces import proxy
+from search_spaces.catalog import models
+from search_spaces.cost import pipeline
+from search_spaces.layouts import heuristics, rules, space
 from search_spaces.errors import SpecError
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_name
-from search_spaces.layout import DIMENSIONS
+from search_spaces.layouts.layout import DIMENSIONS
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +237,7 @@ def test_any_spec_file_answers_or_is_refused_with_one_line(scratch, text):
 
 
 # ---- config.json files -------------------------------------------------------------------------------------
-TINY = json.loads((ROOT / "search_spaces" / "catalog" / "models" / "tiny-moe.json").read_text())
+TINY = json.loads((ROOT / "search_spaces" / "catalog" / "hf_configs" / "tiny-moe.json").read_text())
 CONFIG_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size",
                  "num_key_value_heads", "n_routed_experts", "num_experts", "moe_intermediate_size",
                  "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers",

@@ -22,7 +22,7 @@ from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from search_spaces import delta_net, dispatcher_comm, launch_overhead, quantisation
-from search_spaces.costmodel import estimate
-from search_spaces.hardware import load_gpu
-from search_spaces.knob_pairs import KNOBS, load_knob_pairs, noise_band, patch_release_changes, predicted_ratio
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
-from search_spaces.throughput import calibration
+from search_spaces.cost import delta_net, dispatcher_comm, launch_overhead, quantisation
+from search_spaces.cost.costmodel import estimate
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.calibration.knob_pairs import KNOBS, load_knob_pairs, noise_band, patch_release_changes, predicted_ratio
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.cost.throughput import calibration
 
 CAL = calibration()
 
@@ -164,7 +164,7 @@ def test_flex_dispatchers_send_a_token_once_per_rank_and_domain():
 def test_an_ep_group_spans_ep_x_etp_consecutive_ranks_whatever_the_tp():
     """Megatron's expert grid is ETP-EP-EDP-PP: with TP 2, EP 8 still sits in one 8-GPU node (no scale-out);
     EP 16 spans two."""
-    from search_spaces.throughput import _ep_traffic, job_for
+    from search_spaces.cost.throughput import _ep_traffic, job_for
 
     model, h100 = load_model("qwen3-235b-a22b"), load_gpu("h100")
     for dispatcher in ("alltoall", "deepep"):

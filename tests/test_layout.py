@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.cli import main
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout, parse_recompute
+from search_spaces.layouts.layout import Layout, parse_recompute
 
 
 def test_derived_sizes_with_parallel_folding():
@@ -42,7 +42,7 @@ def test_invalid_layouts_raise_spec_error(bad):
 
 
 def test_every_dimension_round_trips_through_its_encoding():
-    from search_spaces.layout import BY_NAME, DIMENSIONS
+    from search_spaces.layouts.layout import BY_NAME, DIMENSIONS
 
     layout = Layout.from_dict(dict(tp=2, cp=4, ep=8, etp=2, pp=4, vpp=2, mbs=2, gbs=64, recompute="moe_act,norm",
                                    cuda_graphs="attn,moe_router", precision="fp8", dispatcher="deepep",
@@ -60,7 +60,7 @@ def test_every_dimension_round_trips_through_its_encoding():
 
 
 def test_routing_is_a_mode_with_an_optional_factor():
-    from search_spaces.layout import BY_NAME, DEFAULT_FREE, SEARCH_DIMENSIONS
+    from search_spaces.layouts.layout import BY_NAME, DEFAULT_FREE, SEARCH_DIMENSIONS
 
     dim = BY_NAME["routing"]
     assert Layout().routing == "dropless"  # Megatron-Core's default: no token dropped
@@ -101,7 +101,7 @@ def test_to_flags_round_trips_through_estimate(layout, capsys):
 
 
 def test_full_recompute_keeps_method_and_layer_count():
-    from search_spaces.layout import Layout
+    from search_spaces.layouts.layout import Layout
 
     layout = Layout.from_dict({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 2})
     assert (layout.recompute_method, layout.recompute_num_layers) == ("block", 2)

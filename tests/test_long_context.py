@@ -1,16 +1,16 @@
-"""Attention at length and context parallelism per cp_comm_type (search_spaces/throughput.py, extra_memory.py)."""
+"""Attention at length and context parallelism per cp_comm_type (search_spaces/cost/throughput.py, extra_memory.py)."""
 
 import pytest
 
-from search_spaces.breakdown import GIB
-from search_spaces.calibration_file import calibration
-from search_spaces.costmodel import estimate
-from search_spaces.gpu_terms import head_width_factor, shard_length_factor
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
-from search_spaces.space import explore
-from search_spaces.throughput import (RING_TRANSFER_LATENCY_S, RingStep, attention_layer_time, cp_geometry, job_for,
+from search_spaces.cost.breakdown import GIB
+from search_spaces.calibration.calibration_file import calibration
+from search_spaces.cost.costmodel import estimate
+from search_spaces.cost.gpu_terms import head_width_factor, shard_length_factor
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.space import explore
+from search_spaces.cost.throughput import (RING_TRANSFER_LATENCY_S, RingStep, attention_layer_time, cp_geometry, job_for,
                                       ring_exposed_time)
 
 # DeepSeek-V3's published long-context layout on 256 H100 (notes/long-context-moe.md): CP = seq / 4096; the
@@ -106,7 +106,7 @@ def test_deepseek_v3_long_context_band():
     within 16%, not against the 4K prediction. Since the EP overlap became a dimension, whole-MoE recompute (this
     layout) leaves the EP all-to-all exposed, and the routing is the published runs' forced balance (dropless
     adds its expert imbalance: 4K at 238 instead of 255)."""
-    from search_spaces.reference import long_context_moe_rows
+    from search_spaces.calibration.reference import long_context_moe_rows
     published = {m.seq_len: m.tflops() for m in long_context_moe_rows() if m.release == "dsv3-h100"}
     best = {}
     for seq in LENGTHS:
@@ -126,8 +126,8 @@ def test_deepseek_v3_long_context_band():
 
 
 def test_cpu_pays_collectives_and_shares_the_cores():
-    from search_spaces.host_terms import cpu_collectives
-    from search_spaces.throughput import step_time
+    from search_spaces.cost.host_terms import cpu_collectives
+    from search_spaces.cost.throughput import step_time
 
     spec, cpu = load_model("tiny-moe"), load_gpu("cpu")
     cal = calibration().updated({"cpu_cores": 2.0})
@@ -150,7 +150,7 @@ QWEN3_NEXT_CARD = {8192: (1, 256), 32768: (4, 64), 65536: (16, 32)}  # length: (
 def test_qwen3_next_at_the_cards_layouts_loses_throughput_at_64k():
     """Gated delta-net under CP: Megatron-Core 0.19 all-to-alls its inputs from sequence to heads, so each rank
     walks the whole sequence's chunk states for fewer heads; the sequential state pass does not shrink with CP while
-    the work per rank does (search_spaces/delta_net.py)."""
+    the work per rank does (search_spaces/cost/delta_net.py)."""
     tflops = {}
     for seq, (cp, gbs) in QWEN3_NEXT_CARD.items():
         layout = Layout(cp=cp, ep=32, gbs=gbs, precision="bf16", dispatcher="hybridep", routing="forced_balance")

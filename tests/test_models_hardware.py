@@ -5,8 +5,8 @@ import json
 import pytest
 
 from search_spaces.errors import SpecError
-from search_spaces.hardware import GPU_NAMES, load_gpu
-from search_spaces.models import MODEL_NAMES, load_model
+from search_spaces.catalog.hardware import GPU_NAMES, load_gpu
+from search_spaces.catalog.models import MODEL_NAMES, load_model
 
 
 def test_tiny_moe_is_exactly_the_contract():
@@ -100,7 +100,7 @@ def test_gpus():
 
 # ---- a config.json is validated like the spec (issue 15, item 9) ------------------------------------------
 def _tiny_cfg() -> dict:
-    from search_spaces.models import CATALOG_DIR
+    from search_spaces.catalog.models import CATALOG_DIR
 
     return json.loads((CATALOG_DIR / "tiny-moe.json").read_text())
 
@@ -183,10 +183,10 @@ def test_valid_variants_still_load(tmp_path):
 def test_each_accelerator_declares_its_family_and_host():
     import dataclasses
 
-    from search_spaces.hardware import FAMILIES, GPUS, HOSTS
-    from search_spaces.gpu_terms import GPU_TERMS
-    from search_spaces.host_terms import HOST_TERMS
-    from search_spaces.throughput import terms_for
+    from search_spaces.catalog.hardware import FAMILIES, GPUS, HOSTS
+    from search_spaces.cost.gpu_terms import GPU_TERMS
+    from search_spaces.cost.host_terms import HOST_TERMS
+    from search_spaces.cost.throughput import terms_for
 
     expected = {"h100": ("hopper", "x86"), "h200": ("hopper", "x86"), "b200": ("blackwell", "x86"),
                 "b300": ("blackwell", "x86"), "gb200": ("blackwell", "grace"), "gb300": ("blackwell", "grace"),

@@ -10,11 +10,11 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from search_spaces import memo
-from search_spaces.costmodel import estimate
+from search_spaces.cost import memo
+from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
-from search_spaces.packing import (DocumentStream, full_length, histogram, load_histogram, pack_sequence,
+from search_spaces.layouts.layout import Layout
+from search_spaces.cost.packing import (DocumentStream, full_length, histogram, load_histogram, pack_sequence,
                                    packed_statistics, pad_multiple)
 
 L128K = 131072

@@ -16,8 +16,8 @@ import optuna
 import pytest
 import yaml
 
-from search_spaces.costmodel import estimate
-from search_spaces.layout import Layout
+from search_spaces.cost.costmodel import estimate
+from search_spaces.layouts.layout import Layout
 
 from orchestrator import export, registry, winner
 from orchestrator.cli import main

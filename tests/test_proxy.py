@@ -14,11 +14,11 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep.fidelity import trial_size
-from search_spaces.calibration_file import calibration
-from search_spaces.costmodel import estimate
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
+from search_spaces.calibration.calibration_file import calibration
+from search_spaces.cost.costmodel import estimate
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 from tests.sweep_helpers import spec_data
 
@@ -86,7 +86,7 @@ def test_composing_a_cost_model_measurement_gives_the_cost_models_full_predictio
 def _as_measured(est, plan, gpu, seq) -> ProxyMeasurement:
     """The cost model's view of the proxy as if measured: its step parts, and its first stage's memory (the
     one composition reads: it holds the most microbatches in flight)."""
-    from search_spaces.memory import rank_memory_breakdown
+    from search_spaces.cost.memory import rank_memory_breakdown
 
     mem = rank_memory_breakdown(plan.model, gpu, plan.world, seq, plan.layout, 0).to_gib()
     optimizer = est.time.optimizer + est.time.optimizer_offload
@@ -98,7 +98,7 @@ def _as_measured(est, plan, gpu, seq) -> ProxyMeasurement:
 
 
 def _layers_per_rank(model, layout) -> list[int]:
-    from search_spaces.pipeline import placement
+    from search_spaces.cost.pipeline import placement
 
     place = placement(model, layout.pp, layout.vpp)
     return [sum(1 for u in place.rank_units(r) if u.is_layer and not u.is_mtp) for r in range(layout.pp)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from search_spaces.packing import load_histogram
-from search_spaces.space import explore
+from search_spaces.cost.packing import load_histogram
+from search_spaces.layouts.space import explore
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("published_lengths", ROOT / "bench" / "published_lengths.py")

@@ -1,6 +1,6 @@
 """The README's commands and spec snippets, executed and loaded: a README that drifts from the code fails here.
 
-Every fenced block of README.md and trainers/README.md is a shell block (```bash, or an unlabelled block of
+Every fenced block of README.md, trainers/README.md and the hand-written pages under docs/ is a shell block (```bash, or an unlabelled block of
 commands), a YAML snippet (```yaml: loaded with the spec loader, orchestrator.spec.load_spec) or a diagram
 (an unlabelled block with arrows). A shell line is one command (`\\` continues it; `# ...` is a comment).
 
@@ -38,7 +38,9 @@ from orchestrator.cli import main
 from orchestrator.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = [ROOT / "README.md", ROOT / "trainers" / "README.md"]
+# the README, the trainer's, and the documentation's hand-written pages (the reference pages are generated at build
+# time and hold no commands); the README comes first: its first spec snippet is the one checked below
+READMES = [ROOT / "README.md", ROOT / "trainers" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 METAVARIABLES = {"URI": "sqlite:///mlflow.db", "N": "5077"}  # the README's default store; a port
 REAL_TRAINER_TRIALS = 2
 MAPPED = {

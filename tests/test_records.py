@@ -28,7 +28,7 @@ from orchestrator.records import (COMPARE, HEADLINE, METRICS, OBJECTIVE, PREDICT
 from orchestrator.spec import parse_spec
 from orchestrator.sweep import session as sessions
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import STATUSES, TrialResult
 
 OLD = json.loads((Path(__file__).parent / "data" / "old_studies.json").read_text())["studies"]

@@ -1,16 +1,16 @@
 """Every published layout fits as it ran (with the memory levers its config set), or names why not, with a source
-(search_spaces/reference_memory.py); the memory levers' terms hold what search_spaces/offload.py says."""
+(search_spaces/calibration/reference_memory.py); the memory levers' terms hold what search_spaces/cost/offload.py says."""
 
 from __future__ import annotations
 
 import pytest
 
-from search_spaces import reference
-from search_spaces.costmodel import estimate
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
-from search_spaces.reference_memory import MEMORY_GAPS, ROW_LEVERS, as_run, memory_gap, row_key
+from search_spaces.calibration import reference
+from search_spaces.cost.costmodel import estimate
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.calibration.reference_memory import MEMORY_GAPS, ROW_LEVERS, as_run, memory_gap, row_key
 
 ROWS = reference.published_rows() + reference.long_context_moe_rows()
 
@@ -54,7 +54,7 @@ def test_the_rows_that_kept_fp8_weights_fit_with_them_and_not_without():
 
 
 def test_a_full_iteration_graph_holds_the_activations_once_plus_its_pool_excess():
-    from search_spaces.memory import FULL_ITERATION_POOL_EXCESS, GRAPH_SCOPE_BUFFER
+    from search_spaces.cost.memory import FULL_ITERATION_POOL_EXCESS, GRAPH_SCOPE_BUFFER
 
     full = _mem(cuda_graphs="full_iteration", ep_overlap=False, pp=1, vpp=1, num_gpus=32, ep=8)
     assert full.memory.cuda_graphs == pytest.approx(FULL_ITERATION_POOL_EXCESS * full.memory.activations)

@@ -188,7 +188,7 @@ def test_cli_replay_sweep_finds_the_best_row(tmp_path):
 
 def _toy(memory_limit: float = 10.0):
     """Layouts tp x pp; the model predicts tokens 100 for all and memory 8/tp (+1 at pp 1)."""
-    from search_spaces.layout import Layout
+    from search_spaces.layouts.layout import Layout
 
     layouts = [Layout(tp=tp, pp=pp, gbs=8) for tp in (1, 2, 4) for pp in (1, 2, 4)]
 

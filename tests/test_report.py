@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from search_spaces.breakdown import COUNT_KEYS
+from search_spaces.cost.breakdown import COUNT_KEYS
 
 from orchestrator import report
 from orchestrator.cli import main

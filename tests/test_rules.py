@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
-from search_spaces import rules
-from search_spaces.rules import RULES, check
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts import rules
+from search_spaces.layouts.rules import RULES, check
 
 
 def rules_broken(model, gpu, n, seq, **fields):
@@ -178,7 +178,7 @@ def test_a_rule_reads_only_the_fields_it_declares(rule):
 
 
 def test_a_level_rule_reads_only_fields_fixed_by_its_level():
-    from search_spaces.space import GRID_FIELDS
+    from search_spaces.layouts.space import GRID_FIELDS
 
     fixed_by = {"pipe": {"pp", "vpp"}, "tp": {"tp"}, "cp": {"cp"}, "ep": {"ep", "etp"}, "mbs": {"mbs"}}
     known: set[str] = set()

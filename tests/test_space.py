@@ -4,11 +4,11 @@
 import pytest
 
 from search_spaces.errors import SpecError
-from search_spaces.hardware import load_gpu
-from search_spaces.heuristics import rule_of_thumb_cp, seed_layouts
-from search_spaces.models import load_model
-from search_spaces.rules import check
-from search_spaces.space import candidate_layouts, count_space, explore
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.rules import check
+from search_spaces.layouts.space import candidate_layouts, count_space, explore
 
 TINY, CPU = load_model("tiny-moe"), load_gpu("cpu")
 
@@ -72,7 +72,7 @@ def test_seed_layouts_follow_the_rules_of_thumb():
 def test_space_has_every_cp_communication_with_its_hierarchies():
     """Llama3-8B (8 KV heads) at CP16: p2p, allgather, and a2a+p2p split as 2x8, 4x4, 8x2; plain a2a cannot split
     8 KV heads 16 ways, and a hierarchy is counted as a rejection wherever it does not apply."""
-    from search_spaces.space import candidate_layouts, count_space
+    from search_spaces.layouts.space import candidate_layouts, count_space
 
     fixed = dict(tp=1, pp=1, cp=16, mbs=1, precision="bf16", recompute="none", cuda_graphs="none",
                  optimizer_offload=0.0)

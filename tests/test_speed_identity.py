@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from search_spaces import memo
-from search_spaces.costmodel import estimate
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import DIMENSIONS, Layout
-from search_spaces.models import load_model
-from search_spaces.space import dimensions
+from search_spaces.cost import memo
+from search_spaces.cost.costmodel import estimate
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import DIMENSIONS, Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.space import dimensions
 
 DATA_DIR = Path(__file__).parent / "data"
 PINNED = json.loads((DATA_DIR / "speed_identity.json").read_text())

@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
 from orchestrator.sweep import run_sweep
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
 

@@ -4,9 +4,9 @@ the CPU patch version pin and the CP chunk layout. No processes."""
 import pytest
 import torch
 
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
 from trainers import config, cpu_compat, faults
 from trainers.megatron_moe import build_parser, layout_from_args
 
@@ -97,7 +97,7 @@ def test_routing_rules_refuse_exactly_what_megatron_core_refuses():
 
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from search_spaces.rules import check
+    from search_spaces.layouts.rules import check
 
     for routing, dispatcher, graphs in itertools.product(("dropless", "capacity:1.25", "forced_balance"),
                                                          ("alltoall", "allgather", "deepep", "hybridep"),
@@ -123,7 +123,7 @@ def test_ep_overlap_rules_refuse_exactly_what_megatron_core_refuses():
 
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from search_spaces.rules import check
+    from search_spaces.layouts.rules import check
 
     checked = 0
     for dispatcher, recompute, (pp, vpp), graphs, precision in itertools.product(
@@ -156,7 +156,7 @@ def test_the_trainer_places_layers_where_the_cost_model_does():
     five = TINY.with_overrides(num_layers=5)
     assert config.pipeline_split_kwargs(TINY, L(pp=2)) == {}
     assert config.pipeline_split_kwargs(TINY, L(pp=3)) == both
-    # 5 layers on 2 stages: the balanced explicit layout of search_spaces.pipeline, in Megatron's syntax
+    # 5 layers on 2 stages: the balanced explicit layout of search_spaces.cost.pipeline, in Megatron's syntax
     assert config.pipeline_split_kwargs(five, L(pp=2)) == {"pipeline_model_parallel_layout": "Ettt|ttL"}
     assert config.refusal(TINY, CPU, L(pp=8, gbs=8), world=8, seq_len=64).startswith("pipeline_split:")
 
@@ -189,8 +189,8 @@ def test_the_sweep_and_the_trainer_agree_on_every_layout_of_a_small_space(model)
     (what the sweep screens with) and the trainer's refusal give the same verdict."""
     import itertools
 
-    from search_spaces.costmodel import estimate
-    from search_spaces.space import dimensions
+    from search_spaces.cost.costmodel import estimate
+    from search_spaces.layouts.space import dimensions
 
     values = dimensions(model, CPU, 4, 128, gbs=4).values
     values.update(tp=[1, 2, 4], cp=[1, 2, 4], ep=[1, 2, 4, 8], etp=[1, 2], pp=[1, 2, 3, 4, 8], vpp=[1, 2],

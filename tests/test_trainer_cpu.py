@@ -136,8 +136,8 @@ def test_each_routing_mode_runs_on_cpu_and_is_reported_in_effect(tmp_path, routi
     """Megatron-Core's router options on CPU, EP2 of tiny-moe: the config in effect spells the routing asked for,
     and the experts' rows show it -- every token copy once (dropless, forced balance), padded to 1.5x the balanced
     share on every rank (capacity:1.5); the memory model's activations follow (within 5%)."""
-    from search_spaces.costmodel import estimate
-    from search_spaces.layout import Layout
+    from search_spaces.cost.costmodel import estimate
+    from search_spaces.layouts.layout import Layout
 
     result, proc = run_trainer(tmp_path, 2, "--ep", "2", "--mbs", "1", "--gbs", "2", "--dispatcher", dispatcher,
                                "--routing", routing)

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from search_spaces.validation import DISPATCHER_CLASSES, problems, validate
-from search_spaces.hardware import load_gpu
-from search_spaces.layout import Layout
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 H100 = load_gpu("h100")

@@ -199,7 +199,7 @@ def test_the_wheel_ships_every_file_the_package_reads(installed):
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     wanted = _data_files()
     assert "orchestrator/templates/ray-sweep.sbatch.j2" in wanted  # the template lives in the package
-    assert len([n for n in wanted if n.startswith("search_spaces/catalog/models/")]) >= 10
+    assert len([n for n in wanted if n.startswith("search_spaces/catalog/hf_configs/")]) >= 10
     assert [n for n in wanted if n not in names] == []
     assert not any(n.startswith(("slurm/", "tests/", "bench/")) for n in names)
 

@@ -1,6 +1,6 @@
 """The activations the CPU trainer saved (trainers/measure.py, by saving module) as the memory model's terms.
 
-search_spaces/memory.py keys a layer's activations by the recompute module that frees them (residual,
+search_spaces/cost/memory.py keys a layer's activations by the recompute module that frees them (residual,
 layernorm, attention, core_attn, mla_up_proj, mlp, router, moe, moe_act, shared_experts); the trainer records
 them by the module that saved each tensor. TERM_RULES maps one onto the other, so that each term can be
 checked on its own (bench/memory_accuracy.py, tests/test_memory_match.py). Pure Python: no torch.
@@ -12,7 +12,7 @@ import fnmatch
 import re
 
 # The saving module (relative to its decoder layer; `:in` = one of its inputs, `:child` = the output of its
-# submodule `child`, as trainers/measure.py names them) -> the term of search_spaces/memory.py it belongs
+# submodule `child`, as trainers/measure.py names them) -> the term of search_spaces/cost/memory.py it belongs
 # to. First match wins. Checkpoints save what they will recompute from: those inputs stay with the term
 # that is kept (the layer input: residual; the pre-MLP norm output: layernorm).
 TERM_RULES: list[tuple[str, tuple[str, ...]]] = [

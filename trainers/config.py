@@ -1,7 +1,7 @@
 """Layout + model -> the keyword arguments of Megatron-Core's configs. Pure mapping: no processes, no state.
 
 `refusal()` says why a layout cannot run here (before anything is built): the sweep's own legality rules
-(search_spaces.rules, for this device) plus the few things this trainer cannot build. `transformer_config_kwargs()`,
+(search_spaces.layouts.rules, for this device) plus the few things this trainer cannot build. `transformer_config_kwargs()`,
 `ddp_config_kwargs()` and `optimizer_config_kwargs()` fill TransformerConfig (or MLATransformerConfig),
 DistributedDataParallelConfig and OptimizerConfig; `model_kwargs()` fills GPTModel's own arguments.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from search_spaces import rules
-from search_spaces.layout import BY_NAME, Layout
-from search_spaces.pipeline import SPLIT_DEFAULTS, megatron_split_fields
+from search_spaces.layouts import rules
+from search_spaces.layouts.layout import BY_NAME, Layout
+from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
 # backend, "all_gather", the router's capacity factor and forced balance) come from each dimension's
@@ -33,7 +33,7 @@ def refusal(model, gpu, layout: Layout, world: int, seq_len: int) -> str | None:
 
 def capability_gaps(model, layout: Layout) -> list[str]:
     """What this trainer cannot build although the legality rules allow it (the GPU-only features on CPU
-    are rules of their own: search_spaces.rules `gpu_only_feature`). Full, sliding-window and gated
+    are rules of their own: search_spaces.layouts.rules `gpu_only_feature`). Full, sliding-window and gated
     delta-net layers are all built (what Megatron-Core refuses for them are rules too)."""
     gaps = []
     if model.mtp_layers:
@@ -44,7 +44,7 @@ def capability_gaps(model, layout: Layout) -> list[str]:
 
 
 def pipeline_split_kwargs(model, layout: Layout) -> dict[str, Any]:
-    """The layer placement the cost model assumes (search_spaces.pipeline, as every export writes it), only
+    """The layer placement the cost model assumes (search_spaces.cost.pipeline, as every export writes it), only
     the fields that differ from Megatron's even split."""
     fields = megatron_split_fields(model, layout.pp, layout.vpp)
     return {k: v for k, v in fields.items() if v != SPLIT_DEFAULTS[k]}

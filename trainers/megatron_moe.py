@@ -22,8 +22,8 @@ from pathlib import Path
 T_START = time.time()
 
 from search_spaces.errors import SpecError  # noqa: E402
-from search_spaces.hardware import load_gpu  # noqa: E402
-from search_spaces.layout import DIMENSIONS, Layout  # noqa: E402
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.layouts.layout import DIMENSIONS, Layout  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def _read_layout_file(path: str) -> dict:
 
 
 def load_model_spec(args: argparse.Namespace):
-    from search_spaces.models import load_model
+    from search_spaces.catalog.models import load_model
 
     model = load_model(args.model)
     if args.num_layers or args.hidden_size:
@@ -86,7 +86,7 @@ def load_model_spec(args: argparse.Namespace):
 def _load_lengths(path: str | None, seq_len: int):
     if path is None:
         return None
-    from search_spaces.packing import load_histogram
+    from search_spaces.cost.packing import load_histogram
 
     hist = load_histogram(path)
     hist.check_fits(seq_len)

@@ -1,6 +1,6 @@
 """Packed batches (THD) drawn from a document-length histogram, as Megatron-Core takes them.
 
-Each sequence of seq_len tokens is built by search_spaces.packing.DocumentStream (the cost model's own rule:
+Each sequence of seq_len tokens is built by search_spaces.cost.packing.DocumentStream (the cost model's own rule:
 whole documents, each padded to a multiple of 2*CP, times TP with sequence parallelism; the unfilled tail pads
 the last one). A microbatch of mbs sequences is one THD pack of mbs*seq_len tokens with batch dimension 1:
 `PackedSeqParams(qkv_format="thd", cu_seqlens_q/kv` over the real lengths, `cu_seqlens_q/kv_padded` over the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from search_spaces.packing import DocumentStream, LengthHistogram, pack_sequence
+from search_spaces.cost.packing import DocumentStream, LengthHistogram, pack_sequence
 
 
 def packed_capability_gap(model, on_cpu: bool) -> str | None:

@@ -1,5 +1,5 @@
 """What the MoE router did in a run: the routing Megatron-Core's config put in effect, and the token copies each
-EP rank's experts processed (the cost model's `expert_load`, search_spaces/routing.py, measured).
+EP rank's experts processed (the cost model's `expert_load`, search_spaces/cost/routing.py, measured).
 
 `RoutedCopies` counts, per MoE layer on this rank and while `active` (one warm-up step), the tokens its router
 received and the rows its experts processed (token copies, padding included); `expert_load` sums them up over
@@ -14,7 +14,7 @@ import statistics
 from functools import partial
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import BY_NAME
+from search_spaces.layouts.layout import BY_NAME
 
 
 def routing_in_effect(config) -> str:

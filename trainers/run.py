@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from search_spaces import validation
-from search_spaces.flops import flops_per_step
+from search_spaces.cost.flops import flops_per_step
 from trainers import config as trainer_config
 from trainers import faults
 from trainers import measure
@@ -208,7 +208,7 @@ def _model_flops(args, model, layout) -> float:
     hist = _packing(args)
     if hist is None:
         return flops_per_step(model, args.seq_len, layout.gbs)
-    from search_spaces.packing import packed_flops_per_step, statistics_for
+    from search_spaces.cost.packing import packed_flops_per_step, statistics_for
 
     stats = statistics_for(hist, args.seq_len, layout.cp, layout.tp, layout.sp)
     return packed_flops_per_step(model, args.seq_len, layout.gbs, stats)
@@ -267,7 +267,7 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     cp_group = ps.get_context_parallel_group()
     data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
     if _packing(args) is not None:  # documents packed into each sequence (THD): trainers/packed_batches.py
-        from search_spaces.packing import pad_multiple
+        from search_spaces.cost.packing import pad_multiple
         from trainers.packed_batches import PackedTokens
 
         data = PackedTokens(data, _packing(args), pad_multiple(layout.cp, layout.tp, layout.sp))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Callable
 
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 from orchestrator.backends.base import TrialRequest, completed, stamp

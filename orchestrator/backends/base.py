@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 

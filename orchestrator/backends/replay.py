@@ -25,10 +25,10 @@ from pathlib import Path
 
 from search_spaces.bounded import parse_count, read_csv
 from search_spaces.errors import MoeAutotuneError, SpecError
-from search_spaces.hardware import load_gpu
+from search_spaces.catalog.hardware import load_gpu
 from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, bounded_message, check_size, excerpt
-from search_spaces.layout import Layout
-from search_spaces.models import load_model
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 from search_spaces.validation import problems
 

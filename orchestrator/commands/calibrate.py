@@ -51,7 +51,7 @@ def calibrate(
             raise SpecError(f"--table {str(path)!r} does not exist")
     from orchestrator.calibrate import calibrate as run_calibrate  # the fit's libraries: for input that passed
     from orchestrator.calibrate import gather
-    from search_spaces.calibration import calibration_text, load_calibration
+    from search_spaces.calibration.fit import calibration_text, load_calibration
     base = load_calibration(start)
     measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
     run = run_calibrate(measurements, base, holdout=holdout, with_published=published)

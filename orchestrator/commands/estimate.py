@@ -12,7 +12,7 @@ import typer
 from orchestrator.commands.output import console, echo, json_line
 
 from search_spaces.errors import SpecError
-from search_spaces.breakdown import COMPUTE_PARTS, COUNT_KEYS
+from search_spaces.cost.breakdown import COMPUTE_PARTS, COUNT_KEYS
 
 from orchestrator.commands.layout_options import with_layout_options
 from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, compare_full, load_packing, load_situation,
@@ -49,10 +49,10 @@ def estimate(
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
     TP/CP/EP/PP/DP communication, dispatcher and launch overhead, pipeline bubble, optimizer and offload) and, per
     knob, what switching it to its neighbours would change (JSON key "neighbours")."""
-    from search_spaces.calibration_file import load_calibration  # not calibration.py: the fit is not needed here
-    from search_spaces.costmodel import estimate as run_estimate
-    from search_spaces.maturity import at_software, software_label
-    from search_spaces.neighbours import neighbours
+    from search_spaces.calibration.calibration_file import load_calibration  # not calibration.py: the fit is not needed here
+    from search_spaces.cost.costmodel import estimate as run_estimate
+    from search_spaces.catalog.maturity import at_software, software_label
+    from search_spaces.layouts.neighbours import neighbours
 
     spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     layout = _layout_of_flags(layout_flags or {}, num_gpus)
@@ -81,7 +81,7 @@ def estimate(
 
 def _memory_notes(est, spec, gpu_spec, layout) -> list[str]:
     """What the figures rest on beyond the fitted range, and the host-memory refusal, in words (text output)."""
-    from search_spaces.routing import extrapolation_note
+    from search_spaces.cost.routing import extrapolation_note
 
     notes = [f"does not fit the host: {est.host_memory_refusal}"] if est.host_memory_refusal else []
     note = extrapolation_note(spec, layout, gpu_spec.is_cpu) if est.legal else None
@@ -91,7 +91,7 @@ def _memory_notes(est, spec, gpu_spec, layout) -> list[str]:
 def _layout_of_flags(flags: dict, num_gpus: int):
     """The layout the flags name, its batch applied together with MBS (a Layout checks GBS % MBS when built,
     so neither may be applied alone); no --gbs: MBS x DP."""
-    from search_spaces.layout import BY_NAME, Layout
+    from search_spaces.layouts.layout import BY_NAME, Layout
 
     if flags.get("gbs") is None:
         sizes = Layout.from_params({k: v for k, v in flags.items() if k not in ("mbs", "gbs")})
@@ -178,9 +178,9 @@ def space(
 ) -> int:
     """Enumerate the legal layouts, count rejections per rule, list the fastest that fit (with --lengths: ranked
     by real tokens/s of packed documents, beside the best for full-length documents and why they differ)."""
-    from search_spaces.calibration_file import load_calibration
-    from search_spaces.maturity import at_software, software_label
-    from search_spaces.space import explore
+    from search_spaces.calibration.calibration_file import load_calibration
+    from search_spaces.catalog.maturity import at_software, software_label
+    from search_spaces.layouts.space import explore
 
     spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
     fixed = _fixed(fix)
@@ -228,7 +228,7 @@ def space(
 
 def _fixed(fix: list[str]) -> dict:
     """`--fix FIELD=VALUE` items as layout values (a SpecError names a bad field or value)."""
-    from search_spaces.layout import BY_NAME
+    from search_spaces.layouts.layout import BY_NAME
 
     fixed = {}
     for item in fix:
@@ -244,7 +244,7 @@ def _fixed(fix: list[str]) -> dict:
 
 def _freed(free: list[str]) -> tuple[str, ...]:
     """`--free` names (repeatable, or comma-separated; `levers` for every memory lever): opt-in dimensions."""
-    from search_spaces.space import MEMORY_LEVERS, OPT_IN
+    from search_spaces.layouts.space import MEMORY_LEVERS, OPT_IN
 
     names: list[str] = []
     for item in free:

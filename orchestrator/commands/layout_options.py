@@ -1,4 +1,4 @@
-"""Layout flags for typer commands, one per dimension of the registry (search_spaces.layout.DIMENSIONS).
+"""Layout flags for typer commands, one per dimension of the registry (search_spaces.layouts.layout.DIMENSIONS).
 
 `with_layout_options(command)` adds `--tp`, `--recompute`, ... (the flags `python -m trainers.megatron_moe`
 takes too) to a typer command and hands the command the flags that were given as `layout_flags`
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from search_spaces.layout import DIMENSIONS
+from search_spaces.layouts.layout import DIMENSIONS
 
 
 def with_layout_options(command: Callable[..., Any]) -> Callable[..., Any]:

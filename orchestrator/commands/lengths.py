@@ -1,5 +1,5 @@
 """`moe-autotune lengths`: read the document lengths of a dataset and write the histogram that `estimate --lengths`,
-`space --lengths` and a sweep spec's `packing: {lengths: FILE}` read (search_spaces/packing.py)."""
+`space --lengths` and a sweep spec's `packing: {lengths: FILE}` read (search_spaces/cost/packing.py)."""
 
 from __future__ import annotations
 

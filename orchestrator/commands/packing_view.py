@@ -18,7 +18,7 @@ REASON_COMPONENTS = ("attention", "cp_comm", "recompute", "gemm", "tp_comm", "pi
 def load_packing(packing: Optional[str], lengths: Optional[Path], seq_len: int):
     """The histogram the flags name (None: full-length documents; --lengths alone means packed); bad input is one
     SpecError line."""
-    from search_spaces.packing import PACKINGS, load_histogram
+    from search_spaces.cost.packing import PACKINGS, load_histogram
 
     if packing is not None and packing not in PACKINGS:
         raise SpecError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
@@ -55,9 +55,9 @@ def compare_full(spec, gpu_spec, num_gpus: int, seq_len: int, packed_result, exp
                  hist) -> dict[str, Any] | None:
     """The best layout for full-length documents beside the best for the packed ones, and why they differ: the
     full-length best estimated on the packed documents, component by component."""
-    from search_spaces.costmodel import estimate
-    from search_spaces.layout import Layout
-    from search_spaces.space import explore
+    from search_spaces.cost.costmodel import estimate
+    from search_spaces.layouts.layout import Layout
+    from search_spaces.layouts.space import explore
 
     full = explore(spec, gpu_spec, num_gpus, seq_len, **explore_kwargs)
     if not full.top or not packed_result.top:
@@ -98,7 +98,7 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
     """For the report of a sweep over packed documents: the cost model's best layout for full-length documents
     beside its best for the sweep's own (in the sweep's space: its fixed and free dimensions, its batch), and why;
     empty for full-length sweeps, a note when the histogram cannot be read any more."""
-    from search_spaces.space import explore
+    from search_spaces.layouts.space import explore
 
     packing = spec.get("packing") or {}
     if packing.get("mode") != "packed":
@@ -131,8 +131,8 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
 def load_situation(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Optional[int],
                    hidden_size: Optional[int]):
     """The catalog model (with its overrides) and the GPU, the sizes checked: every entry point's one range."""
-    from search_spaces.hardware import load_gpu
-    from search_spaces.models import load_model
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.catalog.models import load_model
 
     from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, check_size
 

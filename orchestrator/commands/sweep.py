@@ -69,8 +69,8 @@ def sweep(
 
 def _check_names(spec) -> None:
     """The spec's model and GPU, looked up in the catalogs (what the sweep's prior would do first)."""
-    from search_spaces.hardware import load_gpu
-    from search_spaces.models import load_model
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.catalog.models import load_model
 
     load_model(spec.model)
     load_gpu(spec.gpu)
@@ -130,7 +130,7 @@ def status(
     from orchestrator import study as studies  # Optuna and pandas: for input that passed
     from orchestrator.records import TrialRecord
     from orchestrator.sweep.lease import Holder
-    from search_spaces.layout import PARALLEL_SIZES
+    from search_spaces.layouts.layout import PARALLEL_SIZES
     members = studies.family_members(storage, study_name) if study_name else []
     if members:  # a length family: its table, then each length's leaderboard
         from orchestrator.sweep.family import family_rows

@@ -13,7 +13,7 @@ from dataclasses import field
 from typing import Any, Callable
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 # what a declaration feeds

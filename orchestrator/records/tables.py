@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from search_spaces.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS
+from search_spaces.layouts.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS
 
 from orchestrator.economics import to_train
 from orchestrator.records.metrics import metrics

@@ -9,7 +9,7 @@ from typing import Any
 
 import optuna
 
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 from orchestrator.records.metrics import BY_METRIC, METRICS, Metric

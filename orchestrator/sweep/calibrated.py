@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from search_spaces.layout import SEARCH_DIMENSIONS, Layout
+from search_spaces.layouts.layout import SEARCH_DIMENSIONS, Layout
 
 
 class CalibratedSearch:

@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from search_spaces.layout import Layout, distinct
+from search_spaces.layouts.layout import Layout, distinct
 
 from orchestrator import study as studies
 from orchestrator.records import NUMBER_COLUMNS, StudyRecord, TrialRecord

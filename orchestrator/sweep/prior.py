@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from search_spaces.calibration import Calibration, load_calibration
-from search_spaces.costmodel import estimate
+from search_spaces.calibration.fit import Calibration, load_calibration
+from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
-from search_spaces.hardware import GPUSpec, load_gpu
-from search_spaces.heuristics import seed_layouts
-from search_spaces.layout import BY_NAME, SEARCH_DIMENSIONS, Layout, distinct
-from search_spaces.models import ModelSpec, load_model
-from search_spaces.space import candidate_layouts, default_gbs, dimensions, explore
+from search_spaces.catalog.hardware import GPUSpec, load_gpu
+from search_spaces.layouts.heuristics import seed_layouts
+from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout, distinct
+from search_spaces.catalog.models import ModelSpec, load_model
+from search_spaces.layouts.space import candidate_layouts, default_gbs, dimensions, explore
 
 from orchestrator.backends.replay import ReplayTable, table_for
 
@@ -66,13 +66,13 @@ class Prior:
     @cached_property
     def cal(self) -> Calibration:
         """The cost model's constants: the spec's calibration file over the packaged ones (data handed in), at the
-        spec's software release (search_spaces/maturity.py)."""
-        from search_spaces.maturity import at_software
+        spec's software release (search_spaces/catalog/maturity.py)."""
+        from search_spaces.catalog.maturity import at_software
         return at_software(load_calibration(self.spec.calibration), self.spec.software, [self.gpu.name])
 
     @cached_property
     def packing(self):
-        """The packed documents' histogram (search_spaces/packing.py), None for full-length documents."""
+        """The packed documents' histogram (search_spaces/cost/packing.py), None for full-length documents."""
         return self.spec.packing.histogram(self.spec.seq_len)
 
     @property
@@ -86,7 +86,7 @@ class Prior:
     # ---- where the search starts -----------------------------------------------------------------
     @cached_property
     def rules_of_thumb(self) -> list[Layout]:
-        """The rules of thumb (search_spaces.heuristics), with the spec's fixed values applied."""
+        """The rules of thumb (search_spaces.layouts.heuristics), with the spec's fixed values applied."""
         fixed = self.fixed
         seeds = seed_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, gbs=self.spec.gbs,
                              cal=self.cal)

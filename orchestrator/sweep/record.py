@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from search_spaces.layout import PARALLEL_SIZES, Layout
+from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import numbers_only, validate
 

@@ -22,7 +22,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces.errors import SpecError
-from search_spaces.layout import Layout
+from search_spaces.layouts.layout import Layout
 
 from orchestrator.records import TrialRecord
 from orchestrator.sweep.calibrated import CalibratedSearch

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
 from search_spaces.result import MEASURED_STATUSES
-from search_spaces.space import explore
+from search_spaces.layouts.space import explore
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, canonical_backend

@@ -12,8 +12,8 @@ from typing import Any
 
 import optuna
 
-from search_spaces.dimensions import Primitive
-from search_spaces.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
+from search_spaces.layouts.dimensions import Primitive
+from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
 
 from orchestrator.sweep.prior import Prior
 

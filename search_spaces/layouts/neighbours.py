@@ -1,0 +1,88 @@
+"""What switching each knob of a layout to its neighbours would change: the "why" a user asks before spending GPU
+time on a layout (`moe-autotune estimate` prints it, and `--json` carries it under "neighbours").
+
+A knob is a searched dimension (layout.SEARCH_DIMENSIONS, hierarchical_cp with cp_comm_type); its neighbours are the
+values beside the layout's in the space's value list (space.dimensions: the adjacent sizes of TP, CP, EP, ETP, PP,
+VPP, MBS, the adjacent recompute choices, every other precision, dispatcher, CP type, graph scope set, offload).
+Everything else, the global batch included, stays; a neighbour the rules refuse is listed with the rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from search_spaces.calibration.calibration_file import Calibration
+from search_spaces.cost.costmodel import Estimate, estimate
+from search_spaces.catalog.hardware import GPUSpec
+from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
+from search_spaces.catalog.models import ModelSpec
+
+# knobs whose values are ordered (sizes, fractions, recompute from light to heavy): their neighbours are adjacent
+ORDERED_KINDS = ("int", "float", "recompute")
+
+
+def _values(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, list]:
+    from search_spaces.layouts.space import dimensions, hierarchical_options
+    values = dict(dimensions(model, gpu, num_gpus, seq_len, gbs=layout.gbs).values)
+    values["cp_comm_type"] = [kind for kind in values["cp_comm_type"] if kind != "a2a+p2p"] + \
+        [("a2a+p2p", sizes) for sizes in hierarchical_options([layout.cp])]
+    return values
+
+
+def _current(layout: Layout, name: str) -> Any:
+    if name == "cp_comm_type" and layout.cp_comm_type == "a2a+p2p":
+        return ("a2a+p2p", tuple(layout.hierarchical_cp))
+    return getattr(layout, name)
+
+
+def neighbour_values(values: list, current: Any, ordered: bool) -> list:
+    """The values beside `current` in `values` (ordered knobs; a size not in the list takes its numeric place)
+    or all the others (choice knobs, and an ordered knob whose value is not in a list it cannot be placed in)."""
+    if ordered and current not in values and isinstance(current, (int, float)):
+        values = sorted(set(values) | {current})
+    if not ordered or current not in values:
+        return [v for v in values if v != current]
+    i = values.index(current)
+    return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+
+
+def _switch(layout: Layout, name: str, value: Any) -> Layout:
+    if name == "cp_comm_type":
+        kind, sizes = value if isinstance(value, tuple) else (value, ())
+        return layout.replace(cp_comm_type=kind, hierarchical_cp=sizes)
+    changed = layout.replace(**{name: value})
+    if name == "cp" and layout.cp_comm_type == "a2a+p2p":  # the old hierarchy no longer multiplies to CP
+        changed = changed.replace(cp_comm_type="p2p", hierarchical_cp=())
+    return changed
+
+
+def _entry(name: str, value: Any, est: Estimate, base: Estimate) -> dict[str, Any]:
+    hierarchical = name == "cp_comm_type" and isinstance(value, tuple)
+    shown = f"a2a+p2p [{value[1][0]},{value[1][1]}]" if hierarchical else BY_NAME[name].encode(value)
+    out = {"knob": name, "value": str(shown), "legal": est.legal, "fits": est.fits,
+           "violations": [v.to_dict() for v in est.violations]}
+    if est.legal:
+        out.update(tokens_per_sec_per_gpu=est.tokens_per_sec_per_gpu, peak_memory_gib=est.peak_memory_gib,
+                   delta_tokens_pct=100 * (est.tokens_per_sec_per_gpu / base.tokens_per_sec_per_gpu - 1),
+                   delta_peak_gib=est.peak_memory_gib - base.peak_memory_gib)
+    return out
+
+
+def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout, base: Estimate,
+               cal: Calibration | None = None, packing: Any = None) -> list[dict[str, Any]]:
+    """For each knob of `layout`, each neighbour value: legal, fits, tokens/s and peak memory, and their deltas
+    against `base` (the layout's own estimate; it must be legal). `packing`: the packed documents' histogram
+    (search_spaces/cost/packing.py) the base was estimated with."""
+    values = _values(model, gpu, num_gpus, seq_len, layout)
+    out = []
+    for name in SEARCH_DIMENSIONS:
+        if name == "hierarchical_cp" or len(values.get(name, [])) < 2 or (name == "cp_comm_type" and layout.cp == 1):
+            continue
+        ordered = BY_NAME[name].kind in ORDERED_KINDS
+        for value in neighbour_values(values[name], _current(layout, name), ordered):
+            est = estimate(model, gpu, num_gpus, seq_len, _switch(layout, name, value), cal=cal, packing=packing)
+            out.append(_entry(name, value, est, base))
+    return out
+
+
+__all__ = ["neighbours", "neighbour_values"]
