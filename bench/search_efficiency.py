@@ -64,7 +64,7 @@ from orchestrator.study import DIRECTIONS  # noqa: E402
 from orchestrator.sweep.prior import ReplayPrior  # noqa: E402
 from orchestrator.sweep.record import Screen  # noqa: E402
 from orchestrator.records import TrialRecord, enqueue  # noqa: E402
-from orchestrator.searches import make_sampler  # noqa: E402
+from orchestrator.sweep.searches import make_sampler  # noqa: E402
 from orchestrator.sweep.space import SweepSpace  # noqa: E402
 from search_spaces.layouts.layout import SEARCH_DIMENSIONS  # noqa: E402
 

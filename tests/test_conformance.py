@@ -18,7 +18,8 @@ import typer
 from orchestrator import study as studies
 from orchestrator.backends import BACKENDS, canonical_backend
 from orchestrator.cli import app, main
-from orchestrator.searches import SEARCH_KINDS, make_sampler
+from orchestrator.searches import SEARCH_KINDS
+from orchestrator.sweep.searches import MAKERS, make_sampler
 from orchestrator.spec import SweepSpec, parse_spec
 from orchestrator.sweep import Prior, run_sweep
 from orchestrator.sweep.samplers import SweepSampler
@@ -123,6 +124,13 @@ def test_every_search_makes_a_sampler_with_the_loops_hooks(tmp_path, search):
     sampler = make_sampler(search, SweepSpace.from_prior(prior), prior, spec.seed)
     assert isinstance(sampler, optuna.samplers.BaseSampler) and isinstance(sampler, SweepSampler)
     assert sampler.memory_margin >= 1.0 and sampler.exhausted is False
+
+
+def test_the_name_table_and_the_sweeps_makers_agree():
+    """orchestrator.searches names the searches (the spec reads it without the sweep); the sweep makes them."""
+    assert set(MAKERS) == set(SEARCH_KINDS)
+    with pytest.raises(SpecError, match="unknown search 'nonesuch'"):
+        make_sampler("nonesuch", None, None, None)  # type: ignore[arg-type]
 
 
 def test_the_spec_the_cli_and_the_readme_name_the_tables_choices():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from search_spaces.calibration.fit import Calibration, load_calibration
 from search_spaces.cost.costmodel import estimate
@@ -22,9 +22,7 @@ from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.layouts.space import candidate_layouts, default_gbs, dimensions, explore
 
 from orchestrator.backends.replay import ReplayTable, table_for
-
-if TYPE_CHECKING:  # the spec names its search (orchestrator.searches), whose samplers read the prior
-    from orchestrator.spec import SweepSpec
+from orchestrator.spec import SweepSpec
 
 
 @dataclass

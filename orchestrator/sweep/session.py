@@ -25,7 +25,7 @@ from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, canonical_backend
 from orchestrator.records import StudyRecord, TrialRecord, enqueue
 from orchestrator.redact import redact_mapping, redact_text
-from orchestrator.searches import make_sampler
+from orchestrator.sweep.searches import make_sampler
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease

@@ -9,7 +9,7 @@ declared family. This module holds what both sets read: the job, a rank's comput
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec
@@ -18,10 +18,8 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memo import Memo, fields
 from search_spaces.cost.memory import ACTIVATION_LEVER_FIELDS, CHUNK_FIELDS, act_bytes, rank_chunk_activations
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.packing import LengthHistogram
 from search_spaces.cost.pipeline import Placement, Unit, placement
-
-if TYPE_CHECKING:
-    from search_spaces.cost.packing import LengthHistogram
 
 FP8_BYTES = 1
 FWD_AND_BWD = 2  # a transfer made in the forward is mirrored by one in the backward
@@ -113,7 +111,7 @@ class Job:
     """The cost model's constants."""
     terms: StepTimeTerms
     """The cost terms of gpu's family."""
-    packing: "LengthHistogram | None" = None
+    packing: LengthHistogram | None = None
     """The document lengths packed into each sequence (THD, search_spaces/cost/packing.py); None: one document of
     seq_len tokens per sequence."""
 
