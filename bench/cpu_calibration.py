@@ -8,8 +8,8 @@ bench/cpu_measurements.json, so a rerun measures only what is missing). The CPU 
 rates of the eager trainer, its overhead per layer, the fixed cost of a gloo collective, the process's resident
 baseline) are fitted by the same code as `moe-autotune calibrate` (orchestrator.calibrate) on the FIT layouts,
 then the HELD layouts are scored with the fitted constants -- and with the hand-set ones they replace.
-`--write` stores the fitted CPU constants in search_spaces/calibration/calibration.json (what `estimate --gpu cpu` and the
-quickstart's sweep use). Last line: `cpu calibration: tokens/s MAPE X%, peak memory MAPE Y% over N layouts`.
+`--write` stores the fitted CPU constants in search_spaces/calibration/calibration.json (what `estimate --gpu cpu` and
+the quickstart's sweep use). Last line: `cpu calibration: tokens/s MAPE X%, peak memory MAPE Y% over N layouts`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Each layout of `LAYOUTS` runs once per sequence length as the quickstart runs it
 under `nice -n 5` (the machine is shared). The result JSON of each run (status, measured tokens/s/GPU, peak
 resident memory, step times) is kept, so bench/cpu_calibration.py and bench/transfer_check.py need not measure
 again. Each layout runs REPEATS times, minutes apart; its measurement is the fastest repeat's median step (the
-machine is shared: other jobs only ever slow a run down). `FIT` and `HELD` split the layouts in two declared halves: the calibration sees only `FIT`.
+machine is shared: other jobs only ever slow a run down). `FIT` and `HELD` split the layouts in two declared halves: the
+calibration sees only `FIT`.
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def ensure(seq_lens: list[int], layouts: list[Layout] = LAYOUTS, repeats: int = 
 
 def _measure_into(cache: dict, layout: Layout, seq: int, lengths: str | None = None) -> None:
     run = measure(layout, seq, lengths)
-    print(f"seq {seq} {layout.key()}{' packed' if lengths else ''}: {run['status']} {run['tokens_per_sec_per_gpu']} tokens/s/GPU, "
-          f"peak {run['peak_memory_gib']} GiB", flush=True)
+    print(f"seq {seq} {layout.key()}{' packed' if lengths else ''}: {run['status']} "
+          f"{run['tokens_per_sec_per_gpu']} tokens/s/GPU, peak {run['peak_memory_gib']} GiB", flush=True)
     cache["runs"].append(run)
     CACHE.write_text(json.dumps(cache, indent=1) + "\n")
 

@@ -1,16 +1,16 @@
 """Predicted vs published TF/s/GPU for every published row the cost model can express, fitted and held out.
 
-Rows: search_spaces.calibration.reference.published_rows() -- the Megatron-Bridge performance summary (newest release of each
-configuration) and MoE skill card, moe_4k_more.csv (Megatron-MoE-ModelZoo / skill cards, 4K MoE), and
+Rows: search_spaces.calibration.reference.published_rows() -- the Megatron-Bridge performance summary (newest release of
+each configuration) and MoE skill card, moe_4k_more.csv (Megatron-MoE-ModelZoo / skill cards, 4K MoE), and
 long_sequence_dense_cp.csv (NeMo: Llama2-7B on H100 from 4K to 1M, Llama3-8B on B200 from 8K to 1M, with CP;
 their TF/s converted from NeMo's whole-square attention count to Bridge's causal one). Rows are split by
 `declared_halves` (every other row of each source; every other length of each long-sequence series):
-search_spaces/calibration/calibration.json was fitted on the first half only (bench/fit_calibration.py), so the second half
-is held out. MAPE is reported for rows <= 8K and >= 16K apart, and per long-sequence series the trend (TF/s at a
+search_spaces/calibration/calibration.json was fitted on the first half only (bench/fit_calibration.py), so the second
+half is held out. MAPE is reported for rows <= 8K and >= 16K apart, and per long-sequence series the trend (TF/s at a
 length / TF/s at the series' shortest length) predicted beside published. Apart from them (so those figures stay
-comparable): the long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv: Qwen3-235B on H100 16K-128K,
-DeepSeek-V3 on H100 4K-256K, Qwen3-Next on GB200 8K-64K, Qwen3-235B on GB200/GB300 at 128K), each predicted with its
-best CP communication type (none is published), every other row of each series held out.
+comparable): the long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv: Qwen3-235B on H100
+16K-128K, DeepSeek-V3 on H100 4K-256K, Qwen3-Next on GB200 8K-64K, Qwen3-235B on GB200/GB300 at 128K), each predicted
+with its best CP communication type (none is published), every other row of each series held out.
 
 Validation by source (bench/leave_one_out.py), the figure that counts: each publisher's rows (Megatron-Bridge
 performance summary, skill cards, Megatron-MoE-ModelZoo, NeMo's long-sequence tables; long-context MoE rows with their
@@ -45,7 +45,8 @@ def _row(m: Measurement, half: str, cal: Calibration, best_cp: bool = False) -> 
         return None
     ratio = pred / m.tokens()
     return {"cp_comm_type": layout.cp_comm_type + (f" {list(layout.hierarchical_cp)}" if layout.hierarchical_cp
-                                                   else ""), "source": m.source, "origin": m.origin, "model": m.model, "gpu": m.gpu, "family": m.family, "num_gpus": m.num_gpus,
+                                                   else ""), "source": m.source, "origin": m.origin, "model": m.model,
+            "gpu": m.gpu, "family": m.family, "num_gpus": m.num_gpus,
             "seq_len": m.seq_len, "layout": m.layout.key(), "half": half, "release": m.release,
             "published_tflops": round(m.tflops(), 1), "predicted_tflops": round(m.tflops() * ratio, 1),
             "error_pct": round(100 * (ratio - 1), 1)}
@@ -180,8 +181,8 @@ def section(r: dict) -> list[str]:
               f"{t['predicted_trend']} |" for t in r["trends"]]
     lines += loo_section(r["leave_one_out"])
     lc = r["long_context_moe"]
-    lines += ["", "Long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv), scored apart from the table "
-              "above, each at its best CP communication type (none is published): MAPE fitted "
+    lines += ["", "Long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv), scored apart "
+              "from the table above, each at its best CP communication type (none is published): MAPE fitted "
               f"{lc['mape']['fitted']}%, held out **{lc['mape']['held out']}%**.", "",
               "| series | half | length | layout | best CP type | published TF/s | predicted | error % |",
               "|---|---|---|---|---|---|---|---|"]

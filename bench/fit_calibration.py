@@ -1,9 +1,10 @@
-"""Fit the cost model's constants on the declared fit half of the published rows; writes search_spaces/calibration/calibration.json.
+"""Fit the cost model's constants on the declared fit half of the published rows; writes
+search_spaces/calibration/calibration.json.
 
     .venv/bin/python bench/fit_calibration.py [--dry-run]
 
-Rows: search_spaces.calibration.reference.published_rows() (Megatron-Bridge summary and skill card, moe_4k_more, the NeMo
-long-sequence CP rows), split by `declared_halves`: every other row of each source (every other length of each
+Rows: search_spaces.calibration.reference.published_rows() (Megatron-Bridge summary and skill card, moe_4k_more, the
+NeMo long-sequence CP rows), split by `declared_halves`: every other row of each source (every other length of each
 long-sequence series). Only the fit half is seen here; bench/estimator_accuracy.py scores the other half.
 Objective: mean |log(predicted / published)| tokens/s (= TF/s), bounded Nelder-Mead in log space
 (search_spaces.calibration.fit.fit), started from the packaged constants (`--from-defaults`: the Calibration defaults),
@@ -17,9 +18,9 @@ GEMM efficiency per GPU family (Hopper's FP8 apart from its BF16, each at most D
 efficiency per family, the gated delta-net kernels' efficiency, and one attention
 release factor per NeMo container of the long-sequence rows (they ran older attention kernels than today's:
 24.03 for Llama2-7B on H100, 25.04 for Llama3-8B on B200). The attention efficiencies themselves are today's
-published kernel rates (FlashAttention-3 on H100, FlashAttention-4 on B200; throughput.py), not fitted. MEASURED, not fitted: Blackwell
-Ultra's rate over Blackwell (`sustained_rate`, from rows equal in all but the chip). NOT fitted: bandwidths, the
-CP, PP and attention-shape terms (physics: they carry the extrapolation to long contexts).
+published kernel rates (FlashAttention-3 on H100, FlashAttention-4 on B200; throughput.py), not fitted. MEASURED, not
+fitted: Blackwell Ultra's rate over Blackwell (`sustained_rate`, from rows equal in all but the chip). NOT fitted:
+bandwidths, the CP, PP and attention-shape terms (physics: they carry the extrapolation to long contexts).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration.fit import (SHARED_PARAMETERS, Parameter, errors, fit, mape,  # noqa: E402
+from search_spaces.calibration.fit import (SHARED_PARAMETERS, Parameter, errors, fit, mape,
                                        predict_tokens_best_cp)
-from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
-from search_spaces.calibration.knob_pairs import load_knob_pairs, predicted_ratio  # noqa: E402
-from search_spaces.catalog.maturity import measure_maturity  # noqa: E402
-from search_spaces.calibration.reference import (declared_halves, long_context_moe_rows, published_rows,  # noqa: E402
+from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration
+from search_spaces.calibration.knob_pairs import load_knob_pairs, predicted_ratio
+from search_spaces.catalog.maturity import measure_maturity
+from search_spaces.calibration.reference import (declared_halves, long_context_moe_rows, published_rows,
                                      summary_rows_every_release)
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
@@ -72,7 +73,8 @@ PARAMETERS = SHARED_PARAMETERS + [
 ] + [Parameter("attention_release_factor", release, 0.2, 1.5) for release in OLD_RELEASES]
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
-          "attention_release_factor", "ep_exposed", "ep_serial_exposed", "elementwise_passes", "routed_passes", "host_kernel_launch_s",
+          "attention_release_factor", "ep_exposed", "ep_serial_exposed", "elementwise_passes", "routed_passes",
+          "host_kernel_launch_s",
           "moe_sync_s", "mxfp8_gemm_factor", "linear_attention_efficiency", "delta_net_state_step_s", "sustained_rate",
           "cpu_overhead_per_layer_s", "cpu_collective_latency_s", "cpu_process_baseline_gib", "software",
           "software_maturity")
@@ -117,7 +119,8 @@ def start(refit: bool = True) -> Calibration:
             base[key]["cpu"] = value["cpu"]
     ratio, _ = ultra_ratio(published_rows())  # a measurement, taken on every row (it is not fitted to the model)
     base["sustained_rate"] = {gpu: round(ratio, 3) for gpu in ULTRA}
-    # measured too: each older release's tokens/s over the newest's, same configuration (search_spaces/catalog/maturity.py)
+    # measured too: each older release's tokens/s over the newest's, same configuration
+    # (search_spaces/catalog/maturity.py)
     base["software_maturity"] = {gpu: {release: v["factor"] for release, v in table.items()}
                                  for gpu, table in measure_maturity(summary_rows_every_release()).items()}
     if not refit or not all(r in base["attention_release_factor"] for r in OLD_RELEASES):
@@ -171,7 +174,8 @@ def main() -> None:
                         "MXFP8, EP and pass constants), the per-family rates kept from the start")
     parser.add_argument("--from-defaults", action="store_true", help="start from the Calibration defaults, not the "
                         "packaged constants")
-    parser.add_argument("--out", type=Path, default=CALIBRATION_PATH, help="where to write (default: the packaged file)")
+    parser.add_argument("--out", type=Path, default=CALIBRATION_PATH,
+                        help="where to write (default: the packaged file)")
     args = parser.parse_args()
     fit_rows, held = declared_halves(published_rows())
     pairs = [p for p in load_knob_pairs() if p.half == "fit"]

@@ -1,17 +1,17 @@
 """How much each searched knob moves: published same-layout A/B pairs against the cost model's prediction.
 
-Pairs: search_spaces/calibration/reference/knob_effects.csv (search_spaces.calibration.knob_pairs), each one knob switched at a fixed
-layout -- MoE dispatcher (alltoall / DeepEP / HybridEP), CUDA-graph scope, precision (BF16, per-tensor FP8,
-MXFP8, also on Qwen3-30B-A3B's small experts), recompute, EP overlap, and two memory levers' costs (dropless routing
-against forced balance at EP16; the whole optimizer offloaded to the host) -- with its source (repository, commit,
-what was compared). Half are declared fit (bench/fit_calibration.py may fit on them), half held out; a pair found
-after the last refit joins the held half. Per pair: the
+Pairs: search_spaces/calibration/reference/knob_effects.csv (search_spaces.calibration.knob_pairs), each one knob
+switched at a fixed layout -- MoE dispatcher (alltoall / DeepEP / HybridEP), CUDA-graph scope, precision (BF16,
+per-tensor FP8, MXFP8, also on Qwen3-30B-A3B's small experts), recompute, EP overlap, and two memory levers' costs
+(dropless routing against forced balance at EP16; the whole optimizer offloaded to the host) -- with its source
+(repository, commit, what was compared). Half are declared fit (bench/fit_calibration.py may fit on them), half held
+out; a pair found after the last refit joins the held half. Per pair: the
 published ratio (B's throughput over A's) and the predicted one. A published ratio is itself two runs, and the same
 layout run twice moves too: the performance summary lists 77 layouts in a release and in its patch release (26.04
 and 26.04.01, ...), whose TF/s differ by a median 1.1%, and by up to NOISE = their 95th percentile (6.2%; derived
-from the file, search_spaces.calibration.knob_pairs.noise_band): a published change within NOISE is not told apart from none at
-the 5% level. A direction is right when published and predicted ratios fall in the same class (slower beyond NOISE,
-within it, faster beyond it) or the prediction is within NOISE of the published ratio. Last line:
+from the file, search_spaces.calibration.knob_pairs.noise_band): a published change within NOISE is not told apart from
+none at the 5% level. A direction is right when published and predicted ratios fall in the same class (slower beyond
+NOISE, within it, faster beyond it) or the prediction is within NOISE of the published ratio. Last line:
 `knob effects: N pairs, direction right X/N, ratio error MAPE Y% (held-out half)` (goal: X = N, Y <= 10).
 
     .venv/bin/python bench/knob_effects.py [--json]
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration.calibration_file import Calibration, calibration  # noqa: E402
-from search_spaces.calibration.knob_pairs import KnobPair, load_knob_pairs, noise_band, predicted_ratio  # noqa: E402
+from search_spaces.calibration.calibration_file import Calibration, calibration
+from search_spaces.calibration.knob_pairs import KnobPair, load_knob_pairs, noise_band, predicted_ratio
 
 # a published ratio within NOISE of 1 is "no change" (a two-sided 5% test against the same layout's run-to-run
 # changes between a release and its patch release); a prediction within NOISE of the published ratio is right
@@ -103,7 +103,8 @@ def before_after(r: dict) -> list[str]:
     before = json.loads(BEFORE.read_text())
     now = dict(r.get("accuracy") or {})
     b = before["estimator_accuracy"]
-    rows = [("knob pairs: direction right", f"{before['knob_effects']['direction_right']}/{before['knob_effects']['pairs']}",
+    rows = [("knob pairs: direction right",
+             f"{before['knob_effects']['direction_right']}/{before['knob_effects']['pairs']}",
              f"{r['direction_right']}/{r['pairs']}"),
             ("knob pairs: ratio MAPE, held-out half", f"{before['knob_effects']['mape_held']}%", f"{r['mape_held']}%")]
     rows += [(f"published rows {k}: TF/s MAPE", f"{b[k]}%", f"{now.get(k, '-')}%") for k in
@@ -113,7 +114,8 @@ def before_after(r: dict) -> list[str]:
     for q in r.get("qwen3_next_space") or []:
         k = f"{q['seq_len'] // 1024}K"
         was = before["qwen3_next_space_gb200_32"][k]
-        rows.append((f"space, Qwen3-Next on 32 GB200, {k}: best TF/s (peak GiB)", f"{was['tflops']} ({was['peak_gib']})",
+        rows.append((f"space, Qwen3-Next on 32 GB200, {k}: best TF/s (peak GiB)",
+                     f"{was['tflops']} ({was['peak_gib']})",
                      f"{q['tflops']} ({q['peak_gib']}) {q['layout']}"))
     lines = [f"Before: {before['measured_on']}.", "", "| figure | before | after |", "|---|---|---|"]
     return lines + [f"| {a} | {x} | {y} |" for a, x, y in rows] + [""]
@@ -121,8 +123,8 @@ def before_after(r: dict) -> list[str]:
 
 def section(r: dict) -> list[str]:
     """The RESULTS.md section (bench/run_all.py)."""
-    lines = before_after(r) + ["Published same-layout A/B pairs (search_spaces/calibration/reference/knob_effects.csv, each with its source): "
-             "the published throughput ratio B/A beside the cost model's. Knobs covered: "
+    lines = before_after(r) + ["Published same-layout A/B pairs (search_spaces/calibration/reference/knob_effects.csv, "
+             "each with its source): the published throughput ratio B/A beside the cost model's. Knobs covered: "
              f"{', '.join(r['knobs'])}. Fit-half MAPE {r['mape_fit']}%, held-out-half MAPE **{r['mape_held']}%**.",
              "", "| pair | knob | half | change | published B/A | predicted B/A | error % | direction |",
              "|---|---|---|---|---|---|---|---|"]

@@ -1,9 +1,9 @@
 """Validation by source: refit the cost model's constants without one publisher's rows (or one GPU's, one GPU
 family's), then predict the rows left out.
 
-The declared halves (search_spaces.calibration.reference.declared_halves) are held out from the fit but not from us: every refit
-is judged on them. A fold here leaves a whole source out -- its 4K rows, its long-context rows -- refits on every
-row of the others (both halves) with bench/fit_calibration.py's objective (its parameters, its knob pairs, its
+The declared halves (search_spaces.calibration.reference.declared_halves) are held out from the fit but not from us:
+every refit is judged on them. A fold here leaves a whole source out -- its 4K rows, its long-context rows -- refits on
+every row of the others (both halves) with bench/fit_calibration.py's objective (its parameters, its knob pairs, its
 long-context weight, then the delta-net state step), and predicts the source it never saw. What no kept row can move
 is not taken from the packaged fit: a GPU family with no kept row gets the Calibration defaults for its fitted GEMM
 rates, a software release with no kept row gets the attention release factor its kernels' published benchmarks give

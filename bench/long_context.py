@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.cost.costmodel import estimate  # noqa: E402
-from search_spaces.catalog.hardware import load_gpu  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
-from search_spaces.catalog.models import load_model  # noqa: E402
-from search_spaces.layouts.space import explore, hierarchical_options  # noqa: E402
-from search_spaces.cost.throughput import cp_step_report, job_for  # noqa: E402
+from search_spaces.cost.costmodel import estimate
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.space import explore, hierarchical_options
+from search_spaces.cost.throughput import cp_step_report, job_for
 
 MODEL, GPU, GPUS = "deepseek-v3", "h100", 256
 LAYOUT = dict(tp=1, ep=32, etp=1, pp=8, vpp=4, mbs=1, precision="fp8-blockwise", dispatcher="deepep",
@@ -108,12 +108,12 @@ def section(r: dict) -> list[str]:
     lines += ["", f"**Band: {lo:.3f}–{hi:.3f} of the 4K throughput "
               f"({'within' if r['within_band'] else 'OUTSIDE'} ±{int(BAND * 100)}%).** Published runs of this "
               "family stay near 300–320 TF/s from 4K to 256K (notes/long-context-moe.md).", "",
-              "Why each length's winner wins (the three cheapest options and the plain p2p ring, ms per attention layer and microbatch on "
-              "one rank; the rest of the step is the same for all): while TP·CP fits one NVLink domain (8 GPUs) "
-              "the p2p ring hides its transfers, but a2a runs attention as one kernel over the whole sequence "
-              "(1/CP of the heads) instead of shard-long ring steps, which the kernel-length factor rewards more "
-              "than the all-to-all costs; beyond one node a plain p2p ring moves the full MLA K/V of a 4K shard "
-              "(336 MB) over InfiniBand per step against ~1 ms of attention, so nothing hides it, while a2a+p2p "
+              "Why each length's winner wins (the three cheapest options and the plain p2p ring, ms per attention "
+              "layer and microbatch on one rank; the rest of the step is the same for all): while TP·CP fits one "
+              "NVLink domain (8 GPUs) the p2p ring hides its transfers, but a2a runs attention as one kernel over the "
+              "whole sequence (1/CP of the heads) instead of shard-long ring steps, which the kernel-length factor "
+              "rewards more than the all-to-all costs; beyond one node a plain p2p ring moves the full MLA K/V of a 4K "
+              "shard (336 MB) over InfiniBand per step against ~1 ms of attention, so nothing hides it, while a2a+p2p "
               "keeps the all-to-all inside the node and makes each cross-node ring step 8x longer for the same "
               "bytes.", ""]
     lines += [why(row) for row in r["lengths"] if row["cp"] > 1]

@@ -210,7 +210,8 @@ def predicted(run: dict) -> dict:
             kept.pop("recompute_inputs", None)
             layers[unit.layer] = sum(kept.values()) - before
             before = sum(kept.values())
-    return {"components": {k: getattr(mem, k) for k in COMPONENTS}, "terms": terms, "layers": layers, "mla": model.is_mla}
+    return {"components": {k: getattr(mem, k) for k in COMPONENTS}, "terms": terms, "layers": layers,
+            "mla": model.is_mla}
 
 
 def score(name: str, run: dict) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.cost.packing import HISTOGRAM_FORMAT, LengthHistogram, histogram  # noqa: E402
+from search_spaces.cost.packing import HISTOGRAM_FORMAT, LengthHistogram, histogram
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQ_LEN = 131072

@@ -60,7 +60,7 @@ def attempt(module: str, call: Callable[[Any], dict]) -> dict[str, Any]:
         mod = importlib.import_module(f"bench.{module}")
         result = call(mod)
         return {"ok": True, "result": result, "seconds": round(time.monotonic() - start, 1)}
-    except Exception as exc:  # a broken benchmark is a result too
+    except Exception as exc:  # noqa: BLE001 -- a broken benchmark is a result too
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(limit=6), "seconds": round(time.monotonic() - start, 1)}
 

@@ -367,19 +367,21 @@ def _fmt(value: float, digits: int = 0) -> str:
 
 def table(result: dict) -> str:
     """Markdown table of run()'s figures."""
-    lines = ["| case | strategy | reached | trials median | trials p90 | GPU-h median | GPU-h p90 | missed: trials run |",
+    lines = ["| case | strategy | reached | trials median | trials p90 | GPU-h median | GPU-h p90 "
+             "| missed: trials run |",
              "|---|---|---|---|---|---|---|---|"]
     for row in result["cases"]:
         label = f"{row['case']} ({row['layouts']} layouts, exhaustive {row['exhaustive_gpu_hours_median']:,.0f} GPU-h)"
         for name, s in row["strategies"].items():
             lines.append(f"| {label} | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
-                         f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} | "
+                         f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | "
+                         f"{_fmt(s['gpu_hours_p90'], 1)} | "
                          f"{_missed(s)} |")
             label = ""
     for name, s in result["overall"].items():
         lines.append(f"| **all cases** | {name} | {s['reached']}/{s['runs']} | {_fmt(s['trials_median'])} | "
-                     f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | {_fmt(s['gpu_hours_p90'], 1)} | "
-                     f"{_missed(s)} |")
+                     f"{_fmt(s['trials_p90'])} | {_fmt(s['gpu_hours_median'], 1)} | "
+                     f"{_fmt(s['gpu_hours_p90'], 1)} | {_missed(s)} |")
     return "\n".join(lines)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.cost.costmodel import estimate  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
+from search_spaces.cost.costmodel import estimate
+from search_spaces.layouts.layout import Layout
 
 DSV3 = dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8-blockwise", dispatcher="deepep",
             recompute="mla_up_proj,layernorm,moe,mlp", optimizer_offload=1.0)

@@ -87,7 +87,8 @@ def from_study(storage: str, study_name: str, skipped: list[str] | None = None) 
     out = []
     for record in studies.measured_records(study):
         if context.model_overrides and not record.model_overrides and record.result is not None:
-            result = dataclasses.replace(record.result, extra={**record.extra, "model_overrides": context.model_overrides})
+            result = dataclasses.replace(record.result, extra={**record.extra,
+                                                               "model_overrides": context.model_overrides})
             record = dataclasses.replace(record, result=result)
         _keep(judge(record, f"study {study_name} trial {record.number}", context.backend or ""), out, skipped)
     return out

@@ -2,7 +2,8 @@
 
 Sources (no torch: the orchestrator never imports it):
 - Megatron's indexed dataset (`PREFIX.idx` beside `PREFIX.bin`): the .idx header and arrays read with numpy
-  exactly as megatron/core/datasets/indexed_dataset.py's _IndexReader lays them out (tests/test_packing_data.py
+  exactly as megatron/core/datasets/indexed_dataset.py's _IndexReader lays them out
+  (tests/orchestrator/test_packing_data.py
   holds this reader to Megatron-Core's on a dataset written by its own IndexedDatasetBuilder). Large datasets
   are sampled: at most `max_documents` documents drawn uniformly without replacement (seeded).
 - JSONL and Parquet with a token-count column (or a text column tokenised with a Hugging Face tokenizer, only
@@ -36,7 +37,7 @@ DEFAULT_MAX_DOCUMENTS = 1_000_000
 Progress = Callable[[int, int], None]
 
 
-def _no_progress(done: int, total: int) -> None:
+def _no_progress(done: int, total: int) -> None:  # noqa: ARG001 -- a Progress
     return None
 
 
@@ -240,5 +241,6 @@ def histogram_text(hist: LengthHistogram) -> str:
     return json.dumps(hist.to_json(), indent=1) + "\n"
 
 
-__all__ = ["HISTOGRAM_FORMAT", "bin_lengths", "histogram_text", "idx_document_lengths", "load_tokenizer", "read_idx_header",
+__all__ = ["HISTOGRAM_FORMAT", "bin_lengths", "histogram_text", "idx_document_lengths", "load_tokenizer",
+           "read_idx_header",
            "table_document_lengths"]

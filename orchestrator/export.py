@@ -8,8 +8,9 @@ Three renderings of the same layout:
 
 Values are spelled as each dimension's declaration says (search_spaces.layouts.layout: `megatron_values`, ...). Every
 flag, field name and value is checked against what consumes it: Megatron-LM's own argument parser and the
-megatron-core 0.19.2 config dataclasses (tests/test_export.py), Megatron-Bridge's override loading and the value
-sets Megatron-Core / Transformer Engine accept (tests/test_consumers.py). No torch or megatron import here.
+megatron-core 0.19.2 config dataclasses (tests/orchestrator/test_export.py), Megatron-Bridge's override loading and the
+value
+sets Megatron-Core / Transformer Engine accept (tests/orchestrator/test_consumers.py). No torch or megatron import here.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def _importance_figure(study: optuna.Study) -> go.Figure:
             fig = optuna.visualization.plot_param_importances(
                 _snapshot(study), target=_importance_target, target_name="tokens/s/GPU")
         fig.update_layout(title="Parameter importance for tokens/s/GPU (Optuna)")
-    except Exception as exc:  # too few trials, or nothing varied: the figure says so instead
+    except Exception as exc:  # noqa: BLE001 -- too few trials, or nothing varied: the figure says so instead
         fig = go.Figure().add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
         fig.update_layout(title="Parameter importance (Optuna)")
     return fig

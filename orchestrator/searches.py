@@ -2,7 +2,8 @@
 
 `SEARCH_KINDS` is the one table: the spec's `search` choices, the CLI help and the documentation's list derive
 from it. A new search is one `SearchKind` below plus its maker in orchestrator/sweep/searches.py (the sampler
-itself in orchestrator/sweep/samplers.py, with the loop's hooks, samplers.SweepSampler); tests/test_conformance.py
+itself in orchestrator/sweep/samplers.py, with the loop's hooks, samplers.SweepSampler);
+tests/orchestrator/test_conformance.py
 runs it through the common contract at once, and fails if a name here has no maker there.
 
 Names only: a spec names its search without loading the sweep, and nothing here imports it (the sweep imports

@@ -167,7 +167,8 @@ class SweepSpec(_Strict):
     constants: screening, ranking and the predictions beside each measurement; recorded in MLflow."""
     software: str | None = None
     """The NeMo / Megatron-Bridge container release the cluster runs ("25.11"): the cost model's predictions at the
-    speed that release reached on this GPU in published rows (search_spaces/catalog/maturity.py); default: the newest."""
+    speed that release reached on this GPU in published rows (search_spaces/catalog/maturity.py); default: the
+    newest."""
     packing: Packing = Field(default_factory=Packing)
     """How samples are built: full-length documents (default) or documents packed from a length histogram."""
 
@@ -218,7 +219,7 @@ class SweepSpec(_Strict):
 
     @field_validator("name", "experiment")
     @classmethod
-    def _plain_name(cls, value: str | None, info) -> str | None:  # noqa: ANN001 (pydantic's ValidationInfo)
+    def _plain_name(cls, value: str | None, info) -> str | None:  # info: pydantic's ValidationInfo
         if value is not None:
             try:
                 check_name(value, info.field_name)  # the one rule for names (search_spaces/inputs.py)

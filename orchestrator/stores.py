@@ -46,7 +46,7 @@ def require_existing(url: str, table: str, what: str, hint: str = "") -> None:
     if scheme == "sqlite":
         _require_sqlite(url, table, what, shown, hint)
     elif scheme in _SQL_SCHEMES:
-        if not _server_has_table(url, table, what, shown):
+        if not _server_has_table(url, table, what):
             raise SpecError(f"no {what} in {shown}: the database has no {table!r} table{hint}")
 
 
@@ -108,7 +108,7 @@ def _sqlite_has_table(path: Path, table: str) -> bool:
         raise SpecError(f"cannot read {str(path)!r}: {exc}") from None
 
 
-def _server_has_table(url: str, table: str, what: str, shown: str) -> bool:
+def _server_has_table(url: str, table: str, what: str) -> bool:
     import sqlalchemy
 
     try:

@@ -40,7 +40,7 @@ def open_storage(url: str, attempts: int = 10, create: bool = True) -> optuna.st
     for attempt in range(attempts):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=connections.engine_kwargs(url))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- read below: a schema race is retried, the rest re-raised
             text = str(exc)
             # two sweeps creating one new database server's schema at once race: the loser retries (a SQLite file
             # is created whole, above; "locked" was already waited for, SQLITE_BUSY_S)

@@ -282,7 +282,7 @@ class Tracker:
             return True
         except LeaseLost:  # taken over: the record is the new driver's to make, not the spool's
             raise
-        except Exception as exc:  # MLflow down/misbehaving: keep the record, say why later
+        except Exception as exc:  # noqa: BLE001 -- MLflow down/misbehaving: keep the record, say why later
             self._spool({"trial_number": run.record.number, "payload": run.payload(),
                          "error": redact_text(f"{type(exc).__name__}: {exc}")})
             return False
@@ -381,7 +381,7 @@ class Tracker:
                     self._record(RunRecord.from_payload(rec["trial_number"], rec["payload"]))
             except LeaseLost:
                 raise
-            except Exception:  # MLflow still down: the record stays in the spool
+            except Exception:  # noqa: BLE001 -- MLflow still down: the record stays in the spool
                 left.append(line)
         self._set_aside(damaged)
         if left:

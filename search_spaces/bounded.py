@@ -128,7 +128,7 @@ class BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
+    def compose_node(self, parent, index):  # PyYAML's signature
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             mark = f"{'*' if isinstance(event, yaml.AliasEvent) else '&'}{event.anchor}"
@@ -143,7 +143,7 @@ class BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= collection
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001
+    def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -158,7 +158,7 @@ class BoundedLoader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep)
 
-    def construct_yaml_int(self, node):  # noqa: ANN001
+    def construct_yaml_int(self, node):
         digits = sum(c.isalnum() for c in str(node.value))  # 0x.., 0o.., 1_000, 1:20 (sexagesimal) alike
         if digits > MAX_INT_DIGITS:
             raise _Refused(f"an integer of {digits:,} digits at line {node.start_mark.line + 1} "

@@ -82,10 +82,10 @@ class ProxyPlan:
                 "changes": [c.to_dict() for c in self.changes]}
 
 
-def derive_proxy(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) -> ProxyPlan:
+def derive_proxy(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) -> ProxyPlan:  # noqa: ARG001 -- public
     """The smallest runnable layout that keeps `layout`'s per-GPU work (see the module docstring)."""
     changes: list[Change] = []
-    heavy = _heaviest_rank(model, layout, gpu, num_gpus)
+    heavy = _heaviest_rank(model, layout)
     pp = PROXY_PP if layout.pp > 1 else 1
     if pp != layout.pp:
         changes.append(Change("pp", layout.pp, pp, "two stages keep one stage boundary (its send/recv is "
@@ -115,7 +115,7 @@ def derive_proxy(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) 
     return ProxyPlan(proxy_model, proxy_layout, world, num_gpus, layout, model, heavy, tuple(changes))
 
 
-def _heaviest_rank(model: ModelSpec, layout: Layout, gpu: GPUSpec, num_gpus: int) -> int:
+def _heaviest_rank(model: ModelSpec, layout: Layout) -> int:
     """The pipeline rank that sets the pace (the cost model's slowest rank: most layers, or the head)."""
     place = placement(model, layout.pp, layout.vpp)
     if place is None or layout.pp == 1:

@@ -3,8 +3,8 @@ without changing what it checks (issue 33): Hypothesis profiles, template MLflow
 
 Under pytest-xdist (scripts/test.sh passes -n): every worker has its own temp folders (tmp_path) and free ports
 (tests.mlflow_server.free_port); tests that share one resource carry `xdist_group` marks and run on one worker
-(`--dist loadgroup`): "slurm" (the emulated cluster), "postgres" (the session's PostgreSQL cluster, the `postgres` fixture), "wheel"
-(one built wheel and its venvs).
+(`--dist loadgroup`): "slurm" (the emulated cluster), "postgres" (the session's PostgreSQL cluster, the `postgres`
+fixture), "wheel" (one built wheel and its venvs).
 """
 
 import os
@@ -56,7 +56,7 @@ def postgres():
     from tests.postgres_server import PostgresServer, server_bin
 
     try:
-        import psycopg  # noqa: F401  (SQLAlchemy's PostgreSQL driver: the `team` extra)
+        import psycopg  # SQLAlchemy's PostgreSQL driver: the `team` extra
     except ImportError:
         psycopg = None
     if server_bin() is None or psycopg is None:
@@ -100,8 +100,8 @@ def _mlflow_uri_per_test():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "internal_error_expected: the test itself makes the CLI report an internal "
-                                       "error (tests/test_internal_errors.py); any other test that shows the line "
-                                       "fails")
+                                       "error (tests/orchestrator/test_internal_errors.py); any other test that "
+                                       "shows the line fails")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,7 +3,7 @@
 search_spaces/cost/memory.py keys a layer's activations by the recompute module that frees them (residual,
 layernorm, attention, core_attn, mla_up_proj, mlp, router, moe, moe_act, shared_experts); the trainer records
 them by the module that saved each tensor. TERM_RULES maps one onto the other, so that each term can be
-checked on its own (bench/memory_accuracy.py, tests/test_memory_match.py). Pure Python: no torch.
+checked on its own (bench/memory_accuracy.py, tests/search_spaces/test_memory_match.py). Pure Python: no torch.
 """
 
 from __future__ import annotations

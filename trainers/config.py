@@ -1,9 +1,10 @@
 """Layout + model -> the keyword arguments of Megatron-Core's configs. Pure mapping: no processes, no state.
 
 `refusal()` says why a layout cannot run here (before anything is built): the sweep's own legality rules
-(search_spaces.layouts.rules, for this device) plus the few things this trainer cannot build. `transformer_config_kwargs()`,
-`ddp_config_kwargs()` and `optimizer_config_kwargs()` fill TransformerConfig (or MLATransformerConfig),
-DistributedDataParallelConfig and OptimizerConfig; `model_kwargs()` fills GPTModel's own arguments.
+(search_spaces.layouts.rules, for this device) plus the few things this trainer cannot build.
+`transformer_config_kwargs()`, `ddp_config_kwargs()` and `optimizer_config_kwargs()` fill TransformerConfig (or
+MLATransformerConfig), DistributedDataParallelConfig and OptimizerConfig; `model_kwargs()` fills GPTModel's own
+arguments.
 """
 
 from __future__ import annotations
@@ -217,7 +218,8 @@ def _cuda_graph_kwargs(layout: Layout) -> dict[str, Any]:
     if not layout.cuda_graphs:
         return {}
     # Megatron-Core's own ("local") graphs: captured at the end of the first schedule run, no TE helper needed.
-    return {"cuda_graph_impl": "local", "cuda_graph_modules": [m for m in layout.cuda_graphs if m in LOCAL_GRAPH_MODULES]}
+    return {"cuda_graph_impl": "local",
+            "cuda_graph_modules": [m for m in layout.cuda_graphs if m in LOCAL_GRAPH_MODULES]}
 
 
 def _kernel_kwargs(on_cpu: bool, have_te: bool) -> dict[str, Any]:

@@ -63,7 +63,7 @@ class ContextParallelDotProductAttention(MegatronModule):
             raise NotImplementedError("CPU context-parallel attention does not support an attention bias")
         if packed_seq_params is not None:
             return self._packed(query, key, value, packed_seq_params)
-        local_len, batch = query.shape[0], query.shape[1]
+        local_len = query.shape[0]
         if self.cp_size > 1:
             key = gather_from_sequence_parallel_region(key, True, self.cp_group)
             value = gather_from_sequence_parallel_region(value, True, self.cp_group)

@@ -224,7 +224,7 @@ def _patch_megatron_internals() -> None:
         mcore_random.fp8_autocast = lambda *a, **k: contextlib.nullcontext()
 
     # The alltoall dispatcher only turns split sizes into numpy when the tensor is on CUDA.
-    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):  # noqa: ARG001 -- Megatron's signature
         if torch.is_tensor(tensor) and as_numpy:
             return tensor.numpy()
         return tensor
@@ -236,8 +236,8 @@ def _patch_megatron_internals() -> None:
     # finalize_model_grads all-reduces their gradients over TP.
     norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
 
-    def new_norm(cls, config, hidden_size, eps=1e-5, persist_layer_norm=False, zero_centered_gamma=False,
-                 normalization="LayerNorm"):
+    def new_norm(cls, config, hidden_size, eps=1e-5, persist_layer_norm=False, zero_centered_gamma=False,  # noqa: ARG001
+                 normalization="LayerNorm"):  # noqa: ARG001 -- Megatron's signature
         if config.layernorm_zero_centered_gamma:  # refused like the original torch norm does
             raise NotImplementedError("zero-centered gamma is not supported by the CPU torch norm")
         norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
@@ -286,7 +286,7 @@ def _patch_gloo_uneven_collectives() -> None:
 # --- gated delta-net: flash-linear-attention's kernels in plain PyTorch --------------------------------
 # Megatron-Core's GatedDeltaNet calls exactly three FLA (Triton) functions. The references below follow
 # FLA's signatures and semantics (shapes [batch, seq, heads, dim], g = log decay, scale = key_dim^-0.5);
-# tests/test_trainer_config.py checks them against a step-by-step recurrence.
+# tests/trainers/test_trainer_config.py checks them against a step-by-step recurrence.
 
 def reference_l2norm(x, eps: float = 1e-6, output_dtype=None):
     """fla.modules.l2norm.l2norm: x / sqrt(sum(x^2) + eps) over the last dimension, computed in fp32."""
@@ -296,7 +296,7 @@ def reference_l2norm(x, eps: float = 1e-6, output_dtype=None):
 
 
 def reference_causal_conv1d(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
-                            activation=None, cu_seqlens=None, **unused):
+                            activation=None, cu_seqlens=None, **unused):  # noqa: ARG001 -- fla's signature
     """fla.modules.convolution.causal_conv1d: depthwise causal convolution of x [b, s, d] with weight [d, w]
     (output t sees inputs t-w+1..t), then the activation; returns (y, final_state)."""
     import torch.nn.functional as F
@@ -315,7 +315,7 @@ def reference_causal_conv1d(x, weight, bias=None, residual=None, initial_state=N
 
 def reference_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                                      use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size: int = 64,
-                                     **unused):
+                                     **unused):  # noqa: ARG001 -- fla's signature
     """fla.ops.gated_delta_rule.chunk_gated_delta_rule: q, k [b, s, h, dk], v [b, s, h, dv], g and beta
     [b, s, h]; returns (o [b, s, h, dv], final state [b, h, dk, dv] or None).
 

@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             _emit(result, args.result)
         _finish()
         return 0
-    except BaseException as exc:  # noqa: BLE001 -- every failure must become a result, never a hang
+    except BaseException as exc:  # every failure must become a result, never a hang
         if isinstance(exc, KeyboardInterrupt):
             raise
         if _claim(args.result):

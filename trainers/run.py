@@ -418,7 +418,8 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
         "experts": sorted({e for g in gathered for e in g["experts"]}),
         "cp_comm_type": ("allgather (CPU attention)" if on_cpu else config.cp_comm_type) if layout.cp > 1 else None,
         "recompute": {"granularity": config.recompute_granularity or "none",
-                      "modules": list(config.recompute_modules or []) if config.recompute_granularity == "selective" else [],
+                      "modules": (list(config.recompute_modules or [])
+                                  if config.recompute_granularity == "selective" else []),
                       "method": config.recompute_method, "num_layers": config.recompute_num_layers},
         "cuda_graphs": {"impl": config.cuda_graph_impl,
                         "modules": [str(m) for m in (config.cuda_graph_modules or [])] if layout.cuda_graphs else [],

@@ -34,17 +34,17 @@ class BackendKind:
     """Other names accepted for it (older spellings); studies recorded with them resume."""
 
 
-def _ray(spec, prior) -> Backend:
+def _ray(spec, prior) -> Backend:  # noqa: ARG001 -- the registry's common signature
     from orchestrator.backends.local import LocalRayBackend
     return LocalRayBackend(spec)
 
 
-def _analytic(spec, prior) -> Backend:
+def _analytic(spec, prior) -> Backend:  # noqa: ARG001 -- the registry's common signature
     from orchestrator.backends.analytic import AnalyticBackend
     return AnalyticBackend(lambda layout: prior.predict(layout).data)  # the sweep's cached cost model
 
 
-def _replay(spec, prior) -> Backend:
+def _replay(spec, prior) -> Backend:  # noqa: ARG001 -- the registry's common signature
     from orchestrator.backends.replay import ReplayBackend
     return ReplayBackend.from_spec(spec)
 

@@ -1,10 +1,10 @@
 """Replay: measurements come from a table of recorded trials (issue 8), like tabular HPO benchmarks.
 
-The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records/tables.py): the situation, one column per searchable
-layout dimension and the batch (values as `Layout.params` encodes them; lists may use `;`), the status and
-the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table lacks takes the
-dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep is
-exactly the table's layouts (orchestrator.sweep.prior.ReplayPrior); `ReplayBackend` answers each proposal
+The table is a CSV, one row per layout, columns `TABLE_COLUMNS` (declared by orchestrator/records/tables.py): the
+situation, one column per searchable layout dimension and the batch (values as `Layout.params` encodes them; lists may
+use `;`), the status and the measurements; `moe-autotune status STUDY --csv` writes it. A layout column an older table
+lacks takes the dimension's default (the parallel sizes and the batch are required). The search space of a replay sweep
+is exactly the table's layouts (orchestrator.sweep.prior.ReplayPrior); `ReplayBackend` answers each proposal
 from its row at the cost of one trial.
 
 Every row measured ok is judged as it is read (search_spaces.validation): a number that is not a finite number,

@@ -49,7 +49,8 @@ def estimate(
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
     TP/CP/EP/PP/DP communication, dispatcher and launch overhead, pipeline bubble, optimizer and offload) and, per
     knob, what switching it to its neighbours would change (JSON key "neighbours")."""
-    from search_spaces.calibration.calibration_file import load_calibration  # not calibration.py: the fit is not needed here
+    # not calibration.py: the fit is not needed here
+    from search_spaces.calibration.calibration_file import load_calibration
     from search_spaces.cost.costmodel import estimate as run_estimate
     from search_spaces.catalog.maturity import at_software, software_label
     from search_spaces.layouts.neighbours import neighbours

@@ -59,11 +59,11 @@ def sweep(
 
         family = run_family(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
         for outcome in family.outcomes.values():
-            _print_outcome(outcome, spec)
+            _print_outcome(outcome)
         console().print(family_table(family.rows, spec.name))
         return family.exit_code
     outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
-    _print_outcome(outcome, spec)
+    _print_outcome(outcome)
     return outcome.exit_code
 
 
@@ -76,7 +76,7 @@ def _check_names(spec) -> None:
     load_gpu(spec.gpu)
 
 
-def _print_outcome(outcome, spec) -> None:
+def _print_outcome(outcome) -> None:
     from orchestrator import records
     from orchestrator.records import TrialRecord
 

@@ -14,7 +14,7 @@ Storage contract:
   objectives        [tokens/s/GPU (maximize), peak memory GiB (minimize)]
   constraints       memory_over_limit_gib, not_measured_ok (feasible when both are <= 0)
 Older studies stay readable: a key an earlier version did not write reads as its default, a value of the
-wrong type reads as absent, and the study's context falls back to its spec (tests/test_records.py keeps a
+wrong type reads as absent, and the study's context falls back to its spec (tests/orchestrator/test_records.py keeps a
 study of the layout written before this package).
 
     stored.py   how a field is declared (`stored`) and read / written as user attrs
@@ -33,7 +33,8 @@ from orchestrator.records.tables import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADER
                                          VIEW_METRICS, layout_cells, row)
 from orchestrator.records.trial import PROMOTION_TAG, TRIAL_TAG, TrialRecord, enqueue, trials
 
-__all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS", "PROMOTION_TAG",
+__all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS",
+           "PROMOTION_TAG",
            "LEADERBOARD_COLUMNS", "LEADERBOARD_EXTRA", "METRICS", "Metric", "NUMBER_COLUMNS", "OBJECTIVE", "PREDICTED",
            "REQUIRED_COLUMNS", "Stored", "StudyRecord", "TABLE", "TABLE_COLUMNS", "TAG", "TRAIN_COLUMNS", "TRIAL_TAG",
            "TrialRecord", "VIEW", "VIEW_METRICS", "enqueue", "finite", "jsonable", "layout_cells", "load_result",

@@ -74,7 +74,8 @@ class TrialRecord(Stored):
         if isinstance(trial, optuna.trial.FrozenTrial):
             state = trial.state.name.lower()
             return cls(number=trial.number, state=state, params=dict(trial.params),
-                       values=tuple(trial.values or ()), constraints=tuple(float(c) for c in trial.constraints.values()),
+                       values=tuple(trial.values or ()),
+                       constraints=tuple(float(c) for c in trial.constraints.values()),
                        **_told(state, cls._read(trial.user_attrs)), **context)
         return cls(number=trial.number, state="running", params=dict(trial.params), **cls._read(trial.user_attrs),
                    **context)

@@ -7,9 +7,9 @@
     OrderedSampler     the first untried layout of a fixed order (random search, NeMo's grid order)
 
 Every sampler the sweep uses is an Optuna sampler with the hooks of `SweepSampler` (the loop asks nothing else;
-`SearchHooks` gives the defaults). The layout samplers are relative samplers: each trial gets a whole layout at once (every search dimension
-is one categorical parameter, `SweepSpace`), and before each proposal they read the study, so they learn
-from every finished trial, whoever ran it (this driver, a resumed one) and never propose a layout that is
+`SearchHooks` gives the defaults). The layout samplers are relative samplers: each trial gets a whole layout at once
+(every search dimension is one categorical parameter, `SweepSpace`), and before each proposal they read the study, so
+they learn from every finished trial, whoever ran it (this driver, a resumed one) and never propose a layout that is
 finished, running or queued. The rules of thumb are enqueued trials (Optuna's warm start), for every sampler.
 """
 

@@ -1,7 +1,7 @@
 """Each search of orchestrator.searches.SEARCH_KINDS made into its sampler: the sweep's side of that table.
 
 `make_sampler(name, space, prior, seed)` is what the sweep's session calls; a search named in the table without a
-maker here is refused in one line (and tests/test_conformance.py fails first).
+maker here is refused in one line (and tests/orchestrator/test_conformance.py fails first).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _calibrated(space: SweepSpace, prior: Prior, seed: int | None, candidates: l
     return CalibratedSampler(space, prior, seed, candidates)
 
 
-def _tpe(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> SweepSampler:
+def _tpe(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> SweepSampler:  # noqa: ARG001
     return TPESearch(seed)
 
 
@@ -41,7 +41,7 @@ def _random(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[
     return OrderedSampler(space, random.Random(seed).sample(feasible, len(feasible)))
 
 
-def _grid(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> SweepSampler:
+def _grid(space: SweepSpace, prior: Prior, seed: int | None, candidates: list[Layout]) -> SweepSampler:  # noqa: ARG001
     return OrderedSampler(space, nemo_grid_order(_feasible(prior, candidates)))
 
 

@@ -100,7 +100,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     if spec.lengths:
         raise SpecError("a length family runs with orchestrator.sweep.family.run_family, one length at a time")
     prior = prior or make_prior(spec)
-    prior.model, prior.gpu  # unknown model or GPU names fail here, before anything is stored
+    prior.model, prior.gpu  # noqa: B018 -- unknown model or GPU names fail here, before anything is stored
     workdir = Path(spec.workdir) / spec.name
     if not resume:
         _check_something_fits(spec, prior)  # the cost model alone: before any store is looked at

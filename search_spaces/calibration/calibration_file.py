@@ -61,19 +61,27 @@ class Range:
 # The ranges, one per kind of constant. Every fit's bounds (search_spaces/calibration/fit.py, Parameter) lie within
 # them; what lies outside is a typo, a unit slip (ms for s) or a hostile file, and would make the model divide by
 # zero, overflow or answer NaN.
-EFFICIENCY = Range(1e-3, 1.0, "an efficiency: achieved / peak rate, at most 1; under 0.1% no kernel runs").type
-RELATIVE_RATE = Range(1e-2, 4.0, "a rate relative to another on the same chip: within a few times").type
-SHARE = Range(1e-6, 1.0, "the share of a communication's time left exposed: at most all of it").type
-PASSES = Range(1e-2, 1e3, "passes over memory per step: a few to tens").type
-BYTES = Range(1e-2, 64.0, "bytes per element").type
-KERNEL_S = Range(1e-9, 1e-2, "seconds per kernel launch or step: nanoseconds to milliseconds").type
-HOST_S = Range(1e-9, 10.0, "seconds of a sync or a collective: nanoseconds to seconds").type
-CPU_LAYER_S = Range(1e-9, 100.0, "seconds of eager CPU time per layer and microbatch").type
-GIB = Range(1e-3, 4096.0, "GiB of a process's resident set beside its tensors").type
-CORES = Range(1.0, 2.0 ** 20, "cores of one host").type
+# Each is `Range.type` written out, so that a type checker sees the float; pydantic holds it to its range.
+EFFICIENCY = Annotated[float, Strict(), AfterValidator(Range(
+    1e-3, 1.0, "an efficiency: achieved / peak rate, at most 1; under 0.1% no kernel runs"))]
+RELATIVE_RATE = Annotated[float, Strict(), AfterValidator(Range(
+    1e-2, 4.0, "a rate relative to another on the same chip: within a few times"))]
+SHARE = Annotated[float, Strict(), AfterValidator(Range(
+    1e-6, 1.0, "the share of a communication's time left exposed: at most all of it"))]
+PASSES = Annotated[float, Strict(), AfterValidator(Range(1e-2, 1e3, "passes over memory per step: a few to tens"))]
+BYTES = Annotated[float, Strict(), AfterValidator(Range(1e-2, 64.0, "bytes per element"))]
+KERNEL_S = Annotated[float, Strict(), AfterValidator(Range(
+    1e-9, 1e-2, "seconds per kernel launch or step: nanoseconds to milliseconds"))]
+HOST_S = Annotated[float, Strict(), AfterValidator(Range(
+    1e-9, 10.0, "seconds of a sync or a collective: nanoseconds to seconds"))]
+CPU_LAYER_S = Annotated[float, Strict(), AfterValidator(Range(
+    1e-9, 100.0, "seconds of eager CPU time per layer and microbatch"))]
+GIB = Annotated[float, Strict(), AfterValidator(Range(
+    1e-3, 4096.0, "GiB of a process's resident set beside its tensors"))]
+CORES = Annotated[float, Strict(), AfterValidator(Range(1.0, 2.0 ** 20, "cores of one host"))]
 # per-family tables are keyed by an architecture family or, where one chip differs, by a GPU's name
-Family = Literal[FAMILIES + GPU_NAMES]  # type: ignore[valid-type]
-Host = Literal[HOSTS]  # type: ignore[valid-type]
+Family: typing.TypeAlias = Literal[FAMILIES + GPU_NAMES]  # type: ignore[valid-type]
+Host: typing.TypeAlias = Literal[HOSTS]  # type: ignore[valid-type]
 
 
 class Calibration(BaseModel):
@@ -166,8 +174,9 @@ class Calibration(BaseModel):
 
     software: dict[str, str] = {}
     """The software the constants were measured with (torch, megatron-core, transformer-engine, cuda, nccl, or
-    a container's name: search_spaces/catalog/software.py); loading a calibration measured with another stack says so."""
-    software_maturity: dict[Family, dict[str, RELATIVE_RATE]] = {}  # type: ignore[valid-type]
+    a container's name: search_spaces/catalog/software.py); loading a calibration measured with another stack says
+    so."""
+    software_maturity: dict[Family, dict[str, RELATIVE_RATE]] = {}
     """Per GPU, per NeMo / Megatron-Bridge container release older than the constants' own: the share of the
     newest release's tokens/s that release reached on the same configuration (measured, not fitted, on the
     performance summary's configurations published in several releases: search_spaces/catalog/maturity.py)."""

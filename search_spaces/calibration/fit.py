@@ -1,8 +1,8 @@
 """Calibrations as data: measurements in, the cost model's constants out.
 
 A `Measurement` is one measured (model, GPU, GPUs, length, Layout) -> tokens/s/GPU (or TF/s) and peak memory:
-a published row (search_spaces.calibration.reference reads them), a measured sweep trial (orchestrator/calibrate.py reads
-Optuna and MLflow), or a replay-table row. `fit()` finds the values of the `Parameter`s it is given (a family's
+a published row (search_spaces.calibration.reference reads them), a measured sweep trial (orchestrator/calibrate.py
+reads Optuna and MLflow), or a replay-table row. `fit()` finds the values of the `Parameter`s it is given (a family's
 constants, `FAMILY_PARAMETERS`, or the shared ones) that minimise the mean |log(predicted / measured)| tokens/s
 over the measurements, within physical bounds, with a bounded Nelder-Mead in log space (scipy.optimize). The
 constants are a typed `Calibration` and their file a `CalibrationDocument` (search_spaces.calibration.calibration_file);
@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from search_spaces.calibration.calibration_file import (Calibration, CalibrationDocument, calibration, calibration_document,
+from search_spaces.calibration.calibration_file import (Calibration, CalibrationDocument, calibration,
+                                                        calibration_document,
                                             calibration_text, load_calibration, merge, write_calibration)
 from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import MoeAutotuneError
@@ -30,7 +31,8 @@ from search_spaces.cost.throughput import step_time
 
 # the calibration's file API lives in calibration_file; the fit's callers find it here too
 __all__ = ["Calibration", "CalibrationDocument", "Measurement", "Parameter", "FAMILY_PARAMETERS",
-           "SHARED_PARAMETERS", "calibration", "calibration_document", "calibration_text", "cp_variants", "errors", "fit", "for_release",
+           "SHARED_PARAMETERS", "calibration", "calibration_document", "calibration_text", "cp_variants", "errors",
+           "fit", "for_release",
            "load_calibration", "log_loss", "mape", "measurement_problems", "model_spec", "nelder_mead",
            "parameters_for", "predict_peak_gib", "predict_tokens", "predict_tokens_best_cp", "usable", "with_values",
            "write_calibration"]

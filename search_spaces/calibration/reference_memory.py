@@ -1,10 +1,11 @@
-"""The published rows as they ran, memory-wise: the memory levers (search_spaces/cost/offload.py, fp8 weights) each row's own
-config turned on -- and, where a table printed none, the recompute and graphs its config ran -- and, for a row the model
-still predicts not to fit, why -- each with its source.
+"""The published rows as they ran, memory-wise: the memory levers (search_spaces/cost/offload.py, fp8 weights) each
+row's own config turned on -- and, where a table printed none, the recompute and graphs its config ran -- and, for a row
+the model still predicts not to fit, why -- each with its source.
 
 `reference.published_rows()` and `long_context_moe_rows()` keep the layouts the cost model is calibrated on (the
 levers change no time term the fit reads); `as_run(row)` is the row with its levers, `memory_gap(row)` the reason
-a row that ran is still predicted not to fit (tests/test_reference_memory.py holds both to the estimates: every row
+a row that ran is still predicted not to fit (tests/search_spaces/test_reference_memory.py holds both to the estimates:
+every row
 fits as run or names its gap, and a gap that closes must be removed). Pure Python.
 """
 
@@ -31,7 +32,8 @@ def row_key(row: Measurement) -> tuple:
 # fp8_cs -> bf16_with_fp8_current_scaling_mixed, fp8_mx -> bf16_with_mxfp8_mixed, both with fp8_param_gather=True
 # (src/megatron/bridge/training/mixed_precision.py) and no perf config of these models turning it off
 _FP8_PARAMS = ("Megatron-Bridge {tag} ({commit}): scripts/performance/utils/precision.py "
-               "get_precision_config('{dtype}') -> mixed_precision.py {recipe} sets fp8_param_gather=True (weights kept in fp8); {config} leaves it")
+               "get_precision_config('{dtype}') -> mixed_precision.py {recipe} sets fp8_param_gather=True "
+               "(weights kept in fp8); {config} leaves it")
 _LLAMA_405B_GB300 = _FP8_PARAMS.format(
     tag="v0.5.0 (the 26.06 release)", commit="fcbb603", dtype="fp8_mx", recipe="bf16_with_mxfp8_mixed",
     config="scripts/performance/configs/llama31/ (405B GB300 FP8-MX)")
@@ -48,10 +50,12 @@ _QWEN_FP8_PARAMS = ("megatron-bridge 0.6.2's perf_recipes precision for fp8mx (_
                     "bf16_with_mxfp8_mixed: fp8_param_gather=True")
 # Megatron-Bridge v0.2.0 (the 25.11 release, commit 7af9601c), scripts/performance/configs/deepseek/
 # workload_base_configs.py DEEPSEEK_V3_GB200_BASE_CONFIG (= its BF16 config): PP4 VPP4 EP64 as the row,
-# recompute_modules ["mla_up_proj"], TE CUDA graphs of moe_router and moe_preprocess (its GBS is 2048; the table's row ran 4096)
+# recompute_modules ["mla_up_proj"], TE CUDA graphs of moe_router and moe_preprocess (its GBS is 2048; the table's row
+# ran 4096)
 _DEEPSEEK_GB200_2511 = ("Megatron-Bridge v0.2.0 (25.11, 7af9601c) scripts/performance/configs/deepseek/"
                         "workload_base_configs.py DEEPSEEK_V3_GB200_BF16_BASE_CONFIG: recompute_modules "
-                        "['mla_up_proj'], cuda_graph_impl transformer_engine, cuda_graph_scope ['moe_router', 'moe_preprocess']")
+                        "['mla_up_proj'], cuda_graph_impl transformer_engine, cuda_graph_scope "
+                        "['moe_router', 'moe_preprocess']")
 
 # row -> (the lever fields its config set, the source); a row's recompute and graphs where the table printed none
 ROW_LEVERS: dict[tuple, tuple[dict, str]] = {

@@ -84,13 +84,16 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in (
             "B200 180 GB (DGX B200)", 148),
     GPUSpec("b300", 268.0, {"fp32": 1100, "bf16": 2250, **_fp8(4500, True)}, 8.0, 8, 900, 100, 55, "blackwell", "x86",
             "B300 288 GB (DGX B300)", 160),
-    GPUSpec("gb200", 184.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 50, 450, "blackwell", "grace",
+    GPUSpec("gb200", 184.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 50, 450, "blackwell",
+            "grace",
             "GB200 NVL72, 186 GB per GPU", 148),
-    GPUSpec("gb300", 277.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 100, 450, "blackwell", "grace",
+    GPUSpec("gb300", 277.0, {"fp32": 1250, "bf16": 2500, **_fp8(5000, True)}, 8.0, 72, 900, 100, 450, "blackwell",
+            "grace",
             "GB300 NVL72, 288 GB per GPU", 160),
     # Local CPU runs (gloo): all ranks share one host, so the "NVLink domain" is the machine; rates are a
     # rough 2-core figure, only used to order layouts, not to promise speed.
-    GPUSpec("cpu", 16.0, {"fp32": 0.1, "bf16": 0.05}, 0.02, 64, 5, 5, 5, "cpu", "cpu", "host CPU (gloo), fp32/bf16 only"),
+    GPUSpec("cpu", 16.0, {"fp32": 0.1, "bf16": 0.05}, 0.02, 64, 5, 5, 5, "cpu", "cpu",
+            "host CPU (gloo), fp32/bf16 only"),
 )}
 GPU_NAMES: tuple[str, ...] = tuple(GPUS)
 

@@ -1,7 +1,7 @@
 """The software a figure belongs to: a container release's maturity on a GPU, measured on published rows.
 
-The constants are fitted on the newest published release of each configuration (search_spaces.calibration.reference). Users run
-the containers they have, and on a new GPU the first releases that supported it ran the same layouts slower
+The constants are fitted on the newest published release of each configuration (search_spaces.calibration.reference).
+Users run the containers they have, and on a new GPU the first releases that supported it ran the same layouts slower
 (GB200: 25.11 at about three quarters of 26.08's tokens/s). `measure_maturity` takes every release of the
 Megatron-Bridge performance summary and, per GPU and release, the geometric mean of tokens/s at that release over
 tokens/s at the newest release of the same configuration (model, GPUs, length, precision, mapping, batch):

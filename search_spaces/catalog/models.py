@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError,
                       model_validator)
@@ -199,7 +199,7 @@ MAX_CONFIG_DEPTH = 64  # a config.json nests a few levels; deeper is not a model
 
 Size = Annotated[int, Strict(), Field(ge=1, le=MAX_MODEL_WIDTH)]  # a width or count that must be given as >= 1
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_MODEL_WIDTH)]  # 0 where it means none
-LayerType = Literal[tuple(LAYER_TYPES)]  # type: ignore[valid-type]
+LayerType: TypeAlias = Literal[tuple(LAYER_TYPES)]  # type: ignore[valid-type]
 
 
 class HFConfig(BaseModel):
@@ -393,7 +393,8 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
         attention_pattern=pattern, attention_output_gate=_flag(c.attention_output_gate, kind == "qwen3_next"),
         qk_layernorm=_flag(c.qk_layernorm, kind.startswith("qwen3") and not mla),
         gated_mlp=c.hidden_act in ("silu", "swiglu") or kind == "gpt_oss",
-        linear_bias=_flag(c.linear_bias, kind == "gpt_oss"), attention_sinks=_flag(c.attention_sinks, kind == "gpt_oss"),
+        linear_bias=_flag(c.linear_bias, kind == "gpt_oss"), attention_sinks=_flag(c.attention_sinks,
+                                                                                   kind == "gpt_oss"),
         shared_expert_gate=_flag(c.shared_expert_gate, kind == "qwen3_next"), tie_embeddings=c.tie_word_embeddings,
         max_position_embeddings=c.max_position_embeddings, hf_config=dict(cfg),
     )

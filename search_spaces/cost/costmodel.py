@@ -100,9 +100,9 @@ def estimate(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len:
              with_time: bool = True, cal: Calibration | None = None,
              packing: LengthHistogram | None = None) -> Estimate:
     """Predict legality, peak memory and speed of `layout`. Illegal layouts get legal=False and no figures.
-    `cal`: the calibration's constants (search_spaces.calibration.calibration_file.load_calibration; default the packaged
-    one). `packing`: documents packed into each sequence (search_spaces/cost/packing.py): tokens/s counts real tokens
-    only; None: one document of seq_len tokens per sequence."""
+    `cal`: the calibration's constants (search_spaces.calibration.calibration_file.load_calibration; default the
+    packaged one). `packing`: documents packed into each sequence (search_spaces/cost/packing.py): tokens/s counts real
+    tokens only; None: one document of seq_len tokens per sequence."""
     model, gpu = _resolve(model, gpu)
     if int(num_gpus) < 1:
         raise SpecError(f"num_gpus must be >= 1, got {num_gpus}")

@@ -106,4 +106,5 @@ def chunk_state_bytes(model: ModelSpec, layout: Layout, seq_len: int, act_bytes:
         * act_bytes
 
 
-__all__ = ["rule_flops_per_token_head", "chunked_flops_per_token", "state_waves", "state_pass_time", "layer_time", "chunk_state_bytes", "heads_per_rank"]
+__all__ = ["rule_flops_per_token_head", "chunked_flops_per_token", "state_waves", "state_pass_time", "layer_time",
+           "chunk_state_bytes", "heads_per_rank"]

@@ -120,5 +120,6 @@ def recompute_repeats_dispatch(layout: Layout) -> bool:
     return layout.recompute_granularity == "full" or "moe" in layout.recompute_modules
 
 
-__all__ = ["ep_span", "distinct_destinations", "flex_token_copies", "alltoall_token_copies", "link_efficiency", "latency_time",
+__all__ = ["ep_span", "distinct_destinations", "flex_token_copies", "alltoall_token_copies", "link_efficiency",
+           "latency_time",
            "global_permute_bytes", "sm_share", "recompute_repeats_dispatch"]

@@ -66,7 +66,8 @@ def linear_attention_core_per_token(model: ModelSpec, kind: str) -> float:
         return 0.0
     qk = model.linear_key_head_dim * model.linear_num_key_heads
     v = model.linear_value_head_dim * model.linear_num_value_heads
-    return model.linear_conv_kernel_dim * (2 * qk + v) + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4
+    return (model.linear_conv_kernel_dim * (2 * qk + v)
+            + model.linear_num_value_heads * model.linear_value_head_dim ** 2 * 4)
 
 
 def flops_breakdown(model: ModelSpec, seq_len: int, gbs: int = 1) -> dict[str, float]:

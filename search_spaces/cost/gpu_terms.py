@@ -23,7 +23,8 @@ from collections import Counter
 from search_spaces.cost import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.cost.pipeline import Unit
 from search_spaces.cost.memo import Memo
-from search_spaces.cost.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time, attention_peak,
+from search_spaces.cost.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time,
+                                         attention_peak,
                                     census, moe_layers, passes_key, precision_class)
 
 # Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core

@@ -20,7 +20,8 @@ its inputs and outputs into the graph's static buffers (the same blog, 2.3: "sta
 output data") -- why a graph can cost a little where the host was already hidden (Megatron-Bridge's cuda-graphs
 card: Qwen3-30B-A3B, H100, alltoall, 42.00 s with graphs against 41.36 s eager).
 Recompute re-launches the kernels of what it repeats (and a recomputed MoE layer syncs again) in the backward.
-Pure functions of (model, layout, GPU busy times); `layer_host_time` is called by gpu_terms.GpuTerms.launch_overhead_time.
+Pure functions of (model, layout, GPU busy times); `layer_host_time` is called by
+gpu_terms.GpuTerms.launch_overhead_time.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def _captured(layout: Layout) -> set[str]:
     return {part for scope in layout.cuda_graphs for part in SCOPE_PARTS.get(scope, ())}
 
 
-def _recomputed_parts(model: ModelSpec, layout: Layout) -> set[str]:
+def _recomputed_parts(layout: Layout) -> set[str]:
     """The parts whose forward the recompute choice repeats in the backward."""
     if layout.recompute_granularity == "full":
         return {"attention", "mlp", "router", "preprocess", "dispatch", "experts", "shared"}
@@ -194,7 +195,7 @@ def layer_launches(model: ModelSpec, layout: Layout, index: int) -> LayerLaunche
     """The launches of decoder layer `index` (they depend on its attention kind and MoE-ness and LAUNCH_FIELDS)."""
     parts = layer_kernels(model, layout, index)
     captured = _captured(layout)
-    recomputed = _recomputed_parts(model, layout)
+    recomputed = _recomputed_parts(layout)
     # token-drop MoE captured whole (`moe` scope) has static shapes: no sync. Capacity routing alone would need
     # none either (Megatron-Core 0.19's alltoall dispatcher skips its sync under drop_and_pad), but the fitted
     # moe_sync_s (at its 1 ms bound) holds more than the sync: every MoE layer's fixed cost per microbatch;

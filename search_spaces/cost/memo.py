@@ -8,7 +8,7 @@ by the layout fields the term declares it reads (`fields(...)`, beside the term)
 A table holds its owners, so no other object can take their ids while it lives. Tables are bounded: a Memo keeps
 MAX_OWNERS situations (a calibration fit makes many) and empties a table grown past MAX_ENTRIES.
 
-A stale value would be a wrong figure, silently: tests/test_speed_identity.py pins today's figures and
+A stale value would be a wrong figure, silently: tests/search_spaces/test_speed_identity.py pins today's figures and
 recomputes warm estimates from scratch (`clear_all`) over many neighbouring layouts.
 """
 

@@ -2,8 +2,8 @@
 
 Static state (per parameter on the rank): weights (4 B fp32, else 2 B bf16; fp8 adds a 1 B cast cache; 1 B alone
 when the weights are kept in fp8, fp8_param_gather),
-gradients (Megatron DDP main_grad buffers, not sharded: 4 B in fp32 runs, 2 B otherwise), optimizer states (Adam exp_avg + exp_avg_sq,
-8 B, plus a 4 B fp32 master copy when the weights are not fp32; the distributed optimizer shards the dense
+gradients (Megatron DDP main_grad buffers, not sharded: 4 B in fp32 runs, 2 B otherwise), optimizer states (Adam exp_avg
++ exp_avg_sq, 8 B, plus a 4 B fp32 master copy when the weights are not fp32; the distributed optimizer shards the dense
 part over DP*CP and the expert part over EDP). Optimizer offload (Megatron-Core's HybridDeviceOptimizer) moves the
 offloaded fraction's moments to the host; the distributed optimizer's fp32 master shard stays on the GPU (the host
 steps a pinned copy of it and copies the result back): Megatron-Bridge's CPU-offloading card measures Qwen3-30B-A3B
@@ -109,7 +109,8 @@ def grad_bytes(layout: Layout) -> int:
 
 
 # ---- activations per layer ---------------------------------------------------------------------------
-def layer_activations(model: ModelSpec, layout: Layout, seq_len: int, index: int, cpu: bool = False) -> dict[str, float]:
+def layer_activations(model: ModelSpec, layout: Layout, seq_len: int, index: int, cpu: bool = False) -> dict[str,
+                                                                                                             float]:
     """Bytes autograd saves for one microbatch in decoder layer `index` on one rank, keyed by the recompute
     module that frees them ('residual' and 'attention' are kept by every selective choice)."""
     # Only the layer's kind and a few layout fields matter: cache on those (space enumeration calls this a lot).

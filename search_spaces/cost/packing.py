@@ -15,7 +15,7 @@ How sequences are built (`packed_statistics`, one rule for the cost model and th
   the gaps they leave, the rest fills whole sequences. Every term of a step is additive over documents, so the
   expected attention per sequence is the dataset's sum over documents divided by its sequences.
 - With every document seq_len tokens long this is one document per sequence and today's figures exactly
-  (tests/test_packing.py).
+  (tests/search_spaces/test_packing.py).
 
 What Transformer Engine 2.20 (@d0067d0, attention/dot_product_attention/context_parallel.py and utils.py) does
 with THD under CP, per cp_comm_type: p2p and a2a+p2p (AttnFuncWithCPAndKVP2P), all_gather

@@ -21,7 +21,7 @@ score function (Hugging Face config `scoring_func`, softmax when absent):
   Qwen3-235B layout on 256 H100 (TP4, EP8, PP8, VPP4, DeepEP, BF16, recompute layernorm and moe) from 16K to 128K
   tokens with forced-balance and with dropless routing: 295/237, 335/277, 368/320 and 389/357 TF/s (dropless 20%,
   17%, 13% and 8% slower; the gap shrinks as attention takes over the step). Fitted on the 16K and 64K pairs
-  (every other length), 32K and 128K held out (tests/test_costmodel.py checks all four).
+  (every other length), 32K and 128K held out (tests/search_spaces/test_costmodel.py checks all four).
 - sigmoid (DeepSeek-V3, Kimi-K2: group-limited routing with expert bias): Megatron-Bridge's performance summary
   has DeepSeek-V3 dropless on 1024 H100 (release 25.09; TP2, PP8, VPP4, EP64, MBS1, GBS 8192) at 338 TF/s, its
   skill card the same layout with forced balance at 370 (a later release: the routing's share is at most this).
@@ -32,7 +32,7 @@ sampling term alone (EP2 of tiny-moe at 64 tokens, the trainer's applied.expert_
 Limits: both fits are benchmark runs (untrained routers, mock data); a trained router's balance may differ. The
 softmax skew is fitted at EP8 with 16 experts per rank: wider EP groups with fewer experts per rank extrapolate
 (EP32 with 4 experts per rank is charged 2.3x the balanced load). Checked there against published runs the fits never
-saw (SKEW_CHECKS; tests/test_costmodel.py holds the load to them):
+saw (SKEW_CHECKS; tests/search_spaces/test_costmodel.py holds the load to them):
 - EP64, trained routers on real data: UltraEP (arXiv 2606.04101; Dots-Infra/UltraEP @94cab099 docs/blog_v1.md, its
   end-to-end training figure) continued mid-to-late pretraining checkpoints on Megatron-LM with plain dropless routing
   and reports the busiest EP rank's average load over the mean (sequence 8192 in its released recipe): Qwen3-235B
@@ -134,7 +134,8 @@ def extrapolation_note(model: ModelSpec, layout: Layout, cpu: bool) -> str | Non
         checked = (f"; checked at EP{ep} with {per:g} experts per rank: load {modelled:.2f} against a trained router's "
                    f"published {published:.2f}")
     return (f"dropless expert load at EP{layout.ep} ({per_rank:g} experts per rank) extrapolates the {kind} router's "
-            f"skew fitted at EP{fitted_ep} with {fitted_per_rank} experts per rank{checked} (search_spaces/cost/routing.py)")
+            f"skew fitted at EP{fitted_ep} with {fitted_per_rank} experts per rank{checked} "
+            "(search_spaces/cost/routing.py)")
 
 
 def capacity_router_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:

@@ -42,8 +42,9 @@ Where the hardware families differ (attention at length and head width, GEMM sha
 the dispatcher's all-to-all, launch overhead, gloo latency, host contention), the terms are the family's own:
 search_spaces/cost/gpu_terms.py (Hopper, Blackwell) and search_spaces/cost/host_terms.py (the CPU host), chosen once per
 job by the accelerator's declared family (`TERMS`, `job_for`). Everything in this module is shared by all.
-The few efficiency constants are fitted on ../shared/reference (search_spaces/calibration/calibration.json, CALIBRATION.md);
-the physical and assumed ones are the named constants below and in the terms' modules, each with its source.
+The few efficiency constants are fitted on ../shared/reference (search_spaces/calibration/calibration.json,
+CALIBRATION.md); the physical and assumed ones are the named constants below and in the terms' modules, each with its
+source.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from typing import Any, NamedTuple
 from search_spaces.cost.breakdown import StepTime
 from search_spaces.calibration.calibration_file import Calibration, calibration
 from search_spaces.cost import dispatcher_comm, quantisation
-from search_spaces.cost.flops import (_attention_core_per_token, _attention_proj_per_token, linear_attention_core_per_token,
+from search_spaces.cost.flops import (_attention_core_per_token, _attention_proj_per_token,
+                                      linear_attention_core_per_token,
                                  padded_vocab_size)
 from search_spaces.cost.gpu_terms import GPU_TERMS
 from search_spaces.catalog.hardware import GPUSpec
@@ -173,7 +175,8 @@ def _layer_flops(model: ModelSpec, seq_len: int, unit: Unit) -> tuple[float, flo
     h = model.hidden_size
     glu = 3 if model.gated_mlp else 2
     kind = model.attention_kind(unit.layer)
-    proj = FWD_BWD_FLOPS_PER_MAC * (_attention_proj_per_token(model, kind) - linear_attention_core_per_token(model, kind))
+    proj = FWD_BWD_FLOPS_PER_MAC * (_attention_proj_per_token(model, kind) - linear_attention_core_per_token(model,
+                                                                                                             kind))
     core = FWD_BWD_FLOPS_PER_MAC * _attention_core_per_token(model, kind, seq_len)
     if model.layer_is_moe(unit.layer):
         expert = FWD_BWD_FLOPS_PER_MAC * h * model.moe_ffn_hidden_size * model.topk * glu
@@ -204,8 +207,7 @@ def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
     return layers * total, layers * again
 
 
-def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, core: float, expert: float,
-                     mlp: float) -> float:
+def _recompute_flops(model: ModelSpec, unit: Unit, layout: Layout, proj: float, expert: float, mlp: float) -> float:
     """Per-token GEMM FLOPs the recompute choice adds to a layer: the repeated forward of what it recomputes (a
     recomputed core attention runs at the attention rate: `rank_compute`)."""
     if layout.recompute_granularity == "full":
@@ -238,7 +240,7 @@ def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expe
         return UnitFlops(logits * (1 + model.mtp_layers), 0.0, 0.0, 0.0)
     proj, core, expert, mlp = _layer_flops(model, seq_len, unit)
     expert *= expert_load
-    return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, core, expert, mlp))
+    return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, expert, mlp))
 
 
 def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
@@ -318,7 +320,7 @@ def packed_attention_layer_time(job: Job, kind: str) -> AttentionTime:
     (its FLOPs as Bridge counts them at its own length) at the kernel's rate for that document's query tokens on
     a rank (a 1/CP share: its two of 2*CP chunks; a2a x that under the a2a levels; at most the sliding window),
     summed over the expected documents of a sequence. One document of seq_len tokens is attention_layer_time's
-    figure to the last digit (tests/test_packing.py)."""
+    figure to the last digit (tests/search_spaces/test_packing.py)."""
     model, L = job.model, job.layout
     stats = statistics_for(job.packing, job.seq_len, L.cp, L.tp, L.sp)
     dims = attention_dims(model)
@@ -480,13 +482,13 @@ def cp_p2p_time(g: CpGeometry, step: RingStep) -> float:
     return ring_exposed_time(g.ring, g.kv / g.ring_bw, step)
 
 
-def cp_allgather_time(g: CpGeometry, step: RingStep) -> float:
+def cp_allgather_time(g: CpGeometry, step: RingStep) -> float:  # noqa: ARG001 -- a CP_COMM_TIME
     """allgather: K/V gathered before the forward's attention, gathered again for the backward and dK/dV
     reduce-scattered after it (AttnFuncWithCPAndKVAllGather): three collectives of (CP-1) shards, not hidden."""
     return 3 * (g.cp - 1) * g.kv / g.gather_bw if g.cp > 1 else 0.0
 
 
-def cp_a2a_time(g: CpGeometry, step: RingStep) -> float:
+def cp_a2a_time(g: CpGeometry, step: RingStep) -> float:  # noqa: ARG001 -- a CP_COMM_TIME
     """a2a (Ulysses): heads exchanged for sequence before attention and back after it; nothing to hide behind."""
     return a2a_exchange_time(g)
 
@@ -535,7 +537,8 @@ def cp_comm_time(job: Job, rank: RankCompute) -> float:
     """Context parallel: the layout's cp_comm_type over the softmax-attention layers, plus the linear ones
     (memoised on CP_COMM_FIELDS)."""
     L = job.layout
-    return _CP_COMM.get((job.model, job.gpu, job.cal, job.packing), (_cp_comm_fields(L), job.seq_len, L.pp, L.vpp, rank.rank),
+    return _CP_COMM.get((job.model, job.gpu, job.cal, job.packing), (_cp_comm_fields(L), job.seq_len, L.pp, L.vpp,
+                                                                     rank.rank),
                         lambda: _cp_comm_time(job, rank))
 
 

@@ -169,7 +169,8 @@ class Dimension:
 
     def megatron_field_names(self) -> tuple[str, ...]:
         """Every Megatron-Core config field a choice of this dimension sets (what to read back from a config)."""
-        return tuple(dict.fromkeys([self.megatron_field, *(k for extra in self.megatron_extra.values() for k in extra)]))
+        return tuple(dict.fromkeys([self.megatron_field,
+                                    *(k for extra in self.megatron_extra.values() for k in extra)]))
 
     def megatron_fields(self, value: Any) -> dict[str, Any]:
         """The Megatron-Core config fields (by their TransformerConfig name) a choice value sets; a field

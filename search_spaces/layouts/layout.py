@@ -41,7 +41,8 @@ ROUTINGS = ("dropless", "capacity", "forced_balance")
 ROUTING_ALIASES = {"force_balance": "forced_balance", "force-balance": "forced_balance",
                    "forced-balance": "forced_balance"}
 
-# How Megatron-Core, Transformer Engine and Megatron-Bridge spell the values (tests/test_consumers.py checks
+# How Megatron-Core, Transformer Engine and Megatron-Bridge spell the values (tests/orchestrator/test_consumers.py
+# checks
 # them against the installed packages). FP8 formats and mixed-precision recipes as Megatron-Bridge's own
 # recipes pair them (megatron.bridge.training.mixed_precision): hybrid (e4m3 forward, e5m2 backward) but
 # for MXFP8. A Bridge recipe's mixed_precision is applied over the model's fields at run time, so the
@@ -85,8 +86,8 @@ EXPERT_STASH_MEGATRON = dict(
     megatron_values={"none": None},  # paged:F: F is the rank capacity factor
     megatron_extra={"none": {"moe_paged_stash": False},
                     "paged": {"moe_paged_stash": True, "use_transformer_engine_op_fuser": True,
-                              # the pool the cost model sizes (search_spaces/cost/offload.py): Megatron's defaults, written
-                              # over a recipe's own
+                              # the pool the cost model sizes (search_spaces/cost/offload.py): Megatron's defaults,
+                              # written over a recipe's own
                               "moe_paged_stash_buffer_size_factor_cuda": 1.1,
                               "moe_paged_stash_buffer_size_factor_cpu": 0.0}},
     parametrised={"paged": (1.0, 64.0)})

@@ -139,7 +139,8 @@ def _world_expert(s: Situation) -> str | None:
 def _pipeline_split(s: Situation) -> str | None:
     L, m = s.layout, s.model
     if placement(m, L.pp, L.vpp) is None:
-        return f"{m.num_layers} layers (+{m.mtp_layers} MTP, embedding, loss) cannot fill PP*VPP = {L.pp * L.vpp} stages"
+        return (f"{m.num_layers} layers (+{m.mtp_layers} MTP, embedding, loss) cannot fill "
+                f"PP*VPP = {L.pp * L.vpp} stages")
     return None
 
 
@@ -466,7 +467,8 @@ def _linear_fp8_align(s: Situation) -> str | None:
         f"{precision} needs the gated delta-net input projection width ({width}) divisible by {align}")
 
 
-@rule("expert_bias_etp", level="ep", reads=("etp",), why="Megatron-Core supports expert biases (gpt-oss) only with ETP = 1")
+@rule("expert_bias_etp", level="ep", reads=("etp",),
+      why="Megatron-Core supports expert biases (gpt-oss) only with ETP = 1")
 def _expert_bias_etp(s: Situation) -> str | None:
     if s.model.is_moe and s.model.linear_bias and s.layout.etp != 1:
         return f"Megatron-Core supports expert biases only with ETP = 1, not {s.layout.etp}"

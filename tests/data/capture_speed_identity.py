@@ -1,5 +1,5 @@
 """Capture what `space --json` and `estimate --json` print for a set of situations, so that making the cost model
-faster cannot change a figure (tests/test_speed_identity.py compares, digit for digit).
+faster cannot change a figure (tests/search_spaces/test_speed_identity.py compares, digit for digit).
 
     .venv/bin/python tests/data/capture_speed_identity.py            # rewrites tests/data/speed_identity.json
 

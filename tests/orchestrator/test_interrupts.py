@@ -1,0 +1,91 @@
+"""A signal that lands inside a finalizer is delivered again, not lost and not printed (orchestrator/interrupts.py).
+
+CI saw it: SIGTERM arrived while SQLAlchemy's weakref callback ran, Python printed "Exception ignored in ..." with
+a traceback and the sweep went on as if never told to stop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a finalizer that receives the signal while it runs (the case CI met), then the main code that must see it
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from orchestrator.interrupts import unwind_on_signals
+    if sys.argv[1] == "hook":
+        unwind_on_signals()
+    else:  # what the sweep did before: a bare handler
+        def handler(signum, frame):
+            raise KeyboardInterrupt(signum)
+        signal.signal(signal.SIGTERM, handler)
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIG{name})
+            for _ in range(1000):  # the handler runs here, inside the finalizer
+                pass
+
+    try:
+        Finalized()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def _run(mode: str, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", SCRIPT.replace("{name}", name), mode], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_a_signal_inside_a_finalizer_interrupts_the_main_code_silently(name):
+    done = _run("hook", name)
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
+
+
+def test_without_the_hook_the_signal_is_lost_and_printed():
+    """The failure the hook exists for, reproduced (so the test above proves the hook, not luck)."""
+    done = _run("bare", "TERM")
+    assert done.stdout.strip() == "not interrupted", (done.stdout, done.stderr)
+    assert "Exception ignored" in done.stderr
+
+
+# what SQLAlchemy does when the interrupt lands inside a fetch: it logs the cursor it could not close, with the
+# KeyboardInterrupt's traceback, then lets the interrupt go on (CI saw it on a sweep's stderr)
+FETCH_SCRIPT = textwrap.dedent("""
+    import logging, os, signal
+    from orchestrator.interrupts import unwind_on_signals
+    unwind_on_signals()
+
+    def fetchall():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside the fetch
+                pass
+        except BaseException:
+            logging.getLogger("sqlalchemy.pool.impl.QueuePool").error("Error closing cursor", exc_info=True)
+            raise
+
+    try:
+        fetchall()
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+def test_an_interrupted_fetch_stops_without_sqlalchemys_logged_traceback():
+    done = subprocess.run([sys.executable, "-c", FETCH_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr

@@ -1,0 +1,198 @@
+"""Split brain (issue 21, class 5): a driver paused past its lease while another takes the study over writes
+nothing when it resumes (it stops with one line, exit code 5); a lease whose holder is alive is never taken
+(on another host: while its heartbeat is fresh; on its own host: while its process exists, paused or not).
+
+The lease timeout and the host a driver claims are shortened/named by the test-only settings of
+orchestrator/sweep/lease.py; slow trials come from the replay backend's test-only delay.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator import study as studies
+from orchestrator.check import check
+from orchestrator.errors import StorageError
+from orchestrator.records import StudyRecord
+from orchestrator.sweep import lease as leases
+from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
+from tests.sweep_helpers import spec_data
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = str(Path(sys.executable).with_name("moe-autotune"))
+TABLE = ROOT / "tests" / "data" / "replay_small.csv"
+LEASE_S = 3.0
+REPLAY_DELAY_S = 1.0
+# rival drivers: the lease's own settle wait, not the suite's shortened one (tests/conftest.py)
+pytestmark = pytest.mark.real_timing
+
+
+# ---- the lease on its own: two drivers as two Lease objects on one study -------------------------------------
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.setattr(leases, "SETTLE_S", 0.0)
+    monkeypatch.setenv(TIMEOUT_ENV, "0.5")
+    return optuna.create_study(study_name="lease", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+
+
+def _stale(study: optuna.Study) -> None:
+    """Wait until the holder's heartbeat is older than the lease timeout (the holder never beats meanwhile)."""
+    while time.time() - Holder.of(study).heartbeat <= leases.stale_after_s():
+        time.sleep(0.1)
+
+
+def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(study):
+    first = Lease(study, host="host-a")
+    first.acquire()
+    second = Lease(study, host="host-b")
+    with pytest.raises(StorageError, match="is being run by pid .* on host-a"):
+        second.acquire()  # its heartbeat is fresh: alive as far as anyone can tell
+    first.heartbeat(force=True)
+    _stale(study)  # host-a goes silent past the timeout (paused, or dead: nobody can tell which)
+    second.acquire()
+    assert (first.epoch, second.epoch) == (1, 2)
+    # host-a wakes up: every write it would make is fenced, and its own heartbeat does not overwrite the lease
+    with pytest.raises(LeaseLost, match=r"taken over by pid \d+ on host-b .*\(epoch 2\).*without writing"):
+        first.heartbeat(force=True)
+    with pytest.raises(LeaseLost):
+        first.fence()
+    assert LeaseLost.exit_code == 5
+    first.release()
+    assert Holder.of(study).token == second.token
+    second.fence()  # the holder writes on
+    second.release()
+    assert Holder.of(study) is None
+    with pytest.raises(LeaseLost, match="released by another driver"):
+        Lease(study, host="host-a", token=first.token, epoch=1).fence()
+
+
+def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
+    paused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(paused.pid, signal.SIGSTOP)
+        StudyRecord.write(study, driver_lease=Holder("x", 1, leases.this_host(), paused.pid,
+                                                     time.time() - 3600).to_attr())
+        with pytest.raises(StorageError, match=f"being run by pid {paused.pid}"):
+            Lease(study).acquire()
+    finally:
+        paused.kill()
+        paused.wait()
+    Lease(study).acquire()  # its process is gone: taken over at once
+
+
+# ---- real drivers: SIGSTOP past the lease, a takeover, SIGCONT -----------------------------------------------
+def _env(host: str) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", TIMEOUT_ENV: str(LEASE_S),
+            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S)}
+
+
+def _measured(storage: str, name: str) -> int:
+    try:
+        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
+    except KeyError:
+        return 0
+
+
+def _snapshot(data: dict) -> dict:
+    """Everything stored: the study's trials (state, values, attrs), its attrs, and every MLflow run."""
+    study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+    trials = [(t.number, t.state.name, t.values, json.dumps(t.user_attrs, sort_keys=True, default=str))
+              for t in study.get_trials(deepcopy=False)]
+    client = MlflowClient(data["tracking_uri"])
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = sorted((r.info.run_id, r.info.status, json.dumps(r.data.tags, sort_keys=True),
+                   json.dumps(r.data.metrics, sort_keys=True), json.dumps(r.data.params, sort_keys=True))
+                  for r in client.search_runs(experiments, max_results=5000))
+    return {"trials": trials, "attrs": json.dumps(study.user_attrs, sort_keys=True, default=str), "runs": runs}
+
+
+def _unlocked(path: Path) -> bool:
+    """Can another process write this SQLite file now (no paused transaction holds its lock)?"""
+    try:
+        with sqlite3.connect(path, timeout=0.2) as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+
+
+def _waiting_on_its_trial(data: dict) -> bool:
+    """Is the driver inside a trial's replay delay: a running trial whose MLflow run it has opened, begun less
+    than half the delay ago? (A driver paused between the fence and the write right after it could still
+    make that one write: the storage has no compare-and-set, see orchestrator/sweep/lease.py.)"""
+    study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+    now = datetime.datetime.now()
+    return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs
+               and (now - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
+               for t in study.get_trials(deepcopy=False))
+
+
+def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path]) -> None:
+    """SIGSTOP the driver while it waits on a trial and holds no database lock (a paused writer would block
+    the other driver at the SQLite level, which is not what this test is about)."""
+    while True:
+        os.kill(proc.pid, signal.SIGSTOP)
+        if all(_unlocked(db) for db in dbs) and _waiting_on_its_trial(data):
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path):
+    data = spec_data(tmp_path, "split", seq_len=128, backend="replay", replay_table=str(TABLE), fixed={},
+                     budget={"n_trials": 14})
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(data))
+    first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _measured(data["storage"], data["name"]) < 2:
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.2)
+        # a live holder on another host, heartbeat fresh: never taken
+        refused = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path, env=_env("host-b"),
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "being run by" in refused.stderr and "host-a" in refused.stderr, refused
+        assert first.poll() is None, "the first driver finished before it could be paused; give it more trials"
+
+        _pause_while_waiting(first, data, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
+        paused_at = _measured(data["storage"], data["name"])
+        study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+        while time.time() - Holder.of(study).heartbeat <= LEASE_S:
+            time.sleep(0.2)
+        takeover = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path,
+                                  env=_env("host-b"), capture_output=True, text=True, timeout=300)
+        assert takeover.returncode == 0, takeover.stderr[-3000:]
+        before = _snapshot(data)
+
+        os.kill(first.pid, signal.SIGCONT)  # the paused driver wakes up, its lease long gone
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    errors = [line for line in err.splitlines() if line.strip()]
+    assert first.returncode == 5, (out, err)
+    assert len(errors) == 1 and errors[0].startswith("error:") and "taken over" in errors[0], err
+    assert "Traceback" not in err
+    assert _snapshot(data) == before  # not one trial, attr or MLflow run written after the takeover
+    assert paused_at < 14
+    study, problems = check(data["storage"], data["name"])
+    assert problems == [], problems  # no layout twice, MLflow agrees with the study trial by trial
+    assert len(studies.measured_trials(study)) == 14

@@ -1,0 +1,319 @@
+"""MLflow records checked through MlflowClient against a real `mlflow server` on 127.0.0.1."""
+
+import json
+import re
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from orchestrator import study as studies
+from orchestrator.sweep import run_sweep
+from orchestrator.tracking import (EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, RunRecord, Tracker,
+                                  safe_environment)
+from orchestrator.errors import LeaseLost, TrackingError
+from tests.mlflow_server import free_port  # the session's `mlflow_server` fixture comes from tests/conftest.py
+from tests.sweep_helpers import make_spec, prior_for
+
+
+def _spec(tmp_path, tracking_uri, name: str = "tracked", **extra):
+    return make_spec(tmp_path, name, **{"budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
+                                        "track_rejected": True, **extra})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server, monkeypatch):
+    monkeypatch.setenv("MOE_AUTOTUNE_API_TOKEN", "do-not-log-me")
+    monkeypatch.setenv("NCCL_ALGO", "visible")  # an allowed (tuning) variable
+    spec = _spec(tmp_path, mlflow_server.uri)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name("tracked")
+    assert exp is not None
+    parent = client.get_run(out.study.user_attrs["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["best_layout_key"] == out.best.user_attrs["layout_key"]
+    assert parent.data.metrics["best_tokens_per_sec_per_gpu"] == pytest.approx(out.best.values[0])
+    parent_files = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"spec.json", "summary.json", "pareto.csv", "environment.json"} <= parent_files
+    env_text = json.dumps(client.load_dict(f"runs:/{parent.info.run_id}/environment.json")) \
+        if hasattr(client, "load_dict") \
+        else open(client.download_artifacts(parent.info.run_id, "environment.json")).read()
+    assert "do-not-log-me" not in env_text and "visible" in env_text
+
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    finished = studies.finished_trials(out.study)
+    assert len(children) == len(finished) >= 5
+    by_number = {int(r.data.tags["optuna_trial_number"]): r for r in children}
+    assert set(by_number) == {t.number for t in finished}
+    for t in finished:
+        run = by_number[t.number]
+        assert run.data.tags["status"] == t.user_attrs["status"]
+        assert run.data.tags["backend"] == "analytic"
+        if (t.user_attrs.get("prediction") or {}).get("tokens_per_sec_per_gpu") is not None:
+            assert "predicted_tokens_per_sec_per_gpu" in run.data.metrics
+        assert {"tp", "cp", "ep", "pp", "mbs", "recompute"} <= set(run.data.params)
+        if t.user_attrs["status"] == "ok":
+            assert t.user_attrs["mlflow_run_id"] == run.info.run_id
+            for name in ("tokens_per_sec_per_gpu", "tflops_per_gpu", "peak_memory_gib", "step_time_s"):
+                assert name in run.data.metrics, name
+        if t.user_attrs["status"] == "infeasible":
+            assert run.data.tags["reason"]
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    spec = _spec(tmp_path, f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(TrackingError, match="cannot use the MLflow tracking URI"):
+        run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    # nothing was created that a corrected rerun would trip over ("already exists")
+    assert not studies.sqlite_path(spec.storage).exists() or not optuna.get_all_study_summaries(spec.storage)
+    fixed = spec.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert run_sweep(fixed, prior=prior_for(fixed), show_progress=False).exit_code == 0
+
+
+@pytest.mark.timeout(200)
+def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
+    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", budget={"n_trials": 4})
+    real = Tracker._record
+    calls = {"n": 0}
+
+    def flaky(self, run):  # the first three deliveries fail: MLflow "down"
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            raise ConnectionError("mlflow down")
+        return real(self, run)
+
+    monkeypatch.setattr(Tracker, "_record", flaky)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0 and out.mlflow_pending == 0
+    client = MlflowClient(spec.tracking_uri)
+    exp = client.get_experiment_by_name(spec.name)
+    parent_id = out.study.user_attrs["mlflow_parent_run_id"]
+    runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
+    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+    assert all(r.info.status == "FINISHED" for r in runs if "optuna_trial_number" in r.data.tags)
+
+    # never back: exit code says so and the spool keeps the records
+    monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
+    spec2 = _spec(tmp_path, spec.tracking_uri, name="tracked-down", budget={"n_trials": 2})
+    out2 = run_sweep(spec2, prior=prior_for(spec2), show_progress=False)
+    assert out2.exit_code == 3 and out2.mlflow_pending >= 2
+    spool = tmp_path / "runs" / "tracked-down" / "mlflow-spool.jsonl"
+    lines = [json.loads(x) for x in spool.read_text().splitlines()]
+    assert {r["trial_number"] for r in lines} >= {t.number for t in studies.measured_trials(out2.study)}
+    assert any("MLflow did not receive" in m for m in out2.messages)
+
+
+def test_safe_environment_drops_secret_names(monkeypatch):
+    monkeypatch.setenv("MOE_AUTOTUNE_SECRET_THING", "x")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "y")
+    monkeypatch.setenv("NCCL_SECRET_KEY", "z")  # in an allowed namespace, but named like a secret
+    monkeypatch.setenv("MOE_AUTOTUNE_FAULT", "oom@1")
+    env = safe_environment()["variables"]
+    assert not {"MOE_AUTOTUNE_SECRET_THING", "MLFLOW_TRACKING_PASSWORD", "NCCL_SECRET_KEY"} & set(env)
+    assert env["MOE_AUTOTUNE_FAULT"] == "oom@1"
+
+
+def _tear(spool, middle: str | None = None):
+    """Leave the spool as a crash would: the last record cut off mid-write (and, if given, a corrupt
+    line in the middle). Returns the trial numbers of the records that are still whole."""
+    lines = spool.read_text().splitlines()
+    assert len(lines) >= 2, "the outage left too few records to tear one"
+    whole = [json.loads(x)["trial_number"] for x in lines[:-1]]
+    if middle is not None:
+        lines.insert(1, middle)
+    spool.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])  # no newline: torn
+    return whole
+
+
+@pytest.mark.timeout(200)
+def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", name="torn", budget={"n_trials": 3})
+    real = Tracker._record
+    monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
+    first = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert first.exit_code == 3
+    spool = tmp_path / "runs" / "torn" / "mlflow-spool.jsonl"
+    _tear(spool)
+    monkeypatch.setattr(Tracker, "_record", real)  # MLflow is back
+
+    with caplog.at_level("WARNING"):
+        out = run_sweep(spec, resume=True, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0 and out.mlflow_pending == 0
+    assert any("torn" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    client = MlflowClient(spec.tracking_uri)
+    exp = client.get_experiment_by_name(spec.name)
+    parent_id = out.study.user_attrs["mlflow_parent_run_id"]
+    runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
+    # the torn record's trial is replayed from the Optuna storage: nothing lost, nothing doubled
+    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+
+
+def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "spooled", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "spooled"}, "spooled", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "analytic", "status": "ok", "result": {"tokens_per_sec_per_gpu": 1.0}}
+    for number in (0, 1, 2):
+        tracker._spool({"trial_number": number, "payload": payload})
+    _tear(tracker.spool_path, middle='{"trial_number": 7, "payl')  # a damaged record between whole ones
+    tracker._spool({"trial_number": 3, "payload": payload})  # appended after the torn line: must stay whole
+    tracker._spool({"trial_number": 4, "payload": "not a record"})  # valid JSON, not a record
+
+    with caplog.at_level("WARNING"):
+        pending = tracker.flush()
+    assert pending == 0 and not tracker.spool_path.exists()
+    assert all(tracker.is_finished(n) for n in (0, 1, 3)) and not tracker.is_finished(2)
+    # the fragment of 2 is no longer last once 3 follows it: kept aside like the other damaged lines
+    assert tracker.spool_set_aside == 3 and tracker.spool_torn == 0
+    corrupt = tracker.spool_path.with_name("mlflow-spool.corrupt.jsonl")
+    kept = corrupt.read_text().splitlines()
+    assert kept[0] == '{"trial_number": 7, "payl' and kept[1].startswith('{"trial_number": 2') and len(kept) == 3
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "corrupt" in messages and str(corrupt) in messages
+
+    # a torn last line alone (the crash happened during the last write): skipped, said, counted
+    for number in (5, 6):
+        tracker._spool({"trial_number": number, "payload": payload})
+    _tear(tracker.spool_path)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert tracker.flush() == 0
+    assert tracker.is_finished(5) and tracker.spool_torn == 1 and tracker.spool_set_aside == 3
+    assert any("torn" in r.getMessage() for r in caplog.records)
+    assert len(corrupt.read_text().splitlines()) == 3
+
+
+def _parent_artifacts(client, run_id: str) -> set[str]:
+    return {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "report")}
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leaderboard(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # MlflowClient.load_table searches with the global URI
+    spec = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 4}, track_rejected=False)
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert out.exit_code == 0
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("viewed")
+    assert exp.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    view = json.loads(exp.tags[VIEW_TAG_PREFIX + TRIALS_VIEW])
+    state = json.loads(view["state"])
+    assert state["orderByKey"] == "metrics.`tokens_per_sec_per_gpu`" and state["orderByAsc"] is False
+    assert state["selectedColumns"][0] == "metrics.`tokens_per_sec_per_gpu`"
+    assert {f"params.`{k}`" for k in spec.free} <= set(state["selectedColumns"])
+
+    parent = out.study.user_attrs["mlflow_parent_run_id"]
+    assert {"leaderboard.json", "leaderboard.csv", "pareto.html", "report/report.html"} <= _parent_artifacts(
+        client, parent)
+    assert not [p for p in _parent_artifacts(client, parent) if p.endswith(".png")]  # no PNGs at a sweep's end
+    board = studies.leaderboard(out.study)
+    csv = open(client.download_artifacts(parent, "leaderboard.csv", str(tmp_path))).read()
+    assert csv == board.to_csv(index=False)
+    table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
+    assert sorted(table["trial"]) == sorted(board["trial"])
+    pareto = open(client.download_artifacts(parent, "pareto.html", str(tmp_path))).read()
+    # plotly.js inlined (MLflow's default would load it from a CDN): the plot opens offline
+    assert "Pareto front" in pareto and not re.search(r"<script[^>]*\bsrc=", pareto)
+
+    # a resumed sweep replaces the table (MLflow's log_table alone would append the old rows again)
+    more = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 6}, track_rejected=False)
+    again = run_sweep(more, resume=True, prior=prior_for(more), show_progress=False)
+    assert again.study.user_attrs["mlflow_parent_run_id"] == parent
+    board = studies.leaderboard(again.study)
+    assert len(board) > len(table)
+    table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
+    assert sorted(table["trial"]) == sorted(board["trial"])
+
+
+def test_a_trial_run_logs_loss_and_step_times_as_steps_beside_the_prediction(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "stepped", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "stepped", "free": ["tp", "pp"]}, "stepped", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9, float("nan"), 4.7],
+                          "extra": {"fidelity": "full", "gpu_seconds": 8.0, "loss_includes_warmup": True}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    assert tracker.record(RunRecord.from_payload(0, payload))  # a spool line's payload, as older sweeps wrote it
+    client = MlflowClient(uri)
+    run = client.get_run(tracker._children[0].run_id)
+    loss = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert sorted(loss) == [(0, 5.0), (1, 4.9), (3, 4.7)]  # the trainer's steps; a NaN step is left out
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "step_time_s")) == [0, 1, 2]
+    assert run.data.metrics["tokens_per_sec_per_gpu"] == 100.0
+    assert run.data.metrics["predicted_tokens_per_sec_per_gpu"] == 110.0
+    assert run.data.metrics["gpu_seconds"] == 8.0 and run.data.tags["fidelity"] == "full"
+    state = json.loads(json.loads(client.get_experiment(tracker.experiment_id).tags[VIEW_TAG_PREFIX + TRIALS_VIEW])
+                       ["state"])
+    assert [c for c in state["selectedColumns"] if c.startswith("params.")] == ["params.`tp`", "params.`pp`"]
+
+
+def test_a_resume_records_a_trial_whose_run_a_killed_driver_left_open_without_logging_twice(tmp_path, monkeypatch):
+    """A driver killed after logging a trial's figures but before closing its run: the resume records the trial
+    into the same run, and every figure (and each step of a history) is there once."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9], "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    first = Tracker(uri, "killed", tmp_path / "w" / "mlflow-spool.jsonl")
+    first.start({"name": "killed"}, "killed", resume=False)
+    record = RunRecord.from_payload(0, payload).record
+    child = first._child(0, record.layout, "local")
+    first.client.log_batch(child.run_id, metrics=[Metric(k, v, 0, s) for k, v, s in record.mlflow_metrics()])
+    # ... killed here: the run stays RUNNING with its figures
+    second = Tracker(uri, "killed", tmp_path / "w" / "mlflow-spool.jsonl")
+    second.start({"name": "killed"}, "killed", resume=True)
+    assert second.record(RunRecord.from_payload(0, payload))
+    client = MlflowClient(uri)
+    assert second._children[0].run_id == child.run_id and client.get_run(child.run_id).info.status == "FINISHED"
+    for key in ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "step_time_s", "loss"):
+        steps = [m.step for m in client.get_metric_history(child.run_id, key)]
+        assert len(steps) == len(set(steps)) >= 1, (key, steps)
+    assert len(client.get_metric_history(child.run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
+
+
+def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools_nothing(tmp_path, monkeypatch):
+    """The fence stands before every MLflow write, not only before a trial's record: a driver that wakes up
+    (SIGSTOP past its lease) in the middle of a record stops at its next call, and the record is the new
+    driver's to make (not spooled for this one to deliver)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "fenced", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "fenced"}, "fenced", resume=False)
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    record = RunRecord.from_payload(0, payload)
+    run_id = tracker._child(0, record.record.layout, "local").run_id
+    writes = []
+
+    def fence():  # the lease is lost after the record's first write
+        if writes:
+            raise LeaseLost("study 'fenced' was taken over")
+        writes.append(1)
+    tracker.fence = fence
+    with pytest.raises(LeaseLost):
+        tracker.record(record)
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "RUNNING"  # the record's first write (its figures) went, set_terminated did not
+    assert run.data.metrics["tokens_per_sec_per_gpu"] == 100.0
+    assert "trial.json" not in {a.path for a in MlflowClient(uri).list_artifacts(run_id)}
+    assert not (tmp_path / "w" / "mlflow-spool.jsonl").exists() and tracker.pending == 0
+    with pytest.raises(LeaseLost):
+        tracker.mark_failed(0, "interrupted")  # the fence stays lost
+    assert MlflowClient(uri).get_run(run_id).info.status == "RUNNING"

@@ -1,0 +1,39 @@
+"""The linters CI runs (.ci/run), configured in pyproject.toml: ruff's rules ([tool.ruff]) and the type check
+([tool.mypy]) both pass over the repository."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ruff() -> str:
+    """The venv's ruff, beside this interpreter (the dev extra installs it), else one on PATH."""
+    beside = Path(sys.executable).with_name("ruff")
+    found = str(beside) if beside.exists() else shutil.which("ruff")
+    if found is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    return found
+
+
+def _check(argv: list[str], timeout: int) -> None:
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+
+
+def test_ruff_is_clean():
+    _check([_ruff(), "check", "--no-cache", "--output-format", "concise", "."], timeout=120)
+
+
+@pytest.mark.slow  # a cold type check of the packages takes a minute or more
+@pytest.mark.timeout(900)
+def test_mypy_is_clean(tmp_path):
+    pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[dev]')")
+    # a cache of its own: xdist workers and a developer's run do not share one
+    _check([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy_cache")], timeout=800)

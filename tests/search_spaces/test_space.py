@@ -1,0 +1,112 @@
+"""The layout space: legal members only, `fixed` honoured, counts consistent, fast, rules of thumb on top."""
+
+
+import pytest
+
+from search_spaces.errors import SpecError
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.rules import check
+from search_spaces.layouts.space import candidate_layouts, count_space, explore
+
+TINY, CPU = load_model("tiny-moe"), load_gpu("cpu")
+
+
+def test_cpu_candidates_are_legal_and_honour_fixed_values():
+    layouts = candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8})
+    assert layouts and len({lay.key() for lay in layouts}) == len(layouts)
+    for layout in layouts:
+        assert not check(TINY, CPU, 4, 512, layout), layout.key()
+        assert layout.precision == "fp32" and layout.gbs == 8
+        assert not layout.cuda_graphs and layout.optimizer_offload == 0
+        assert layout.dispatcher in ("alltoall", "allgather")
+    # the space explores the parallel dimensions, not just one of them
+    assert {lay.pp for lay in layouts} >= {1, 2, 4} and {lay.ep for lay in layouts} >= {1, 2, 4}
+    assert {lay.cp for lay in layouts} >= {1, 2}
+    assert len(layouts) == count_space(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8}).legal
+
+
+def test_fixed_parallel_fields_and_bad_fixed_values():
+    layouts = candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp32", "gbs": 8, "pp": 2, "recompute": "none"})
+    assert layouts and all(lay.pp == 2 and lay.recompute == "none" for lay in layouts)
+    with pytest.raises(SpecError):
+        candidate_layouts(TINY, CPU, 4, 512, fixed={"colour": "red"})
+    with pytest.raises(SpecError):
+        candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp7"})
+
+
+def test_counts_add_up():
+    c = count_space(TINY, CPU, 4, 512, fixed={"gbs": 8})
+    assert c.legal + sum(c.rejected_by_rule.values()) == c.total
+    assert c.rejected_by_rule.get("world_dense", 0) > 0
+
+
+@pytest.mark.timeout(120)
+def test_dsv3_1024_h100_space_follows_the_rules_of_thumb():
+    # its speed is a benchmark figure (bench/sweep_speed.py), not an assertion here
+    d = explore("deepseek-v3", "h100", 1024, 131072, top=5).to_dict()
+    assert d["legal_count"] > 0 and d["fitting_count"] > 0 and d["rejected_by_rule"]
+    assert d["legal_count"] + sum(d["rejected_by_rule"].values()) == d["total"]
+    assert len(d["top"]) == 5
+    speeds = [t["prediction"]["tokens_per_sec_per_gpu"] for t in d["top"]]
+    assert speeds == sorted(speeds, reverse=True)
+    for row in d["top"]:
+        lay = row["layout"]
+        assert row["prediction"]["fits"]
+        assert 2048 <= 131072 / (lay["cp"] * lay["tp"]) <= 8192  # rule 1: a ~4K shard per CP x TP rank
+        assert lay["pp"] > 1 and lay["recompute"] != "full"  # rule 3: selective or none
+
+
+def test_seed_layouts_follow_the_rules_of_thumb():
+    seeds = seed_layouts("deepseek-v3", "h100", 256, 131072, limit=4)
+    assert seeds
+    for s in seeds:
+        assert not check(load_model("deepseek-v3"), load_gpu("h100"), 256, 131072, s)
+        assert s.optimizer_offload == 1.0  # rule 7: DSV3-class at 128K offloads the optimizer
+        assert s.recompute_granularity == "selective" and "core_attn" not in s.recompute_modules
+        assert s.precision == "fp8-blockwise" and s.dispatcher == "deepep"
+    assert rule_of_thumb_cp(131072) == 32 and rule_of_thumb_cp(8192) == 1
+    tiny = seed_layouts(TINY, CPU, 4, 512, gbs=8)
+    assert tiny and all(s.precision == "fp32" and s.gbs == 8 for s in tiny)
+
+
+def test_space_has_every_cp_communication_with_its_hierarchies():
+    """Llama3-8B (8 KV heads) at CP16: p2p, allgather, and a2a+p2p split as 2x8, 4x4, 8x2; plain a2a cannot split
+    8 KV heads 16 ways, and a hierarchy is counted as a rejection wherever it does not apply."""
+    from search_spaces.layouts.space import candidate_layouts, count_space
+
+    fixed = dict(tp=1, pp=1, cp=16, mbs=1, precision="bf16", recompute="none", cuda_graphs="none",
+                 optimizer_offload=0.0)
+    found = {(lay.cp_comm_type, lay.hierarchical_cp)
+             for lay in candidate_layouts("llama3-8b", "h100", 16, 65536, fixed=fixed, gbs=16)}
+    assert found == {("p2p", ()), ("allgather", ()), ("a2a+p2p", (2, 8)), ("a2a+p2p", (4, 4)), ("a2a+p2p", (8, 2))}
+    counted = count_space("llama3-8b", "h100", 16, 65536, fixed=fixed, gbs=16)
+    assert counted.legal == len(found) and counted.rejected_by_rule["hierarchical_cp"] > 0
+    assert counted.rejected_by_rule["cp_a2a_heads"] > 0
+
+
+def test_routing_is_searched_only_when_freed_and_forced_balance_never():
+    """Token dropping changes what is trained: the space holds routing at dropless unless `free` names it; freed,
+    it adds capacity:1.0 (legal with the dispatchers that pad); forced balance is never proposed, only fixed."""
+    fixed = {"precision": "fp32", "gbs": 8}
+    held = candidate_layouts(TINY, CPU, 4, 512, fixed=fixed)
+    assert {lay.routing for lay in held} == {"dropless"}
+    freed = candidate_layouts(TINY, CPU, 4, 512, fixed=fixed, free=["routing"])
+    assert {lay.routing for lay in freed} == {"dropless", "capacity:1.0"}
+    assert len(freed) == 2 * len(held) == count_space(TINY, CPU, 4, 512, fixed=fixed, free=["routing"]).legal
+    assert all(not lay.benchmark_only() for lay in freed)
+    forced = candidate_layouts(TINY, CPU, 4, 512, fixed={**fixed, "routing": "forced_balance"})
+    assert forced and {lay.routing for lay in forced} == {"forced_balance"}
+    # a dense model has no router to free; on GPUs DeepEP cannot pad to capacity
+    assert {lay.routing for lay in candidate_layouts("llama3-8b", "h100", 8, 4096, free=["routing"], limit=200)} == {
+        "dropless"}
+    gpu = candidate_layouts("qwen3-30b-a3b", "h100", 8, 4096, free=["routing"],
+                            fixed=dict(tp=1, cp=1, pp=1, ep=8, mbs=1, recompute="none", cuda_graphs="none",
+                                       precision="bf16", optimizer_offload=0.0))
+    assert ("capacity:1.0", "deepep") not in {(lay.routing, lay.dispatcher) for lay in gpu}
+    assert ("capacity:1.0", "hybridep") in {(lay.routing, lay.dispatcher) for lay in gpu}
+    # explore ranks both routings of a grid when freed
+    top = explore("qwen3-30b-a3b", "h100", 8, 4096, free=["routing"], top=50,
+                  fixed=dict(tp=1, cp=1, pp=1, ep=8, mbs=1, precision="bf16")).top
+    assert {row["layout"]["routing"] for row in top} == {"dropless", "capacity:1.0"}
