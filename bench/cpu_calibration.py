@@ -18,16 +18,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu_measurements import FIT, HELD, PACKED, PACKED_LENGTHS, ensure, find  # noqa: E402
-from orchestrator.calibrate import calibrate  # noqa: E402
-from search_spaces.calibration.fit import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
 from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration  # noqa: E402
+from search_spaces.calibration.fit import Measurement, predict_peak_gib, predict_tokens  # noqa: E402
 from search_spaces.cost.costmodel import estimate  # noqa: E402
 from search_spaces.cost.packing import load_histogram  # noqa: E402
+
+from bench.cpu_measurements import FIT, HELD, PACKED, PACKED_LENGTHS, ensure, find  # noqa: E402
+from orchestrator.calibrate import calibrate  # noqa: E402
 
 SEQ_LEN = 256
 # what the CPU fit owns in calibration.json (the GPU constants are bench/fit_calibration.py's)
@@ -56,10 +58,20 @@ def uncalibrated() -> Calibration:
                                   **{key: {"cpu": getattr(defaults, key)["cpu"]} for key in CPU_FAMILY_KEYS}})
 
 
+def predicted_tokens(m: Measurement, cal: Calibration) -> float:
+    """predict_tokens of a layout that ran: the rules allow it, so there is a prediction."""
+    tokens = predict_tokens(m, cal)
+    if tokens is None:
+        raise ValueError(f"{m.layout.key()}: the cost model's rules refuse a layout that ran")
+    return tokens
+
+
 def score(ms: list[Measurement], cal: Calibration) -> dict:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m in ms:
-        tok, peak = predict_tokens(m, cal), predict_peak_gib(m, cal)
+        tok, peak = predicted_tokens(m, cal), predict_peak_gib(m, cal)
+        if peak is None or m.peak_memory_gib is None:  # measured runs are legal and report their peak
+            raise ValueError(f"{m.layout.key()}: no predicted or no measured peak memory")
         rows.append({"layout": m.layout.key(), "measured_tokens": round(m.tokens(), 1),
                      "predicted_tokens": round(tok, 1), "tokens_error_pct": round(100 * (tok / m.tokens() - 1), 1),
                      "measured_peak_gib": round(m.peak_memory_gib, 3), "predicted_peak_gib": round(peak, 3),
@@ -102,6 +114,8 @@ def score_packed(cal: Calibration) -> dict:
             continue
         est = estimate(run["model"], "cpu", run["num_gpus"], SEQ_LEN, layout, cal=cal, packing=hist)
         tok, peak = est.tokens_per_sec_per_gpu, est.peak_memory_gib
+        if tok is None or peak is None:  # the layout ran: the rules allow it
+            raise ValueError(f"{layout.key()}: the cost model's rules refuse a layout that ran")
         rows.append({"layout": layout.key(), "measured_tokens": round(run["tokens_per_sec_per_gpu"], 1),
                      "predicted_tokens": round(tok, 1),
                      "tokens_error_pct": round(100 * (tok / run["tokens_per_sec_per_gpu"] - 1), 1),

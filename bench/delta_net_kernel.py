@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.cost import delta_net  # noqa: E402
 from search_spaces.calibration.calibration_file import calibration  # noqa: E402
 from search_spaces.catalog.hardware import load_gpu  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
 from search_spaces.catalog.models import load_model  # noqa: E402
+from search_spaces.cost import delta_net  # noqa: E402
 from search_spaces.cost.throughput import linear_attention_rate  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
 
 MODEL = "qwen3-next-80b-a3b"
 # (sequence length, value heads per rank, microbatch): Qwen3-Next's 32 value heads at CP 1, 4 and 16, at the

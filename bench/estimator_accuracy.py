@@ -31,9 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_spaces.calibration.fit import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
 from search_spaces.calibration.calibration_file import Calibration, calibration  # noqa: E402
+from search_spaces.calibration.fit import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
 from search_spaces.calibration.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
+
 from bench.leave_one_out import folds, predict, run_fold  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K

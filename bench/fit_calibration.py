@@ -33,13 +33,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.calibration.fit import (SHARED_PARAMETERS, Parameter, errors, fit, mape,
-                                       predict_tokens_best_cp)
 from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration
+from search_spaces.calibration.fit import SHARED_PARAMETERS, Parameter, errors, fit, mape, predict_tokens_best_cp
 from search_spaces.calibration.knob_pairs import load_knob_pairs, predicted_ratio
+from search_spaces.calibration.reference import (
+    declared_halves,
+    long_context_moe_rows,
+    published_rows,
+    summary_rows_every_release,
+)
 from search_spaces.catalog.maturity import measure_maturity
-from search_spaces.calibration.reference import (declared_halves, long_context_moe_rows, published_rows,
-                                     summary_rows_every_release)
 
 # the long-sequence rows ran older software than today's attention kernels (the calibration's efficiencies)
 OLD_RELEASES = ("nemo-24.03.01", "nemo-25.04.rc2")

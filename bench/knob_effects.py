@@ -49,7 +49,7 @@ def _row(pair: KnobPair, cal: Calibration) -> dict:
             "changed": pair.changed, "published": round(pair.ratio, 3),
             "predicted": round(pred, 3) if pred else None,
             "error_pct": round(100 * (pred / pair.ratio - 1), 1) if pred else None,
-            "direction_right": bool(pred) and direction_right(pair.ratio, pred), "source": pair.source}
+            "direction_right": bool(pred and direction_right(pair.ratio, pred)), "source": pair.source}
 
 
 # the seed's Qwen3-Next shape (notes/long-context-moe.md): `space` on 32 GB200 at these lengths

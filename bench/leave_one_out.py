@@ -21,12 +21,20 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from bench.fit_calibration import (ASSUMED_LAYOUT_SERIES, KERNEL_RELEASE_FACTOR, PARAMETERS, STATE_STEP,
-                                   extra_loss, start, ultra_ratio)
-from search_spaces.calibration.fit import Measurement, Parameter, fit, predict_tokens, predict_tokens_best_cp
 from search_spaces.calibration.calibration_file import Calibration
+from search_spaces.calibration.fit import Measurement, Parameter, fit, predict_tokens, predict_tokens_best_cp
 from search_spaces.calibration.knob_pairs import load_knob_pairs
 from search_spaces.calibration.reference import LONG_CONTEXT_MOE_SOURCE, ORIGINS
+
+from bench.fit_calibration import (
+    ASSUMED_LAYOUT_SERIES,
+    KERNEL_RELEASE_FACTOR,
+    PARAMETERS,
+    STATE_STEP,
+    extra_loss,
+    start,
+    ultra_ratio,
+)
 
 # per-family constants the fit moves: reset to the defaults for a family no kept row measures
 FAMILY_FITTED = ("gemm_efficiency", "grouped_gemm_efficiency")
@@ -46,9 +54,17 @@ class Fold:
 
 def folds() -> list[Fold]:
     """Each source, each GPU, each GPU family left out in turn (Hopper has one GPU: its family fold is H100's)."""
-    return ([Fold("source", o, lambda m, o=o: m.origin == o) for o in ORIGINS]
-            + [Fold("gpu", g, lambda m, g=g: m.gpu == g) for g in GPUS]
+    return ([Fold("source", o, _from_origin(o)) for o in ORIGINS]
+            + [Fold("gpu", g, _on_gpu(g)) for g in GPUS]
             + [Fold("family", "blackwell", lambda m: m.family == "blackwell")])
+
+
+def _from_origin(origin: str) -> Callable[[Measurement], bool]:
+    return lambda m: m.origin == origin
+
+
+def _on_gpu(gpu: str) -> Callable[[Measurement], bool]:
+    return lambda m: m.gpu == gpu
 
 
 def _moved_by(p: Parameter, kept: list[Measurement]) -> bool:

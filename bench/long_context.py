@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from search_spaces.cost.costmodel import estimate
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import load_model
-from search_spaces.layouts.space import explore, hierarchical_options
+from search_spaces.cost.costmodel import estimate
 from search_spaces.cost.throughput import cp_step_report, job_for
+from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.space import explore, hierarchical_options
 
 MODEL, GPU, GPUS = "deepseek-v3", "h100", 256
 LAYOUT = dict(tp=1, ep=32, etp=1, pp=8, vpp=4, mbs=1, precision="fp8-blockwise", dispatcher="deepep",
@@ -47,6 +47,8 @@ def _option(seq: int, fixed: dict, gbs: int, kind: str, sizes: tuple[int, ...]) 
     est = estimate(MODEL, GPU, GPUS, seq, layout)
     row = {"cp_comm": kind + (f" [{sizes[0]},{sizes[1]}]" if sizes else ""), "legal": est.legal}
     if est.legal:
+        if est.tflops_per_gpu is None or est.peak_memory_gib is None or est.step_time_s is None or est.time is None:
+            raise ValueError(f"{row['cp_comm']}: a legal layout's estimate lacks its figures")
         report = cp_step_report(job_for(load_model(MODEL), load_gpu(GPU), GPUS, seq, layout))
         row.update(tflops=round(est.tflops_per_gpu, 1), fits=est.fits, peak_gib=round(est.peak_memory_gib, 1),
                    cp_comm_s=round(est.time.cp_comm, 2), step_s=round(est.step_time_s, 1),

@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from search_spaces.catalog.hardware import load_gpu  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
-from search_spaces.cost.memory import chunk_activation_terms, rank_memory_breakdown  # noqa: E402
 from search_spaces.catalog.models import load_model  # noqa: E402
+from search_spaces.cost.memory import chunk_activation_terms, rank_memory_breakdown  # noqa: E402
 from search_spaces.cost.pipeline import placement  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
+
 from trainers.activation_terms import LAYER, measured_terms  # noqa: E402
 
 CACHE = Path(__file__).with_name("memory_measurements.json")
@@ -198,7 +199,10 @@ def predicted(run: dict) -> dict:
     mem = rank_memory_breakdown(model, load_gpu("cpu"), run["num_gpus"], run["seq_len"], layout, run["pipeline_rank"])
     terms: dict[str, float] = {}
     layers: dict[int, float] = {}
-    for chunk in placement(model, layout.pp, layout.vpp).rank_stages(run["pipeline_rank"]):
+    place = placement(model, layout.pp, layout.vpp)
+    if place is None:  # the layout ran, so its layers fit on its stages
+        raise ValueError(f"{layout.key()}: the model cannot be placed on PP x VPP stages")
+    for chunk in place.rank_stages(run["pipeline_rank"]):
         for key, value in chunk_activation_terms(model, layout, run["seq_len"], tuple(chunk), cpu=True).items():
             terms[key] = terms.get(key, 0.0) + value
         # each layer's own share: what the chunk's first i+1 layers keep less what its first i keep (full

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from search_spaces.catalog.hardware import load_gpu  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
 from search_spaces.catalog.models import load_model  # noqa: E402
+from search_spaces.layouts.layout import Layout  # noqa: E402
 from search_spaces.proxy import ProxyPlan, composed_result, derive_proxy  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
 from search_spaces.validation import validate  # noqa: E402
@@ -38,7 +38,7 @@ from search_spaces.validation import validate  # noqa: E402
 CACHE = ROOT / "bench" / "proxy_accuracy.json"
 SEQ_LEN, STEPS, WARMUP = 256, 3, 1
 # name: (model, layers, ranks of the full run, layout)
-LAYOUTS = {
+LAYOUTS: dict[str, tuple[str, int, int, dict[str, int | str]]] = {
     "moe_dp4_ep2": ("tiny-moe", 4, 4, dict(ep=2, mbs=1, gbs=8)),
     "moe_pp2_dp2": ("tiny-moe", 4, 4, dict(pp=2, mbs=1, gbs=8)),
     "moe_pp4": ("tiny-moe", 8, 4, dict(pp=4, mbs=1, gbs=8)),
@@ -95,6 +95,8 @@ def compare(name: str, runs: dict, gpu: str) -> dict:
     if proxy.status != "ok" or full.status != "ok":
         return {"name": name, "error": proxy.error or full.error}
     composed = composed_result(plan, proxy, load_gpu(gpu), SEQ_LEN)
+    if composed.step_time_s is None or full.step_time_s is None:  # both ran ("ok"): both have a step time
+        raise ValueError(f"{name}: a run that succeeded has no step time")
     parts = composed.extra["composed"]["memory_gib"]["measured"]
     peak = sum(parts[k] for k in MEMORY)
     measured_peak = full.extra["peak_components_gib"]

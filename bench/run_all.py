@@ -53,12 +53,12 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "versions": versions}
 
 
-def attempt(module: str, call: Callable[[Any], dict]) -> dict[str, Any]:
-    """Import bench.<module> and run it; {'ok', 'result' | 'error', 'seconds'}."""
+def attempt(module: str, call: Callable[[Any, argparse.Namespace], dict], args: argparse.Namespace) -> dict[str, Any]:
+    """Import bench.<module> and run it (`call(module, args)`); {'ok', 'result' | 'error', 'seconds'}."""
     start = time.monotonic()
     try:
         mod = importlib.import_module(f"bench.{module}")
-        result = call(mod)
+        result = call(mod, args)
         return {"ok": True, "result": result, "seconds": round(time.monotonic() - start, 1)}
     except Exception as exc:  # noqa: BLE001 -- a broken benchmark is a result too
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}",
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = json.loads(args.json.read_text()) if args.only and args.json.is_file() else {}
     for module, _, call in BENCHMARKS:
         if not args.only or module in args.only or module not in outcomes:
-            outcomes[module] = attempt(module, lambda m, call=call: call(m, args))
+            outcomes[module] = attempt(module, call, args)
     for name, outcome in outcomes.items():
         print(f"{name}: {'ok' if outcome['ok'] else 'FAILED ' + outcome['error']} ({outcome['seconds']} s)",
               file=sys.stderr)

@@ -41,7 +41,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -50,23 +50,22 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
+from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.catalog.models import load_model  # noqa: E402
 from search_spaces.cost.costmodel import estimate  # noqa: E402
 from search_spaces.errors import SpecError  # noqa: E402
-from search_spaces.catalog.hardware import load_gpu  # noqa: E402
-from search_spaces.layouts.layout import Layout  # noqa: E402
-from search_spaces.catalog.models import load_model  # noqa: E402
-from search_spaces.result import TrialResult  # noqa: E402
+from search_spaces.layouts.layout import SEARCH_DIMENSIONS, Layout  # noqa: E402
 from search_spaces.layouts.space import candidate_layouts  # noqa: E402
+from search_spaces.result import TrialResult  # noqa: E402
 
 from orchestrator.backends.replay import ReplayRow, ReplayTable  # noqa: E402
+from orchestrator.records import TrialRecord, enqueue  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 from orchestrator.study import DIRECTIONS  # noqa: E402
 from orchestrator.sweep.prior import ReplayPrior  # noqa: E402
 from orchestrator.sweep.record import Screen  # noqa: E402
-from orchestrator.records import TrialRecord, enqueue  # noqa: E402
 from orchestrator.sweep.searches import make_sampler  # noqa: E402
 from orchestrator.sweep.space import SweepSpace  # noqa: E402
-from search_spaces.layouts.layout import SEARCH_DIMENSIONS  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -193,7 +192,9 @@ class SweepSampler:
         self.space = SweepSpace.from_prior(self.prior)
         self.sampler = make_sampler(search, self.space, self.prior, seed)
         self.screen = Screen(self.prior.memory_limit_gib, self.sampler.memory_margin)
-        self.study = optuna.create_study(directions=DIRECTIONS, sampler=self.sampler)
+        # make_sampler's samplers are Optuna samplers with SweepSampler's hooks (the protocol names the hooks only)
+        self.study = optuna.create_study(directions=DIRECTIONS,
+                                         sampler=cast(optuna.samplers.BaseSampler, self.sampler))
         for layout in self.prior.seeds() if rules_of_thumb else ():
             enqueue(self.study, self.space.params(layout), proposed_by="rule-of-thumb")
         self.pending: dict[str, Any] = {}
@@ -304,7 +305,7 @@ def run_one(land: Landscape, truth: Truth, strategy) -> tuple[int | None, float,
     return None, hours, len(tried)
 
 
-def _rank(values: list[float], q: float) -> float:
+def _rank(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (inf = did not reach the target)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
@@ -329,7 +330,7 @@ def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, v
     out: dict[str, Any] = {"target": TARGET, "budget": BUDGET, "seeds": seeds, "cap": cap,
                            "errors": {"tokens_sigma": TOKEN_ERROR, "memory_sigma": MEMORY_ERROR, "noise_sigma": NOISE},
                            "startup_s": STARTUP_S, "steps": STEPS, "cases": [], "overall": {}}
-    pooled: dict[str, tuple[list, list, list]] = {name: ([], [], []) for name in STRATEGIES}
+    pooled: dict[str, tuple[list[int | None], list[float], list[int]]] = {name: ([], [], []) for name in STRATEGIES}
     for case in cases:
         t0 = time.monotonic()
         land = build_landscape(case, cap)
@@ -347,8 +348,9 @@ def run(quick: bool = False, seeds: int | None = None, cap: int | None = None, v
                 if name == next(iter(STRATEGIES)):
                     exhaustive.append(sum(trial_gpu_hours(land, truth, i) for i in range(len(land.layouts))))
             row["strategies"][name] = _summary(trials, hours, ran)
-            for acc, values in zip(pooled[name], (trials, hours, ran)):
-                acc.extend(values)
+            pooled[name][0].extend(trials)
+            pooled[name][1].extend(hours)
+            pooled[name][2].extend(ran)
         row["exhaustive_gpu_hours_median"] = _rank(exhaustive, 0.5)
         row["seconds"] = round(time.monotonic() - t0, 1)
         out["cases"].append(row)

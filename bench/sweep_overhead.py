@@ -14,17 +14,27 @@ import os
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
+
+from optuna.trial import FrozenTrial
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _times(trial: FrozenTrial) -> tuple[datetime, datetime]:
+    """A finished trial's start and end (Optuna leaves them None only before the trial starts / ends)."""
+    if trial.datetime_start is None or trial.datetime_complete is None:
+        raise ValueError(f"trial {trial.number} has not finished")
+    return trial.datetime_start, trial.datetime_complete
+
+
 def run(trials: int = 12) -> dict:
     from orchestrator import study as studies
     from orchestrator.records import TrialRecord
-    from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
+    from orchestrator.sweep import run_sweep
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -45,8 +55,8 @@ def run(trials: int = 12) -> dict:
             total = time.monotonic() - start
         finally:
             os.chdir(cwd)
-        ran = sorted(studies.measured_trials(out.study), key=lambda t: t.datetime_start)
-        span = (max(t.datetime_complete for t in ran) - ran[0].datetime_start).total_seconds()
+        ran = sorted(studies.measured_trials(out.study), key=lambda t: _times(t)[0])
+        span = (max(_times(t)[1] for t in ran) - _times(ran[0])[0]).total_seconds()
         trainer = sum(TrialRecord.of(t).launch_wall_s for t in ran)
         n = len(ran)
         return {

@@ -21,11 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu_calibration import measurements, uncalibrated  # noqa: E402
+from search_spaces.calibration.fit import load_calibration  # noqa: E402
+
+from bench.cpu_calibration import measurements, predicted_tokens, uncalibrated  # noqa: E402
 from bench.cpu_measurements import LAYOUTS, ensure, find  # noqa: E402
 from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS  # noqa: E402
 from orchestrator.cli import main as cli  # noqa: E402
-from search_spaces.calibration.fit import load_calibration, predict_tokens  # noqa: E402
 
 SHORT, LONG = 128, 256
 
@@ -83,8 +84,8 @@ def run() -> dict:
         learnt = load_calibration(out)
         before_cal = load_calibration(start)
     measured = [m.tokens() for m in test]
-    before = [predict_tokens(m, before_cal) for m in test]
-    after = [predict_tokens(m, learnt) for m in test]
+    before = [predicted_tokens(m, before_cal) for m in test]
+    after = [predicted_tokens(m, learnt) for m in test]
     def mape(pred: list[float]) -> float:
         return round(100 * sum(abs(p / x - 1) for p, x in zip(pred, measured)) / len(measured), 1)
 

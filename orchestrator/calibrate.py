@@ -23,13 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from search_spaces.calibration.fit import (Calibration, CalibrationDocument, Measurement, calibration_document, errors,
-                                       fit, load_calibration, mape, parameters_for, predict_peak_gib, usable)
-from search_spaces.errors import MoeAutotuneError, SpecError
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
+from search_spaces.calibration.fit import (
+    FIT_MAX_EVALUATIONS,
+    Calibration,
+    CalibrationDocument,
+    Measurement,
+    calibration_document,
+    errors,
+    fit,
+    load_calibration,
+    mape,
+    parameters_for,
+    predict_peak_gib,
+    usable,
+)
 from search_spaces.calibration.reference import published_rows
+from search_spaces.catalog.hardware import load_gpu
 from search_spaces.catalog.software import measured_stack
+from search_spaces.errors import MoeAutotuneError, SpecError
+from search_spaces.layouts.layout import Layout
 from search_spaces.validation import problems
 
 from orchestrator.records import StudyRecord, TrialRecord
@@ -60,6 +72,7 @@ def judge(record: TrialRecord, source: str, backend: str = "") -> tuple[Measurem
     missing = [k for k, v in needed.items() if not v]
     if missing:
         return None, f"{source}: recorded as ok without {missing[0]}"
+    assert r.num_gpus is not None and r.seq_len is not None  # in `needed`: checked just above
     overrides = record.model_overrides
     try:
         m = Measurement(model=str(r.model), gpu=str(r.gpu), num_gpus=int(r.num_gpus), seq_len=int(r.seq_len),
@@ -84,7 +97,7 @@ def from_study(storage: str, study_name: str, skipped: list[str] | None = None) 
 
     study = studies.load_study(storage, study_name)
     context = StudyRecord.of(study)
-    out = []
+    out: list[Measurement] = []
     for record in studies.measured_records(study):
         if context.model_overrides and not record.model_overrides and record.result is not None:
             result = dataclasses.replace(record.result, extra={**record.extra,
@@ -111,7 +124,7 @@ def from_experiment(tracking_uri: str, experiment: str, skipped: list[str] | Non
     if exp is None:
         raise SpecError(f"no MLflow experiment {experiment!r} at {tracking_uri}")
     runs = client.search_runs([exp.experiment_id], "tags.status = 'ok'", max_results=10000)
-    out = []
+    out: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
             backend = run.data.tags.get("backend", "")
@@ -200,8 +213,9 @@ def split(measurements: list[Measurement], holdout: float) -> tuple[list[Measure
 
 
 def peak_mape(measurements: list[Measurement], cal: Calibration) -> float | None:
-    errs = [predict_peak_gib(m, cal) / m.peak_memory_gib - 1 for m in measurements if m.peak_memory_gib]
-    return mape([e for e in errs if e is not None])
+    # a layout the rules refuse has no predicted peak: skipped, as `errors` skips its tokens/s
+    pairs = [(predict_peak_gib(m, cal), m.peak_memory_gib) for m in measurements if m.peak_memory_gib]
+    return mape([pred / peak - 1 for pred, peak in pairs if pred is not None and peak])
 
 
 def fit_process_baseline(measurements: list[Measurement], cal: Calibration) -> float | None:
@@ -210,7 +224,10 @@ def fit_process_baseline(measurements: list[Measurement], cal: Calibration) -> f
     if not cpu:
         return None
     base = cal.model_copy(update={"cpu_process_baseline_gib": 1e-9})
-    return max(1e-3, statistics.median(m.peak_memory_gib - predict_peak_gib(m, base) for m in cpu))
+    # a layout the rules refuse has no predicted peak: skipped
+    gaps = [peak - pred for m in cpu
+            if (peak := m.peak_memory_gib) is not None and (pred := predict_peak_gib(m, base)) is not None]
+    return max(1e-3, statistics.median(gaps)) if gaps else None
 
 
 def calibrate(measurements: list[Measurement], start: Calibration | None = None, holdout: float = 0.5,
@@ -225,20 +242,18 @@ def calibrate(measurements: list[Measurement], start: Calibration | None = None,
     fit_part, held = split(measurements, holdout)
     families = sorted({m.family for m in measurements})
     anchor = [r for r in published_rows() if r.family in families] if with_published else []
-    kwargs = {"max_evals": max_evals} if max_evals else {}
-    cal, summary = fit(fit_part, parameters_for(families), start, anchor=anchor, **kwargs)
+    cal, summary = fit(fit_part, parameters_for(families), start, anchor=anchor,
+                       max_evals=max_evals or FIT_MAX_EVALUATIONS)
     baseline = fit_process_baseline(fit_part, cal)
     if baseline is not None:
         cal = cal.updated({"cpu_process_baseline_gib": baseline})
-    run = CalibrationRun(cal, {}, len(fit_part), len(held), len(anchor), families)
-    for name, c in (("before", start), ("after", cal)):
-        getattr(run, name).update({"tokens_per_sec_per_gpu": mape(errors(held, c)),
-                                   "peak_memory_gib": peak_mape(held, c)})
-    run.document = calibration_document(cal, summary["fitted"] + (["cpu_process_baseline_gib"] if baseline else []),
-                                        {"measurements": len(measurements), "fitted_on": len(fit_part),
-                                         "held_out": len(held), "published_rows": len(anchor),
-                                         "families": families, "held_out_mape_before": run.before,
-                                         "held_out_mape_after": run.after, "fit": summary,
-                                         "sources": sorted({m.source.rsplit(" ", 2)[0] for m in measurements})},
-                                        software=measured_stack(measurements))
-    return run
+    before, after = ({"tokens_per_sec_per_gpu": mape(errors(held, c)), "peak_memory_gib": peak_mape(held, c)}
+                     for c in (start, cal))
+    document = calibration_document(cal, summary["fitted"] + (["cpu_process_baseline_gib"] if baseline else []),
+                                    {"measurements": len(measurements), "fitted_on": len(fit_part),
+                                     "held_out": len(held), "published_rows": len(anchor),
+                                     "families": families, "held_out_mape_before": before,
+                                     "held_out_mape_after": after, "fit": summary,
+                                     "sources": sorted({m.source.rsplit(" ", 2)[0] for m in measurements})},
+                                    software=measured_stack(measurements))
+    return CalibrationRun(cal, document, len(fit_part), len(held), len(anchor), families, before, after)

@@ -22,6 +22,7 @@ from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import stores
 from orchestrator import study as studies
+from orchestrator.connections import BoundedClient
 from orchestrator.records import HEADLINE, PROMOTION_TAG, StudyRecord, TrialRecord, metrics
 from orchestrator.spec import tracks_rejections
 from orchestrator.tracking import PROXY_PARAM, SUPERSEDED_TAG, TRIAL_TAG, layout_params, require_existing_store
@@ -74,7 +75,7 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     return problems
 
 
-def _trial_problems(client: MlflowClient, trial: TrialRecord, run, track_rejected: bool) -> list[str]:
+def _trial_problems(client: MlflowClient | BoundedClient, trial: TrialRecord, run, track_rejected: bool) -> list[str]:
     status = trial.status
     if not trial.finished or not status:
         if run is not None and trial.state != "running" and run.info.status == "RUNNING":
@@ -111,7 +112,7 @@ def _measured_twice(runs: list[Any]) -> list[str]:
             for (_, fidelity), n in by_layout.items() if len(n) > 1]
 
 
-def _metric_problems(client: MlflowClient, trial: TrialRecord, run) -> list[str]:
+def _metric_problems(client: MlflowClient | BoundedClient, trial: TrialRecord, run) -> list[str]:
     out = []
     for key in CHECKED_METRICS:
         value = trial.measured(key)
@@ -127,7 +128,7 @@ def _metric_problems(client: MlflowClient, trial: TrialRecord, run) -> list[str]
     return out
 
 
-def _children(client: MlflowClient, experiment: str, parent: str):
+def _children(client: MlflowClient | BoundedClient, experiment: str, parent: str):
     token = None
     while True:
         page = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent}'", max_results=1000,

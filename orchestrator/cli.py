@@ -14,13 +14,15 @@ refusing bad input costs the start-up of this module and the spec's parser, not 
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import click
 import typer
 
+from search_spaces.errors import MoeAutotuneError
+
 from orchestrator import crashlog
 from orchestrator.redact import redact_text, redact_uri
-from search_spaces.errors import MoeAutotuneError
 
 app = typer.Typer(
     name="moe-autotune",
@@ -41,14 +43,14 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show the traceba
 
 
 # Each module defines register(app). Kept as a list so a new command is one line here.
-from orchestrator.commands import estimate as _estimate  # noqa: E402
-from orchestrator.commands import sweep as _sweep  # noqa: E402
-from orchestrator.commands import slurm as _slurm  # noqa: E402
-from orchestrator.commands import promote as _promote  # noqa: E402
-from orchestrator.commands import check as _check  # noqa: E402
-from orchestrator.commands import ui as _ui  # noqa: E402
 from orchestrator.commands import calibrate as _calibrate  # noqa: E402
+from orchestrator.commands import check as _check  # noqa: E402
+from orchestrator.commands import estimate as _estimate  # noqa: E402
 from orchestrator.commands import lengths as _lengths  # noqa: E402
+from orchestrator.commands import promote as _promote  # noqa: E402
+from orchestrator.commands import slurm as _slurm  # noqa: E402
+from orchestrator.commands import sweep as _sweep  # noqa: E402
+from orchestrator.commands import ui as _ui  # noqa: E402
 
 for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui, _calibrate, _lengths):
     _module.register(app)
@@ -59,7 +61,9 @@ def _vendored(name: str) -> tuple[type, ...]:
     return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 
-_USAGE_ERRORS = (click.ClickException, *_vendored("ClickException"))
+# typer's copy of ClickException is no subclass of click's, but has its API (format_message)
+_USAGE_ERRORS: tuple[type[click.ClickException], ...] = (
+    click.ClickException, *cast("tuple[type[click.ClickException], ...]", _vendored("ClickException")))
 _EXITS = (click.exceptions.Exit, typer.Exit)
 _ABORTS = (click.exceptions.Abort, typer.Abort)
 

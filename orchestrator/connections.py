@@ -143,8 +143,8 @@ def _timed_out(exc: BaseException) -> bool:
 
 def root_line(exc: BaseException) -> str:
     """The first line of the innermost cause (the wrappers of requests, MLflow and SQLAlchemy say less)."""
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

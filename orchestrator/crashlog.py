@@ -57,7 +57,7 @@ def _write(exc: BaseException, argv: list[str] | None) -> tuple[Path | None, lis
     text = _details(exc, argv)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"moe-autotune-internal-error-{stamp}-{os.getpid()}.log"
-    failures = []
+    failures: list[str] = []
     for folder in _folders():
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from search_spaces.errors import SpecError
 from search_spaces.cost.packing import HISTOGRAM_FORMAT, LengthHistogram, histogram
+from search_spaces.errors import SpecError
 
 # megatron/core/datasets/indexed_dataset.py: _INDEX_HEADER, version 1, DType codes
 IDX_HEADER = b"MMIDIDX\x00\x00"
@@ -175,7 +175,8 @@ def table_document_lengths(path: str | Path, column: str | None = None, text_col
         raise SpecError("give either --column (a token count) or --text-column with --tokenizer")
     if text_column is not None and tokenizer is None:
         raise SpecError("--text-column needs --tokenizer (the model's tokenizer)")
-    key = column or text_column
+    key = column if column is not None else text_column
+    assert key is not None  # exactly one of the two is given (checked above)
     kind = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "jsonl"
     rows = _parquet_rows(path, key) if kind == "parquet" else _jsonl_rows(path, key)
     counts: list[int] = []

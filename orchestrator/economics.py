@@ -15,9 +15,9 @@ class Cost(BaseModel):
     # the string under each field is its documentation (as in orchestrator.spec)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
-    usd_per_gpu_hour: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    usd_per_gpu_hour: float | None = Field(default=None, gt=0, strict=True, allow_inf_nan=False)
     """What one GPU-hour costs; with it every figure in GPU-hours also shows dollars."""
-    train_tokens: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    train_tokens: float | None = Field(default=None, gt=0, strict=True, allow_inf_nan=False)
     """Tokens of the training run the layout is for: each layout shows the time (and dollars) to train them."""
 
 

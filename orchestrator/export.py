@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import BY_NAME, DIMENSIONS, Layout
-from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-LM flags whose name is not the config field's (`--field-name` otherwise).
 _LM_FLAG_OF_FIELD = {"fp8": "--fp8-format"}
@@ -181,7 +181,11 @@ def layout_args(layout: Layout) -> list[str]:
     argv: list[str] = []
     for dim in DIMENSIONS:
         render = _LM_FLAGS.get(dim.name)
-        argv += render(layout) if render else [dim.megatron_lm, str(dim.megatron_value(getattr(layout, dim.name)))]
+        if render:
+            argv += render(layout)
+            continue
+        assert dim.megatron_lm is not None, f"dimension {dim.name}: no Megatron-LM flag and no rendering"
+        argv += [dim.megatron_lm, str(dim.megatron_value(getattr(layout, dim.name)))]
     return argv
 
 
@@ -532,8 +536,12 @@ def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[st
                            "train": {}, "optimizer": {}, "ddp": {}, "dataset": {"seq_length": int(seq_len)}}
     for dim in DIMENSIONS:
         render = _BRIDGE.get(dim.name)
-        for path, value in (render(layout) if render else
-                            {dim.megatron: dim.megatron_value(getattr(layout, dim.name))}).items():
+        if render:
+            fields = render(layout)
+        else:
+            assert dim.megatron is not None, f"dimension {dim.name}: no Bridge path and no rendering"
+            fields = {dim.megatron: dim.megatron_value(getattr(layout, dim.name))}
+        for path, value in fields.items():
             if "." not in path:  # a ConfigContainer entry of its own (the mixed-precision recipe)
                 out[path] = value
                 continue

@@ -28,11 +28,11 @@ from mlflow.entities import Experiment
 from search_spaces.errors import SpecError
 
 from orchestrator.commands.output import echo
+from orchestrator.connections import BoundedClient
 from orchestrator.errors import OutputError, TrackingError
 from orchestrator.redact import redact_uri
 from orchestrator.stores import open_mlflow
-from orchestrator.tracking import (PARENT_TAG, mark_training_experiment, require_existing_store, runs_page_url,
-                                   unusable)
+from orchestrator.tracking import PARENT_TAG, mark_training_experiment, require_existing_store, runs_page_url, unusable
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0  # a loaded 2-core machine takes tens of seconds to import MLflow's server
@@ -112,7 +112,7 @@ def open_sweep(tracking_uri: str, study: str | None) -> Experiment:
     return experiment
 
 
-def _find(client: MlflowClient, tracking_uri: str, study: str | None) -> Experiment:
+def _find(client: MlflowClient | BoundedClient, tracking_uri: str, study: str | None) -> Experiment:
     if study is not None:
         found = client.get_experiment_by_name(study)
         if found is not None and found.lifecycle_stage == "active":

@@ -85,14 +85,21 @@ def _writing_client():
     return _client()
 
 
+def _situation(view: TrialView, ctx: StudyRecord, study_name: str) -> tuple[Layout, str, int, int]:
+    """The trial's layout and the study's model, seq_len and num_gpus (winner.pick and winner.context refuse a
+    trial or study without them)."""
+    if view.layout is None or ctx.model is None or ctx.seq_len is None or ctx.num_gpus is None:
+        raise SpecError(f"{study_name} trial {view.number}: no layout, model, seq_len or num_gpus recorded")
+    return view.layout, ctx.model, ctx.seq_len, ctx.num_gpus
+
+
 def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: int | None = None) -> dict[str, str]:
     """The artifact files of one trial, as text (also what `export` prints); `gpus_per_node` for the sbatch
     script (default: the sweep's)."""
     from search_spaces.catalog.models import load_model
 
-    layout = view.layout
-    model = load_model(ctx.model)  # production runs the full model, whatever proxy was profiled
-    seq_len = ctx.seq_len
+    layout, model_name, seq_len, num_gpus = _situation(view, ctx, study_name)
+    model = load_model(model_name)  # production runs the full model, whatever proxy was profiled
     trial = {"study": study_name, "trial": view.number, "backend": view.backend, "estimated": view.estimated,
              "model": ctx.model, "seq_len": seq_len, "gpu": ctx.gpu, "num_gpus": ctx.num_gpus,
              "profiled_with_model_overrides": ctx.model_overrides or None, **view.evidence()}
@@ -114,7 +121,7 @@ def render(view: TrialView, ctx: StudyRecord, study_name: str, gpus_per_node: in
                                           num_gpus=ctx.num_gpus, study=study_name, trial=view.number),
         "megatron-args.txt": megatron_args,
         "bridge-overrides.yaml": bridge,
-        "launch.sbatch": export.sbatch_script(layout, model, seq_len, ctx.num_gpus, gpus_per_node or ctx.gpus_per_node),
+        "launch.sbatch": export.sbatch_script(layout, model, seq_len, num_gpus, gpus_per_node or ctx.gpus_per_node),
         "trial.json": json.dumps(trial, indent=2, default=str) + "\n",
     }
 
@@ -153,11 +160,12 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     """Log the trial's files to a new run, register them as a new version, move `production` to it."""
     from mlflow.exceptions import MlflowException
 
+    layout, model_name, seq_len, _ = _situation(view, ctx, study_name)
     client = _writing_client()
-    name = registered_model_name(ctx.model, ctx.seq_len)
+    name = registered_model_name(model_name, seq_len)
     files = render(view, ctx, study_name)
     tags = {"moe_autotune.study": study_name, PROMOTION_TAG: str(view.number),
-            "moe_autotune.layout_key": view.layout.key()}
+            "moe_autotune.layout_key": layout.key()}
     if ctx.mlflow_parent_run_id:
         tags["mlflow.parentRunId"] = str(ctx.mlflow_parent_run_id)
     run = client.create_run(_experiment_id(client, ctx, study_name), run_name=f"promote-trial-{view.number}",
@@ -191,7 +199,7 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
         version_tags[PREVIOUS_TAG] = str(previous.version)
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",
                                      run_id=run.info.run_id, tags=version_tags,
-                                     description=f"{study_name} trial {view.number}: {view.layout.key()}")
+                                     description=f"{study_name} trial {view.number}: {layout.key()}")
     client.set_registered_model_alias(name, PRODUCTION, mv.version)
     return Promotion(name, str(mv.version), str(previous.version) if previous else None, run.info.run_id)
 

@@ -29,7 +29,7 @@ from search_spaces.cost.breakdown import COUNT_KEYS, PEAK_KEYS
 from orchestrator.commands.output import write_text
 from orchestrator.commands.packing_view import study_comparison
 from orchestrator.records import StudyRecord
-from orchestrator.winner import TrialView, views
+from orchestrator.winner import TrialView, throughput, views
 
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
@@ -154,7 +154,7 @@ def _label(v: TrialView) -> str:
 def _pareto_figure(trials: list[TrialView]) -> go.Figure:
     limit = trials[0].memory_limit_gib if trials else None
     fig = go.Figure()
-    for status in sorted({v.status for v in trials}):
+    for status in sorted({v.status for v in trials if v.status is not None}):
         sel = [v for v in trials if v.status == status and _num(v.peak_memory_gib) is not None
                and _num(v.tokens_per_sec_per_gpu) is not None]
         if sel:
@@ -280,8 +280,13 @@ def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | No
 def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path], str | None]:
     """<name>.png for every figure, all in one headless Chrome session (kaleido); ({}, why) without Chrome."""
     import kaleido  # imported here: only the PNG export needs it (and its browser machinery)
-    from kaleido.errors import (BrowserClosedError, BrowserFailedError, ChromeNotFoundError, JavascriptError,
-                                KaleidoError)
+    from kaleido.errors import (
+        BrowserClosedError,
+        BrowserFailedError,
+        ChromeNotFoundError,
+        JavascriptError,
+        KaleidoError,
+    )
 
     paths = {name: out / f"{name}.png" for name in figs}
     width, height = PNG_SIZE
@@ -299,8 +304,8 @@ def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path],
         where = f"at BROWSER_PATH={browser}" if browser else "on PATH (install chromium or set BROWSER_PATH)"
         note = f"no Chrome or Chromium {where}"
     except (BrowserFailedError, BrowserClosedError) as exc:
-        why = (str(exc.args[0]) if exc.args else "").strip().splitlines() or [type(exc).__name__]
-        note = f"the browser {browser or 'found on PATH'} did not start: {why[0]}"
+        why = ((str(exc.args[0]) if exc.args else "").strip().splitlines() or [type(exc).__name__])[0]
+        note = f"the browser {browser or 'found on PATH'} did not start: {why}"
     except TimeoutError:  # kaleido's per-figure limit, on a machine too loaded to render in time
         note = "Chrome took longer than kaleido's limit to render a figure"
     except (JavascriptError, KaleidoError) as exc:  # e.g. the page's scripts not loaded yet on a loaded machine
@@ -354,7 +359,7 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
     fitting = [v for v in trials if v.status == "ok" and v.fits and _num(v.tokens_per_sec_per_gpu) is not None]
-    winner = max(fitting, key=lambda v: v.tokens_per_sec_per_gpu, default=None)
+    winner = max(fitting, key=throughput, default=None)
     figs = figures(study, trials, winner, family)
     pngs_written, png_note = export_pngs(figs, out) if pngs else ({}, "not asked for")
 
@@ -386,16 +391,16 @@ def log_to_mlflow(report: Report, parent_run_id: str, client: Any = None) -> Non
 
 def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
     """GPU-hours each trial used, by fidelity, beside what it would have used at full size."""
-    ran = [v for v in trials if v.gpu_seconds[0] is not None]
+    ran = [(v, used) for v in trials if (used := v.gpu_seconds[0]) is not None]  # (trial, GPU-seconds used)
     fig = go.Figure()
     for fidelity in ("full", "proxy"):
-        sel = [v for v in ran if v.runs_at == fidelity]
+        sel = [(v, s) for v, s in ran if v.runs_at == fidelity]
         if sel:
-            fig.add_bar(x=[v.number for v in sel], y=[v.gpu_seconds[0] / 3600 for v in sel], name=f"used ({fidelity})",
-                        text=[_label(v) for v in sel])
-    proxies = [v for v in ran if v.proxy and v.gpu_seconds[1]]
+            fig.add_bar(x=[v.number for v, _ in sel], y=[s / 3600 for _, s in sel], name=f"used ({fidelity})",
+                        text=[_label(v) for v, _ in sel])
+    proxies = [(v, full) for v, _ in ran if v.proxy and (full := v.gpu_seconds[1])]  # (trial, at full size)
     if proxies:
-        fig.add_scatter(x=[v.number for v in proxies], y=[v.gpu_seconds[1] / 3600 for v in proxies], mode="markers",
+        fig.add_scatter(x=[v.number for v, _ in proxies], y=[s / 3600 for _, s in proxies], mode="markers",
                         name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})
     fig.update_layout(title="GPU-hours per trial (proxies ran on fewer GPUs)", xaxis_title="trial",
                       yaxis_title="GPU-hours", barmode="group")
@@ -427,7 +432,7 @@ def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | N
     context = StudyRecord.of(study)
     cost, gpus = context.cost, int(context.num_gpus or 0)
     if winner and first and first.status == "ok" and first.fits and _num(first.tokens_per_sec_per_gpu):
-        gain = winner.tokens_per_sec_per_gpu / first.tokens_per_sec_per_gpu - 1
+        gain = throughput(winner) / throughput(first) - 1
         parts.append(f"The winner runs {sig(100 * gain)}% faster than the first rule-of-thumb layout "
                      f"(trial {first.number}).")
         a, b = to_train(winner.tokens_per_sec_per_gpu, gpus, cost), to_train(first.tokens_per_sec_per_gpu, gpus, cost)

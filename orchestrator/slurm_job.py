@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-from importlib import resources
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -243,7 +243,7 @@ def submit(script: str, workdir: str | Path, job_name: str = "moe-autotune", wai
     return job_id, path, proc.returncode if wait else 0
 
 
-def job_tags(env: dict[str, str] | None = None) -> dict[str, str]:
+def job_tags(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """MLflow tags linking a run to the Slurm job and the Ray cluster it ran on (empty outside Slurm)."""
     env = os.environ if env is None else env
     tags = {}

@@ -5,18 +5,20 @@ Each connects to the job's Ray cluster or stores; none starts anything on its ow
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
-from orchestrator.redact import redact_uri
 from search_spaces.errors import SpecError
+
+from orchestrator.redact import redact_uri
 
 
 def _connect(ray_address: str):
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address=ray_address, logging_level="ERROR", log_to_driver=False)
+    ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
     return ray
 
 
@@ -77,10 +79,10 @@ def link_run(storage: str, study_name: str, tags: dict[str, str]) -> str | None:
     except KeyError:
         raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}") from None
     context = StudyRecord.of(study)
-    run_id = context.mlflow_parent_run_id
-    if not run_id or not tags:
+    run_id, tracking_uri = context.mlflow_parent_run_id, context.tracking_uri
+    if not run_id or not tracking_uri or not tags:  # no MLflow run recorded (tracking_uri none): nothing to tag
         return None
-    client = open_mlflow(context.tracking_uri)
+    client = open_mlflow(tracking_uri)
     run = client.get_run(run_id)
     job_ids = [j for j in run.data.tags.get("slurm_job_ids", "").split(",") if j]
     if tags.get("slurm_job_id") and tags["slurm_job_id"] not in job_ids:

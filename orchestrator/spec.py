@@ -8,28 +8,37 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search_spaces.bounded import loads_yaml
 from search_spaces.errors import SpecError
-from search_spaces.inputs import (MAX_GBS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_SEQ_LEN,
-                                  check_name, read_text_file)
+from search_spaces.inputs import (
+    MAX_GBS,
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYERS,
+    MAX_MODEL_WIDTH,
+    MAX_SEQ_LEN,
+    check_name,
+    read_text_file,
+)
 from search_spaces.layouts.layout import BY_NAME, DEFAULT_FREE, FIELD_NAMES, SEARCH_DIMENSIONS
 from search_spaces.pydantic_line import one_line, short
 
 from orchestrator.backends import BACKENDS, DEFAULT_BACKEND, canonical_backend
 from orchestrator.economics import Cost
-from orchestrator.searches import DEFAULT_SEARCH, SEARCH_KINDS
+from orchestrator.searches import DEFAULT_SEARCH
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
 # backends whose trials are predictions or recordings: rejected proposals outnumber trials there, so they go
 # to one table on the parent MLflow run instead of a child run each (unless track_rejected says otherwise)
 WHAT_IF_BACKENDS = tuple(name for name, kind in BACKENDS.items() if kind.what_if)
-# the choices of `backend:` and `search:`, from their tables
-BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
-SearchName = Literal[tuple(SEARCH_KINDS)]  # type: ignore[valid-type]
+# the choices of `backend:` and `search:` written out, so that the type checker sees them too; a conformance test
+# (tests/orchestrator/test_conformance.py) holds them equal to their tables, BACKENDS and SEARCH_KINDS
+BackendName = Literal["ray", "analytic", "replay"]
+SearchName = Literal["calibrated", "tpe", "random", "grid"]
 # What defines the situation a study measures: `--resume` refuses a spec that changes one of these (the
 # budget, the search and its seed, where MLflow or Ray live, timeouts ... may change between runs).
 SITUATION_FIELDS = ("model", "seq_len", "gpu", "nodes", "gpus_per_node", "gbs", "model_overrides", "backend",
@@ -38,25 +47,26 @@ MAX_SEED = 2 ** 32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32 
 
 
 class _Strict(BaseModel):
-    # the string under each field below is its documentation (shown by `SweepSpec.model_fields[name].description`)
+    # the string under each field below is its documentation (shown by `SweepSpec.model_fields[name].description`);
+    # defaults are given as `default=`, the only form mypy's dataclass_transform reads as one
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class Budget(_Strict):
-    n_trials: int = Field(8, ge=1, strict=True)
+    n_trials: int = Field(default=8, ge=1, strict=True)
     """Trials that run, counted over the study's life (--resume adds up to it); cost-model rejections are free."""
-    wall_time_s: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
+    wall_time_s: float | None = Field(default=None, gt=0, strict=True, allow_inf_nan=False)
     """Stop proposing after this many seconds (running trials finish)."""
-    max_concurrent: int = Field(1, ge=1, strict=True)
+    max_concurrent: int = Field(default=1, ge=1, strict=True)
     """Trials in flight at once."""
-    max_proposals_per_trial: int = Field(20, ge=1, strict=True)
+    max_proposals_per_trial: int = Field(default=20, ge=1, strict=True)
     """Proposals allowed per counted trial before the sweep gives up finding new layouts."""
 
 
 class ModelOverrides(_Strict):
-    num_layers: int | None = Field(None, ge=1, le=MAX_LAYERS, strict=True)
+    num_layers: int | None = Field(default=None, ge=1, le=MAX_LAYERS, strict=True)
     """Fewer (or more) decoder layers than the catalog model: a smaller model for CPU runs."""
-    hidden_size: int | None = Field(None, ge=1, le=MAX_MODEL_WIDTH, strict=True)
+    hidden_size: int | None = Field(default=None, ge=1, le=MAX_MODEL_WIDTH, strict=True)
     """Another width than the catalog model (heads and head_dim kept)."""
 
 
@@ -86,6 +96,7 @@ class Packing(_Strict):
         if self.mode != "packed":
             return None
         from search_spaces.cost.packing import load_histogram
+        assert self.lengths is not None, "packed needs lengths (_lengths_given)"
         hist = load_histogram(self.lengths)
         hist.check_fits(seq_len)
         return hist
@@ -96,18 +107,18 @@ class SweepSpec(_Strict):
     """The study's name (Optuna) and the MLflow experiment's; letters, digits, '.', '_', '-'."""
     model: str = "tiny-moe"
     """A catalog model (search_spaces/catalog/hf_configs) or the path of a Hugging Face config.json."""
-    seq_len: int = Field(4096, ge=1, le=MAX_SEQ_LEN, strict=True)
+    seq_len: int = Field(default=4096, ge=1, le=MAX_SEQ_LEN, strict=True)
     """Tokens per sequence. A list (`seq_len: [32768, 65536]`) is a length family: one sub-sweep per length, in
     order, each seeded from the previous length's best layouts (it is stored in `lengths`)."""
     lengths: list[int] | None = None
     """The lengths of a length family (set from a seq_len list); None for one length."""
     gpu: str = "h100"
     """The GPU (hardware catalog: h100 h200 b200 b300 gb200 gb300, or cpu for the CPU trainer)."""
-    nodes: int = Field(1, ge=1, le=MAX_GPUS, strict=True)
+    nodes: int = Field(default=1, ge=1, le=MAX_GPUS, strict=True)
     """Nodes of the target cluster (the layouts are for nodes x gpus_per_node GPUs)."""
-    gpus_per_node: int = Field(8, ge=1, le=MAX_GPUS_PER_NODE, strict=True)
+    gpus_per_node: int = Field(default=8, ge=1, le=MAX_GPUS_PER_NODE, strict=True)
     """GPUs per node (CPU ranks on cpu)."""
-    gbs: int | None = Field(None, ge=1, le=MAX_GBS, strict=True)
+    gbs: int | None = Field(default=None, ge=1, le=MAX_GBS, strict=True)
     """Global batch in sequences; default ~16M tokens per step (8 sequences on cpu)."""
     free: list[str] = Field(default_factory=lambda: list(DEFAULT_FREE))
     """The layout dimensions the sweep varies; the others stay at the first rule of thumb's values. Default: every
@@ -119,13 +130,13 @@ class SweepSpec(_Strict):
     """How many trials, for how long, how many at once."""
     objectives: list[str] = Field(default_factory=lambda: list(OBJECTIVES))
     """Maximise tokens/s/GPU, minimise peak memory (fixed for now)."""
-    steps: int = Field(5, ge=1, strict=True)
+    steps: int = Field(default=5, ge=1, strict=True)
     """Training steps per trial, warm-up included."""
-    warmup: int = Field(2, ge=0, strict=True)
+    warmup: int = Field(default=2, ge=0, strict=True)
     """Steps not timed."""
-    trial_timeout_s: float = Field(900.0, gt=0, strict=True, allow_inf_nan=False)
+    trial_timeout_s: float = Field(default=900.0, gt=0, strict=True, allow_inf_nan=False)
     """A trial still running after this many seconds is killed with its process tree (status timeout)."""
-    backend: BackendName = DEFAULT_BACKEND
+    backend: BackendName = cast(BackendName, DEFAULT_BACKEND)
     """Where trials run (orchestrator.backends.BACKENDS): ray, the real trainer through Ray (`local` is accepted
     for it); analytic, the cost model; replay, a recorded table."""
     tracking_uri: str = "sqlite:///mlflow.db"
@@ -136,9 +147,9 @@ class SweepSpec(_Strict):
     """Optuna storage URL (the source of truth of the sweep)."""
     model_overrides: ModelOverrides = Field(default_factory=ModelOverrides)
     """A smaller (or narrower) copy of the model."""
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, strict=True)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
     """The sampler's seed: the same seed proposes the same layouts."""
-    search: SearchName = DEFAULT_SEARCH
+    search: SearchName = cast(SearchName, DEFAULT_SEARCH)
     """How layouts are proposed (orchestrator.searches.SEARCH_KINDS): calibrated (default), the cost model's
     ranking corrected from every measurement; tpe, random, grid: the baselines bench/search_efficiency.py
     compares."""
@@ -155,7 +166,7 @@ class SweepSpec(_Strict):
     fidelity: Literal["auto", "full", "proxy"] = "auto"
     """full: every trial at the target size; proxy: on the fewest GPUs that reproduce its per-GPU work,
     composed back to full size (search_spaces/proxy.py); auto: full when it fits in trial_gpus."""
-    trial_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, strict=True)
+    trial_gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS, strict=True)
     """The most GPUs one trial may use (default: the whole target cluster); sizes the Slurm allocation."""
     cost: Cost = Field(default_factory=Cost)
     """Dollars per GPU-hour and the tokens to train: the time and money per layout and for the sweep."""
@@ -306,6 +317,7 @@ class SweepSpec(_Strict):
         data = self.dump()
         out = {name: data[name] for name in SITUATION_FIELDS}
         if self.packing.mode == "packed":  # a packed study's situation includes its documents (by content)
+            assert self.packing.lengths is not None, "packed needs lengths (Packing._lengths_given)"
             with open(self.packing.lengths, "rb") as fh:
                 out["packing"] = "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
         if self.replay_table and Path(self.replay_table).is_file():

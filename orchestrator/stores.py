@@ -177,8 +177,10 @@ def _why_not_writable(target: Path) -> str:
         else:
             os.close(os.open(target, os.O_RDWR))
     except OSError as exc:
-        hint = {errno.EROFS: "on a read-only file system", errno.EPERM: "immutable (chattr +i) or not permitted",
-                errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
+        hints: dict[int | None, str] = {errno.EROFS: "on a read-only file system",
+                                        errno.EPERM: "immutable (chattr +i) or not permitted",
+                                        errno.EACCES: "permission denied"}
+        hint = hints.get(exc.errno, exc.strerror or str(exc))
         return f"{str(target)!r} is {hint}" if exc.errno in (errno.EROFS, errno.EPERM) else f"{str(target)!r}: {hint}"
     return f"{str(target)!r} is not writable"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import optuna
 import pandas as pd
@@ -22,7 +23,7 @@ from orchestrator.errors import StorageError, StorageFull
 from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
 from orchestrator.redact import redact_uri
 
-DIRECTIONS = ["maximize", "minimize"]
+DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

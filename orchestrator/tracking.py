@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
-from dataclasses import dataclass
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
-
-import logging
-
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -28,9 +26,9 @@ from search_spaces.bounded import loads_json, parse_count
 from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 
 from orchestrator import connections, sqlite_tuning, stores
+from orchestrator.environment import recorded_environment
 from orchestrator.errors import LeaseLost, StorageError, TrackingError
 from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
-from orchestrator.environment import recorded_environment
 from orchestrator.redact import redact_mapping, redact_text, redact_uri
 
 log = logging.getLogger("moe_autotune")
@@ -406,7 +404,7 @@ class _FencedClient:
     """The tracker's MlflowClient, each write behind the fence: a driver whose study was taken over while it
     was paused stops at its next MLflow call, not after finishing the record it was in the middle of."""
 
-    def __init__(self, client: MlflowClient, fence: Callable[[], None]):
+    def __init__(self, client: MlflowClient | connections.BoundedClient, fence: Callable[[], None]):
         self._client, self._fence = client, fence
 
     def __getattr__(self, name: str) -> Any:
@@ -482,7 +480,8 @@ def trials_view(free: Iterable[str] | None = None) -> dict[str, Any]:
             "selectedColumns": columns, "columnOrder": columns, "runsExpanded": {}}
 
 
-def mark_training_experiment(client: MlflowClient, experiment_id: str, free: Iterable[str] | None = None) -> None:
+def mark_training_experiment(client: MlflowClient | connections.BoundedClient | _FencedClient, experiment_id: str,
+                             free: Iterable[str] | None = None) -> None:
     """Tag the sweep's experiment as a model-training one and give it the trials view (idempotent).
 
     With `free` (the spec's searched fields) the view shows those params; without, an existing view is kept."""

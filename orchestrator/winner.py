@@ -69,6 +69,12 @@ class TrialView(TrialRecord):
         return None
 
 
+def throughput(view: TrialView) -> float:
+    """Its tokens/s/GPU, where the caller has made sure it has one (a promotable trial, the report's winner)."""
+    assert view.tokens_per_sec_per_gpu is not None, f"trial {view.number} has no tokens/s"
+    return view.tokens_per_sec_per_gpu
+
+
 def gpu_memory_gib(study: optuna.Study) -> float | None:
     context = StudyRecord.of(study)
     if context.memory_limit_gib:
@@ -89,6 +95,7 @@ def views(study: optuna.Study) -> list[TrialView]:
     study_backend = StudyRecord.of(study).backend
     out = []
     for trial in study.get_trials(deepcopy=False):
+        # TrialRecord.of makes a `cls` (annotated as returning TrialRecord)
         view = TrialView.of(trial, memory_limit_gib=limit)
         if view.status is None:
             continue
@@ -120,7 +127,7 @@ def pick(study: optuna.Study, trial_number: int | None = None, allow_estimated: 
         elif any(v.refusal(True, True) is None for v in all_views):
             hint = " (only analytic estimates succeeded: pass --allow-estimated)"
         raise SpecError(f"study {study.study_name!r} has no trial that succeeded and fits{hint}")
-    return max(good, key=lambda v: v.tokens_per_sec_per_gpu)
+    return max(good, key=throughput)
 
 
 def context(study: optuna.Study) -> StudyRecord:

@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,7 @@ def loads_json(text: str, what: str, max_depth: int = MAX_DEPTH) -> Any:
         raise SpecError(f"{what}: nested too deep") from None
 
 
-def read_json(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+def read_json(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES, max_depth: int = MAX_DEPTH) -> Any:
     """The value of a JSON file (at most `limit` bytes of UTF-8), within the bounds."""
     return loads_json(read_text_file(path, what, limit), f"{what} {str(path)!r}", max_depth)
 

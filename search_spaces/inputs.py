@@ -6,6 +6,7 @@ may quote of a file (`excerpt`: short, one line, obvious secrets masked). Each r
 from __future__ import annotations
 
 import numbers
+import os
 import re
 import stat
 from pathlib import Path
@@ -17,7 +18,7 @@ from search_spaces.redaction import redact_quoted
 MAX_INPUT_BYTES = 1 << 20  # 1 MiB: a spec or a config.json is a few kB
 
 
-def read_text_file(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
+def read_text_file(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of `path` (a leading BOM dropped); `what` names the file in the error line."""
     path = Path(path)
     try:

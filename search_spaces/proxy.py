@@ -31,14 +31,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.catalog.hardware import GPUSpec
+from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.breakdown import GIB, MemoryBreakdown, StepTime
 from search_spaces.cost.costmodel import Estimate, estimate
-from search_spaces.catalog.hardware import GPUSpec
 from search_spaces.cost.host_terms import host_slowdown
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memory import inflight_per_chunk, rank_memory_breakdown
-from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.pipeline import placement
+from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 PROXY_PP = 2  # a pipeline proxy keeps one stage boundary: its send/recv is measured
@@ -178,12 +178,14 @@ def _compose_time(plan: ProxyPlan, m: ProxyMeasurement, est_full: Estimate, est_
     full, proxy = plan.full_layout, plan.layout
     m_full = full.grad_accum(plan.full_world) or 1
     m_proxy = proxy.grad_accum(plan.world) or 1
+    t_full, t_proxy = est_full.time, est_proxy.time
+    if t_full is None or t_proxy is None:  # an illegal layout has no times to compose
+        raise ValueError("composition needs the cost model's times of both layouts (legal layouts)")
     # per-microbatch stage time: the schedule's time over its microbatches plus its own bubble
     per_mb = m.forward_backward_s / (m_proxy + (proxy.pp - 1) / proxy.vpp)
     slots = m_full + (full.pp - 1) / full.vpp  # microbatch times in a full step: m plus the bubble
     measured = {"stage_compute_and_comm": per_mb * m_full, "pipeline_bubble": per_mb * (full.pp - 1) / full.vpp,
-                "optimizer": m.optimizer_s * _ratio(est_full.time, est_proxy.time, "optimizer", "optimizer_offload")}
-    t_full, t_proxy = est_full.time, est_proxy.time
+                "optimizer": m.optimizer_s * _ratio(t_full, t_proxy, "optimizer", "optimizer_offload")}
     # the full pipeline's slowest stage need not be the proxy's (the embedding, the output head, an MTP
     # block, an uneven split): the cost model's compute per microbatch of each slowest stage corrects it
     balance = _per_mb(t_full, ("compute", "recompute"), m_full) / _per_mb(t_proxy, ("compute", "recompute"), m_proxy)
@@ -285,8 +287,12 @@ def measurement(raw: TrialResult) -> ProxyMeasurement:
     parts = raw.extra.get("step_parts_s") or {}
     mem = _first_stage_memory(raw)
     step = raw.step_time_s or 0.0
-    fwd_bwd = parts.get("forward_backward") if parts.get("forward_backward") is not None else step
-    optimizer = parts.get("optimizer") if parts.get("optimizer") is not None else max(step - fwd_bwd, 0.0)
+    fwd_bwd = parts.get("forward_backward")
+    if fwd_bwd is None:
+        fwd_bwd = step
+    optimizer = parts.get("optimizer")
+    if optimizer is None:
+        optimizer = max(step - fwd_bwd, 0.0)
     return ProxyMeasurement(forward_backward_s=fwd_bwd, optimizer_s=optimizer, weights_gib=mem.get("weights", 0.0),
                             gradients_gib=mem.get("gradients", 0.0),
                             optimizer_states_gib=mem.get("optimizer_states", 0.0),

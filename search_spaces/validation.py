@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from search_spaces.errors import SpecError
 from search_spaces.inputs import excerpt
@@ -274,7 +274,7 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:  # where it holds, the value is an int or float (mypy narrows)
     return _number(x) and math.isfinite(x)
 
 

@@ -35,8 +35,8 @@ os.environ.setdefault("MOE_AUTOTUNE_LEASE_SETTLE_S", "0")
 # Should the line still appear in a test's captured output, the test fails (pytest_runtest_makereport below).
 os.environ.setdefault("MOE_AUTOTUNE_INTERNAL_ERRORS", "raise")
 INTERNAL_ERROR_LINE = "error: internal error:"
-from tests.mlflow_server import mlflow_server  # noqa: E402,F401  (a real `mlflow server` on 127.0.0.1)
 from tests import store_templates  # noqa: E402
+from tests.mlflow_server import mlflow_server  # noqa: E402,F401  (a real `mlflow server` on 127.0.0.1)
 from tests.workers import run_temp_root  # noqa: E402
 
 _TEST_ONLY_TIMINGS = ("MOE_AUTOTUNE_LEASE_SETTLE_S",)

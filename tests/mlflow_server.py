@@ -22,7 +22,6 @@ import pytest
 
 from tests import store_templates
 
-
 # Under pytest-xdist each worker takes its free ports from its own slice of this range, so that two workers never
 # pick the same one between choosing it and the server binding it. The range is below Linux's ephemeral ports
 # (32768-60999: what bind(0) and outgoing connections get) and above Ray's worker ports (10002-19999).

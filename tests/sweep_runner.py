@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator.sweep import run_sweep
 from orchestrator.spec import parse_spec
+from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import prior_for
 
 

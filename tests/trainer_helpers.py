@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from search_spaces.result import TrialResult
+
 from tests.mlflow_server import free_port  # per xdist worker
 from tests.workers import exclusive, run_temp_root
 

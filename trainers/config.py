@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 from search_spaces.layouts import rules
 from search_spaces.layouts.layout import BY_NAME, Layout
-from search_spaces.cost.pipeline import SPLIT_DEFAULTS, megatron_split_fields
 
 # Megatron-Core's spellings of the layout's values (the FP8 recipe and format, the flex dispatcher and its
 # backend, "all_gather", the router's capacity factor and forced balance) come from each dimension's

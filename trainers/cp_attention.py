@@ -148,5 +148,7 @@ def _softmax_offset(config, tp: int, tp_rank: int):
     if config.perform_initialization:
         config.init_method(full)
     offset = torch.nn.Parameter(full.chunk(tp)[tp_rank].clone().to(config.params_dtype))
-    offset.tensor_model_parallel, offset.partition_dim, offset.partition_stride = tp > 1, 0, 1
+    # Megatron's dynamic TP attributes on Parameters (unknown to torch's types)
+    offset.tensor_model_parallel = tp > 1  # type: ignore[attr-defined]
+    offset.partition_dim, offset.partition_stride = 0, 1  # type: ignore[attr-defined]
     return offset

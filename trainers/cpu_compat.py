@@ -111,19 +111,20 @@ def _stub_cuda_runtime() -> None:
     """Streams, events and synchronisation become no-ops; the CUDA RNG is the CPU RNG."""
     import torch
 
+    # The stand-ins only quack like torch's types (mypy: not the declared ones).
     cuda = torch.cuda
-    cuda.Stream = _NoStream
-    cuda.Event = _NoEvent
-    cuda.current_stream = lambda *a, **k: _NoStream()
-    cuda.default_stream = lambda *a, **k: _NoStream()
-    cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    cuda.Stream = _NoStream  # type: ignore[misc, assignment]
+    cuda.Event = _NoEvent  # type: ignore[misc, assignment]
+    cuda.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
+    cuda.default_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
     cuda.synchronize = lambda *a, **k: None
     cuda.current_device = lambda: 0
     cuda.set_device = lambda *a, **k: None
     cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
     cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     cuda.random.get_rng_state = cuda.get_rng_state
-    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))  # type: ignore[assignment]
     cuda.manual_seed_all = lambda seed: None
     cuda.empty_cache = lambda *a, **k: None
     cuda.nvtx.range_push = lambda *a, **k: None
@@ -171,9 +172,10 @@ def _redirect_cuda_tensors_to_cpu() -> None:
     for name in _TENSOR_FACTORIES:
         setattr(torch.Tensor, name, on_cpu(getattr(torch.Tensor, name)))
 
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.Tensor.pin_memory = lambda self, *a, **k: self
-    torch.Tensor.record_stream = lambda self, *a, **k: None
+    # Replacing Tensor methods is the point here (mypy: method-assign).
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
+    torch.Tensor.record_stream = lambda self, *a, **k: None  # type: ignore[method-assign]
 
     original_to = torch.Tensor.to
 
@@ -182,7 +184,7 @@ def _redirect_cuda_tensors_to_cpu() -> None:
             args = ("cpu",) + tuple(args[1:])
         return original_to(self, *args, **_cpu_kwargs(kwargs))
 
-    torch.Tensor.to = to
+    torch.Tensor.to = to  # type: ignore[method-assign]
 
     original_type = torch.Tensor.type
 
@@ -193,14 +195,14 @@ def _redirect_cuda_tensors_to_cpu() -> None:
             result = result.replace("torch.", "torch.cuda.", 1)
         return result
 
-    torch.Tensor.type = tensor_type
+    torch.Tensor.type = tensor_type  # type: ignore[method-assign]
 
 
 def _patch_megatron_internals() -> None:
-    import torch
     import megatron.core.tensor_parallel.random as mcore_random
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
+    import torch
     from megatron.core.transformer import torch_norm
 
     # Megatron's RNG tracker goes through torch.cuda.default_generators.
@@ -371,8 +373,9 @@ class _RecomputedGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        q, k, v, g, beta = inputs
         with torch.enable_grad():
-            out = gated_delta_rule_chunks(*inputs, ctx.scale, None, ctx.chunk_size)[0]
+            out = gated_delta_rule_chunks(q, k, v, g, beta, ctx.scale, None, ctx.chunk_size)[0]
         wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)

@@ -33,18 +33,19 @@ class CPUGroupedLinear(torch.nn.Module):
             weight = torch.nn.Parameter(torch.empty(*shape, dtype=config.params_dtype))
             if config.perform_initialization:
                 init_method(weight)
-            # Megatron's DDP and optimizer tell expert parameters by allreduce=False.
-            weight.allreduce = False
-            weight.tensor_model_parallel = etp > 1
-            weight.partition_dim = partition_dim
-            weight.partition_stride = 1
+            # Megatron's DDP and optimizer tell expert parameters by allreduce=False. (Megatron's own attributes
+            # on Parameters: torch's types do not know them.)
+            weight.allreduce = False  # type: ignore[attr-defined]
+            weight.tensor_model_parallel = etp > 1  # type: ignore[attr-defined]
+            weight.partition_dim = partition_dim  # type: ignore[attr-defined]
+            weight.partition_stride = 1  # type: ignore[attr-defined]
             self.register_parameter(f"weight{index}", weight)
         # TE's GroupedLinear: one zero-initialised bias per expert; with skip_bias_add (fc2) the biases are
         # returned for Megatron to add scaled by the routing probabilities.
         self.return_bias = bias and skip_bias_add
         for index in range(num_local_experts if bias else 0):
             bias_param = torch.nn.Parameter(torch.zeros(shape[0], dtype=config.params_dtype))
-            bias_param.allreduce = False
+            bias_param.allreduce = False  # type: ignore[attr-defined]  # Megatron's attribute, as above
             self.register_parameter(f"bias{index}", bias_param)
         self.use_bias = bias
 

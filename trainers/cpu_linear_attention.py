@@ -92,14 +92,15 @@ def make_gdn_init_tp_invariant(gdn_class) -> None:
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         reset = torch.nn.Conv1d.reset_parameters
-        torch.nn.Conv1d.reset_parameters = lambda module: None  # drawn full-size below instead
+        # drawn full-size below instead (mypy: replacing the method is the point; torch's stub calls it self)
+        torch.nn.Conv1d.reset_parameters = lambda module: None  # type: ignore[method-assign, assignment]
         try:
             original(self, *args, **kwargs)
         finally:
-            torch.nn.Conv1d.reset_parameters = reset
+            torch.nn.Conv1d.reset_parameters = reset  # type: ignore[method-assign]
         _draw_full_size_and_shard(self)
 
-    __init__._tp_invariant = True
+    __init__._tp_invariant = True  # type: ignore[attr-defined]  # a marker on the wrapper function
     gdn_class.__init__ = __init__
 
 

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from search_spaces.catalog.models import load_model
 from search_spaces.cost.costmodel import estimate
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.result import TrialResult
 
 MODEL = "qwen3-30b-a3b"

@@ -14,7 +14,7 @@ import contextlib
 import resource
 import weakref
 from functools import partial
-from typing import Iterable, Iterator
+from typing import AbstractSet, Iterable, Iterator
 
 import torch
 
@@ -25,7 +25,7 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-def unique_storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[int] = frozenset()) -> int:
+def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], exclude: AbstractSet[int] = frozenset()) -> int:
     seen: dict[int, int] = {}
     for tensor in tensors:
         if tensor is None or not torch.is_tensor(tensor):
@@ -40,7 +40,8 @@ def parameters(chunks) -> list[torch.Tensor]:
     return [p for chunk in chunks for p in chunk.parameters()]
 
 
-def gradient_tensors(chunks) -> list[torch.Tensor]:
+def gradient_tensors(chunks) -> list[torch.Tensor | None]:
+    """Each parameter's gradient (None where it has none yet)."""
     grads = []
     for param in parameters(chunks):
         grad = getattr(param, "main_grad", None)

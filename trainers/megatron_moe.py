@@ -21,11 +21,10 @@ from pathlib import Path
 
 T_START = time.time()
 
-from search_spaces.errors import SpecError  # noqa: E402
 from search_spaces.catalog.hardware import load_gpu  # noqa: E402
+from search_spaces.errors import SpecError  # noqa: E402
 from search_spaces.layouts.layout import DIMENSIONS, Layout  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
-
 
 # --- command line -----------------------------------------------------------------------------------
 

@@ -15,16 +15,18 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from search_spaces import validation
 from search_spaces.cost.flops import flops_per_step
+from search_spaces.cost.packing import packed_flops_per_step, pad_multiple, statistics_for
+
 from trainers import config as trainer_config
-from trainers import faults
-from trainers import measure
-from trainers import routing_load
+from trainers import faults, measure, routing_load
+from trainers.packed_batches import PackedTokens
 
 
 def _init_process_group(on_cpu: bool, timeout_s: float, max_connections: int = 1) -> torch.device:
@@ -100,7 +102,8 @@ def _block_spec(config, on_cpu: bool, have_te: bool, vp_stage):
         raise RuntimeError("gated delta-net layers need Transformer Engine on GPU (Megatron-Core 0.19.2 builds "
                            "its experimental attention variant from TE modules only)")
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
-        get_transformer_block_with_experimental_attention_variant_spec)
+        get_transformer_block_with_experimental_attention_variant_spec,
+    )
 
     return get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
 
@@ -118,7 +121,7 @@ def _use_cpu_modules(spec, config, layout, packed: bool = False) -> None:
         mlp = layer_spec.submodules.mlp
         # The MoE spec is a ModuleSpec or a functools.partial(MoELayer, submodules=MoESubmodules(...)).
         moe_submodules = getattr(mlp, "submodules", None) or getattr(mlp, "keywords", {}).get("submodules")
-        if hasattr(moe_submodules, "experts"):
+        if moe_submodules is not None and hasattr(moe_submodules, "experts"):
             moe_submodules.experts = grouped_experts_builder()
         attention = layer_spec.submodules.self_attention.submodules
         if cpu_attention and hasattr(attention, "core_attention"):  # gated delta-net layers have none
@@ -199,7 +202,7 @@ class Built:
     config: object
     chunks: list
     wrapped: list
-    optimizer: object
+    optimizer: Any  # Megatron's optimizer (untyped)
     have_te: bool
 
 
@@ -208,9 +211,8 @@ def _model_flops(args, model, layout) -> float:
     hist = _packing(args)
     if hist is None:
         return flops_per_step(model, args.seq_len, layout.gbs)
-    from search_spaces.cost.packing import packed_flops_per_step, statistics_for
-
     stats = statistics_for(hist, args.seq_len, layout.cp, layout.tp, layout.sp)
+    assert stats is not None  # a histogram gives statistics
     return packed_flops_per_step(model, args.seq_len, layout.gbs, stats)
 
 
@@ -265,11 +267,9 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     microbatches = layout.grad_accum(world)
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     cp_group = ps.get_context_parallel_group()
-    data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
+    data: SyntheticTokens | PackedTokens = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs,
+                                                           args.seed)
     if _packing(args) is not None:  # documents packed into each sequence (THD): trainers/packed_batches.py
-        from search_spaces.cost.packing import pad_multiple
-        from trainers.packed_batches import PackedTokens
-
         data = PackedTokens(data, _packing(args), pad_multiple(layout.cp, layout.tp, layout.sp))
     packed = not isinstance(data, SyntheticTokens)
     state = StepState(measure_step=max(args.warmup - 1, 0))
@@ -332,9 +332,9 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
             cpu_times.append(time.process_time() - cpu_start)
         losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
                       if reduced else None)
+    packing = None if isinstance(data, SyntheticTokens) else data.report(range(args.warmup, args.warmup + args.steps))
     return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, state.activations_by_module,
-                 microbatches, schedule, copies.remove() if copies is not None else None,
-                 data.report(range(args.warmup, args.warmup + args.steps)) if packed else None)
+                 microbatches, schedule, copies.remove() if copies is not None else None, packing)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:

@@ -56,6 +56,8 @@ def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path:
     if request.nodes == 1:
         run += ["--standalone", "--nnodes", "1"]
     else:
+        if rdzv is None:  # every node of a multi-node trial meets at the first one's endpoint
+            raise ValueError(f"trial {request.trial_number} spans {request.nodes} nodes but has no rendezvous endpoint")
         run += ["--nnodes", str(request.nodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rdzv, "--rdzv-id", f"trial-{request.trial_number}",
                 # the first node hosts the rendezvous store even when its hostname does not resolve to
@@ -159,7 +161,8 @@ class LocalRayBackend:
         import ray
         if ray.is_initialized():
             return
-        common = {"log_to_driver": False, "configure_logging": True, "logging_level": "WARNING"}
+        # Any: ray.init annotates logging_level as int, though it takes a level name too
+        common: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "WARNING"}
         if self.spec.ray_address:
             ray.init(address=self.spec.ray_address, **common)
         else:

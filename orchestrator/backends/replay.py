@@ -22,19 +22,19 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from search_spaces.bounded import parse_count, read_csv
-from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, bounded_message, check_size, excerpt
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 from search_spaces.validation import problems
 
 from orchestrator.backends.base import TrialRequest, completed, stamp
-from orchestrator.records import (LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS, REQUIRED_COLUMNS,
-                                  TABLE_COLUMNS)
+from orchestrator.records import LAYOUT_COLUMNS, LEADERBOARD_EXTRA, NUMBER_COLUMNS, REQUIRED_COLUMNS, TABLE_COLUMNS
 
 # the table's columns are the trial record's (orchestrator/records/tables.py); a leaderboard's extra columns and a
 # `note` are allowed and skipped
@@ -88,7 +88,7 @@ class ReplayTable:
     def best(self) -> ReplayRow | None:
         """The fastest row measured ok."""
         ok = [r for r in self.rows.values() if r.status == "ok" and r.tokens_per_sec_per_gpu is not None]
-        return max(ok, key=lambda r: r.tokens_per_sec_per_gpu, default=None)
+        return max(ok, key=lambda r: r.tokens_per_sec_per_gpu or 0.0, default=None)  # `or`: never None here
 
     def check_matches(self, model: str, gpu: str, num_gpus: int, seq_len: int) -> None:
         """The sweep must ask about the situation the table recorded."""
@@ -181,11 +181,15 @@ def _judged(table: ReplayTable, layout: Layout, status: str, raw: dict[str, str]
     """The row as recorded, or (status ok) as invalid with the reason when its numbers cannot be true. The numbers
     of a row not measured ok are kept only when they are finite (a failed run's figures are never a candidate)."""
     cells = {col: _cell(raw.get(col, "")) for col in NUMBER_COLUMNS}
-    numbers = TrialResult(status=status, **{col: v if isinstance(v, float) and math.isfinite(v) else None
-                                            for col, v in cells.items()})
+    # TrialResult's keyword arguments by column name (Any: the columns are its float fields, named at run time)
+    finite: dict[str, Any] = {col: v if isinstance(v, float) and math.isfinite(v) else None
+                              for col, v in cells.items()}
+    numbers = TrialResult(status=status, **finite)
     if status != "ok":
         return ReplayRow(layout, status, numbers, line)
-    claimed = TrialResult(status="ok", **{col: v for col, v in cells.items() if v is not None})
+    # as recorded: a cell that is not a number stays its text, for problems() to name
+    recorded: dict[str, Any] = {col: v for col, v in cells.items() if v is not None}
+    claimed = TrialResult(status="ok", **recorded)
     reasons = [] if claimed.tokens_per_sec_per_gpu is not None else ["status ok but no tokens_per_sec_per_gpu"]
     reasons += problems(claimed, layout, _gpu(table.gpu), model=_model(table.model), seq_len=table.seq_len,
                         num_gpus=table.num_gpus)

@@ -32,10 +32,11 @@ def calibrate(
     """Fit the constants of the GPU families the measurements cover (GEMM, grouped-GEMM and attention efficiency;
     on cpu the eager and gloo costs and the resident baseline) to the measurements plus the published rows, print
     the error on the held-out measurements before and after, and write the calibration file."""
-    from orchestrator.commands.output import console, write_text
-    from orchestrator.stores import require_mlflow_store
     from search_spaces.errors import SpecError
     from search_spaces.inputs import check_name, check_output_file
+
+    from orchestrator.commands.output import console, write_text
+    from orchestrator.stores import require_mlflow_store
 
     check_output_file(out, "--out")
     if not (study or experiment or table):
@@ -49,9 +50,10 @@ def calibrate(
     for path in table:
         if not path.is_file():
             raise SpecError(f"--table {str(path)!r} does not exist")
+    from search_spaces.calibration.fit import calibration_text, load_calibration
+
     from orchestrator.calibrate import calibrate as run_calibrate  # the fit's libraries: for input that passed
     from orchestrator.calibrate import gather
-    from search_spaces.calibration.fit import calibration_text, load_calibration
     base = load_calibration(start)
     measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
     run = run_calibrate(measurements, base, holdout=holdout, with_published=published)

@@ -20,9 +20,10 @@ def check(
                                                help="MLflow tracking URI (default: the one the study recorded)"),
 ) -> int:
     """Verify that nothing was lost, doubled or mixed: exit 0 when the study and MLflow agree, 1 otherwise."""
+    from search_spaces.inputs import check_optional_name
+
     from orchestrator.commands.output import echo
     from orchestrator.redact import redact_uri
-    from search_spaces.inputs import check_optional_name
 
     check_optional_name(study_name, "study name")
     from orchestrator.check import check as run_check  # Optuna and MLflow: for a name that passed
@@ -46,10 +47,11 @@ def confirm(
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run the best proxy-measured layouts at full size, as trials of the same study (before promote)."""
-    from orchestrator.commands.output import console
     from rich.table import Table
 
     from search_spaces.inputs import check_optional_name
+
+    from orchestrator.commands.output import console
 
     check_optional_name(study_name, "study name")
     from orchestrator.records import TrialRecord  # Optuna, Ray, MLflow: for a name that passed

@@ -6,18 +6,24 @@ Thin: parse flags, call search_spaces, print a rich table or one JSON object.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
-from orchestrator.commands.output import console, echo, json_line
 
-from search_spaces.errors import SpecError
 from search_spaces.cost.breakdown import COMPUTE_PARTS, COUNT_KEYS
+from search_spaces.errors import SpecError
 
 from orchestrator.commands.layout_options import with_layout_options
-from orchestrator.commands.packing_view import (LENGTHS_HELP, PACKING_HELP, compare_full, load_packing, load_situation,
-                                                print_comparison, print_packing)
-
+from orchestrator.commands.output import console, echo, json_line
+from orchestrator.commands.packing_view import (
+    LENGTHS_HELP,
+    PACKING_HELP,
+    compare_full,
+    load_packing,
+    load_situation,
+    print_comparison,
+    print_packing,
+)
 
 CALIBRATION_HELP = "a calibration file written by `moe-autotune calibrate` (default: the packaged constants)"
 FREE_HELP = ("an opt-in dimension to vary too (repeatable or comma-separated): routing, or a memory lever "
@@ -51,8 +57,8 @@ def estimate(
     knob, what switching it to its neighbours would change (JSON key "neighbours")."""
     # not calibration.py: the fit is not needed here
     from search_spaces.calibration.calibration_file import load_calibration
-    from search_spaces.cost.costmodel import estimate as run_estimate
     from search_spaces.catalog.maturity import at_software, software_label
+    from search_spaces.cost.costmodel import estimate as run_estimate
     from search_spaces.layouts.neighbours import neighbours
 
     spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
@@ -192,7 +198,7 @@ def space(
     result = explore(spec, gpu_spec, num_gpus, seq_len, **kwargs, packing=hist)
     versus_full = compare_full(spec, gpu_spec, num_gpus, seq_len, result, kwargs, hist) if hist else None
     if as_json:
-        extra = {"packing": {"versus_full_length": versus_full}} if hist else {}
+        extra: dict[str, Any] = {"packing": {"versus_full_length": versus_full}} if hist else {}
         extra["software"] = software_label(cal, gpu_spec.name)
         echo(json_line({**result.to_dict(), **extra}, "space --json"))
         return 0

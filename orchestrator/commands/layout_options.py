@@ -30,5 +30,6 @@ def with_layout_options(command: Callable[..., Any]) -> Callable[..., Any]:
         flags = {dim.name: kwargs.pop(dim.name) for dim in DIMENSIONS}
         return command(**kwargs, layout_flags={k: v for k, v in flags.items() if v is not None})
 
-    wrapper.__signature__ = signature.replace(parameters=kept + added)  # what typer reads
+    # what typer reads (inspect's __signature__ hook, which typeshed's functools wrapper does not declare)
+    wrapper.__signature__ = signature.replace(parameters=kept + added)  # type: ignore[attr-defined]
     return wrapper

@@ -35,10 +35,16 @@ def lengths(
     histogram; print its summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from orchestrator.commands.output import console, write_text
-    from orchestrator.document_lengths import (bin_lengths, histogram_text, idx_document_lengths, load_tokenizer,
-                                               table_document_lengths)
     from search_spaces.inputs import check_output_file
+
+    from orchestrator.commands.output import console, write_text
+    from orchestrator.document_lengths import (
+        bin_lengths,
+        histogram_text,
+        idx_document_lengths,
+        load_tokenizer,
+        table_document_lengths,
+    )
 
     check_output_file(out, "--out")
     table = data.suffix.lower() in (".jsonl", ".json", ".parquet", ".pq")

@@ -19,13 +19,14 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO, cast
 
 import typer
 from rich.console import Console
 
-from orchestrator.errors import OutputError
 from search_spaces.errors import MoeAutotuneError
+
+from orchestrator.errors import OutputError
 
 PIPE_WIDTH = 200  # a pipe or a log file has no width: rich would wrap tables at 80 columns
 STDOUT = "standard output"
@@ -92,9 +93,10 @@ def _abandon(stream: TextIO) -> None:
         pass
 
 
-def stdout() -> _Guarded:
+def stdout() -> TextIO:
     """Standard output, guarded (sys.stdout as it is now: tests redirect it)."""
-    return _Guarded(sys.stdout)
+    # a text stream (io.TextIOBase), which typeshed does not count as a typing.TextIO (what rich and typer take)
+    return cast(TextIO, _Guarded(sys.stdout))
 
 
 def console(stderr: bool = False) -> Console:
@@ -136,7 +138,7 @@ def _first_not_finite(data: Any, path: str = "") -> tuple[str, float] | None:
 
 
 # ---- files and folders a user names ------------------------------------------------------------------------
-def write_file(path: str | Path, what: str, write: Callable[[TextIO], None]) -> Path:
+def write_file(path: str | Path, what: str, write: Callable[[TextIO], object]) -> Path:
     """Write the file `path` (named by the option `what`) with `write(fh)`, whole or not at all.
 
     A regular file (or a new one) is written to a hidden temporary file beside it, synced, and renamed over it:

@@ -67,6 +67,8 @@ def compare_full(spec, gpu_spec, num_gpus: int, seq_len: int, packed_result, exp
     cal = explore_kwargs.get("cal")
     a = estimate(spec, gpu_spec, num_gpus, seq_len, full_best, cal=cal, packing=hist)
     b = estimate(spec, gpu_spec, num_gpus, seq_len, packed_best, cal=cal, packing=hist)
+    # explore's best layouts are legal, and estimated here with their time and packed documents
+    assert a.time is not None and b.time is not None and b.packing is not None
     ca, cb = a.time.components(), b.time.components()
     moved = sorted(REASON_COMPONENTS, key=lambda k: -abs(ca.get(k, 0.0) - cb.get(k, 0.0)))[:3]
     return {"full_length_best": full.top[0]["key"], "packed_best": packed_result.top[0]["key"],
@@ -105,7 +107,8 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
         return ""
     seq_len = int(spec["seq_len"])
     overrides = spec.get("model_overrides") or {}
-    kwargs = dict(fixed=spec.get("fixed") or None, gbs=spec.get("gbs"), top=1, free=spec.get("free") or ())
+    kwargs: dict[str, Any] = dict(fixed=spec.get("fixed") or None, gbs=spec.get("gbs"), top=1,
+                                  free=spec.get("free") or ())
     try:  # the histogram moved, or a spec an older version stored: the page says so, and is written
         hist = load_packing("packed", Path(packing["lengths"]), seq_len)
         model, gpu = load_situation(spec["model"], spec["gpu"], num_gpus, seq_len, overrides.get("num_layers"),
@@ -133,7 +136,6 @@ def load_situation(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers
     """The catalog model (with its overrides) and the GPU, the sizes checked: every entry point's one range."""
     from search_spaces.catalog.hardware import load_gpu
     from search_spaces.catalog.models import load_model
-
     from search_spaces.inputs import MAX_GPUS, MAX_SEQ_LEN, check_size
 
     check_size(num_gpus, "--num-gpus", MAX_GPUS)  # one range for every entry point (search_spaces/inputs.py)

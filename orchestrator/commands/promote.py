@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
-from orchestrator.commands.output import echo, output_folder
 from search_spaces.errors import SpecError
 from search_spaces.inputs import check_name, check_optional_name
+
+from orchestrator.commands.output import echo, output_folder
 
 EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-overrides.yaml",
                   "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
@@ -100,6 +101,7 @@ def promote(
     how = ", estimated" if view.estimated else (", composed from a proxy" if view.proxy else "")
     echo(f"promoted {study.study_name} trial {view.number} ({view.tokens_per_sec_per_gpu:.1f} tokens/s/GPU"
          f"{how}) to models:/{done.name}@{registry.PRODUCTION}: version {done.version}{was}")
+    assert view.layout is not None  # winner.pick refuses a trial with no layout recorded
     echo(f"layout: {view.layout.key()}")
 
 
@@ -160,16 +162,16 @@ def report(
     check_optional_name(study_name, "study name")
     if out is not None:
         check_output_dir(out, "--out")
-    from orchestrator import winner  # Optuna, plotly: for input that passed
     from orchestrator import report as report_mod
+    from orchestrator import winner  # Optuna, plotly: for input that passed
     study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
     parent = None if no_mlflow else ctx.mlflow_parent_run_id
     client = None
     if parent:  # the run it is logged to must be there before anything is written, its server answering
-        from orchestrator.stores import open_mlflow
-
         from mlflow.exceptions import MlflowException
+
+        from orchestrator.stores import open_mlflow
 
         uri = _existing_registry(tracking_uri or ctx.tracking_uri)
         client = open_mlflow(uri)

@@ -10,8 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from orchestrator.commands.output import echo
 from search_spaces.errors import SpecError
+
+from orchestrator.commands.output import echo
 
 slurm_app = typer.Typer(help="Run a sweep on a Slurm cluster (a Ray cluster on the allocation).",
                         no_args_is_help=True)

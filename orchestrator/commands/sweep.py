@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from orchestrator.commands.output import console, write_file
 from rich.table import Table
 
 from orchestrator import backends, searches
+from orchestrator.commands.output import console, write_file
 from orchestrator.redact import redact_uri
 
 
@@ -49,9 +49,9 @@ def sweep(
                                  "calibration": calibration})
     _check_names(spec)  # a model or GPU the catalogs do not know: refused before the sweep's libraries load
     crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
+    from orchestrator.interrupts import unwind_on_signals
     from orchestrator.slurm_job import job_tags
     from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
-    from orchestrator.interrupts import unwind_on_signals
 
     unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
     if spec.lengths:
@@ -127,12 +127,13 @@ def status(
     check_optional_name(study_name, "study name")
     if csv is not None:
         check_output_file(csv, "--csv")
+    from search_spaces.layouts.layout import PARALLEL_SIZES
+
     from orchestrator import study as studies  # Optuna and pandas: for input that passed
     from orchestrator.records import TrialRecord
     from orchestrator.sweep.lease import Holder
-    from search_spaces.layouts.layout import PARALLEL_SIZES
-    members = studies.family_members(storage, study_name) if study_name else []
-    if members:  # a length family: its table, then each length's leaderboard
+    # a length family: its table, then each length's leaderboard
+    if study_name and (members := studies.family_members(storage, study_name)):
         from orchestrator.sweep.family import family_rows
 
         console().print(family_table(family_rows(members), study_name))

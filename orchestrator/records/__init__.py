@@ -25,12 +25,37 @@ study of the layout written before this package).
 from __future__ import annotations
 
 from orchestrator.records.metrics import BY_METRIC, METRICS, Metric, metrics
-from orchestrator.records.stored import (COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, OBJECTIVE, PREDICTED, TABLE,
-                                         TAG, VIEW, Stored, finite, jsonable, load_result, stored)
+from orchestrator.records.stored import (
+    COLUMN,
+    COMPARE,
+    COMPOSED,
+    EXTRA,
+    HEADLINE,
+    OBJECTIVE,
+    PREDICTED,
+    TABLE,
+    TAG,
+    VIEW,
+    Stored,
+    finite,
+    jsonable,
+    load_result,
+    stored,
+)
 from orchestrator.records.study import StudyRecord
-from orchestrator.records.tables import (CONTEXT_COLUMNS, LAYOUT_COLUMNS, LEADERBOARD_COLUMNS, LEADERBOARD_EXTRA,
-                                         NUMBER_COLUMNS, REQUIRED_COLUMNS, TABLE_COLUMNS, TRAIN_COLUMNS,
-                                         VIEW_METRICS, layout_cells, row)
+from orchestrator.records.tables import (
+    CONTEXT_COLUMNS,
+    LAYOUT_COLUMNS,
+    LEADERBOARD_COLUMNS,
+    LEADERBOARD_EXTRA,
+    NUMBER_COLUMNS,
+    REQUIRED_COLUMNS,
+    TABLE_COLUMNS,
+    TRAIN_COLUMNS,
+    VIEW_METRICS,
+    layout_cells,
+    row,
+)
 from orchestrator.records.trial import PROMOTION_TAG, TRIAL_TAG, TrialRecord, enqueue, trials
 
 __all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS",

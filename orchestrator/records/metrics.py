@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from search_spaces.result import TrialResult
 
-from orchestrator.records.stored import (COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, OBJECTIVE, PREDICTED, TABLE,
-                                         VIEW)
+from orchestrator.records.stored import COLUMN, COMPARE, COMPOSED, EXTRA, HEADLINE, OBJECTIVE, PREDICTED, TABLE, VIEW
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ class Stored:
 
     @classmethod
     def _read(cls, attrs: dict[str, Any]) -> dict[str, Any]:
-        hints = _hints(cls)
+        owner: type = cls  # as a plain type: mypy finds a class object Hashable only as one
+        hints = _hints(owner)
         out = {}
         for f in cls.stored_fields():
             raw = attrs.get(f.name)

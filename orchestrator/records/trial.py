@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import optuna
 
@@ -13,8 +13,21 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
 from orchestrator.records.metrics import BY_METRIC, METRICS, Metric
-from orchestrator.records.stored import (COLUMN, COMPOSED, EXTRA, PREDICTED, TABLE, TAG, Stored, dump_layout,
-                                         dump_result, finite, load_layout, load_result, stored)
+from orchestrator.records.stored import (
+    COLUMN,
+    COMPOSED,
+    EXTRA,
+    PREDICTED,
+    TABLE,
+    TAG,
+    Stored,
+    dump_layout,
+    dump_result,
+    finite,
+    load_layout,
+    load_result,
+    stored,
+)
 
 TRIAL_TAG = "optuna_trial_number"  # the MLflow tag that names a child run's trial
 PROMOTION_TAG = "moe_autotune.trial"  # the tag of a promotion's run (a child of the sweep's run, not a trial's)
@@ -68,7 +81,7 @@ class TrialRecord(Stored):
 
     # ---- reading ----------------------------------------------------------------------------------
     @classmethod
-    def of(cls, trial: Any, **context: Any) -> "TrialRecord":
+    def of(cls, trial: Any, **context: Any) -> Self:
         """The record of an Optuna trial (frozen, or live: a live trial has no state, values or constraints);
         `context`: the fields a subclass adds (winner.TrialView's memory limit)."""
         if isinstance(trial, optuna.trial.FrozenTrial):
@@ -81,11 +94,11 @@ class TrialRecord(Stored):
                    **context)
 
     @classmethod
-    def from_attrs(cls, number: int, attrs: dict[str, Any], **optuna_fields: Any) -> "TrialRecord":
+    def from_attrs(cls, number: int, attrs: dict[str, Any], **optuna_fields: Any) -> Self:
         """A record from stored user attrs (a spooled record, MLflow's trial.json)."""
         return cls(number=number, **optuna_fields, **cls._read(attrs if isinstance(attrs, dict) else {}))
 
-    def with_attrs(self, **values: Any) -> "TrialRecord":
+    def with_attrs(self, **values: Any) -> Self:
         """This record with more stored attributes (as `write` would store them)."""
         return dataclasses.replace(self, **self._read({**self.stored_attrs(), **self.attrs(**values)}))
 
@@ -248,7 +261,7 @@ class TrialRecord(Stored):
         # step k of `loss` is the trainer's step k, warm-up included (extra.loss_includes_warmup)
         out += [("loss", float(v), i) for i, v in enumerate(self.result.loss if self.result else [])
                 if finite(v) is not None]
-        out += [(f"proxy_measured_{k}", finite(v), 0) for k, v in self.proxy_measured.items() if finite(v) is not None]
+        out += [(f"proxy_measured_{k}", x, 0) for k, v in self.proxy_measured.items() if (x := finite(v)) is not None]
         return out
 
     def mlflow_tags(self) -> dict[str, str]:

@@ -56,7 +56,7 @@ class CalibratedSearch:
         self.prior_precision = 1.0 / model_error ** 2
         self.noise_precision = 1.0 / noise ** 2
         self.rng = np.random.default_rng(seed)
-        self._chol = None  # Cholesky factor of the posterior covariance (None: prior only)
+        self._chol: np.ndarray | None = None  # Cholesky factor of the posterior covariance (None: prior only)
         # one-hot design matrix: one column per (dimension, value) seen among the candidates, plus intercept
         columns: dict[tuple[str, str], int] = {}
         rows = []
@@ -125,9 +125,9 @@ class CalibratedSearch:
             self._refit()
         if pred_mem > 0 and (status == "oom" or (status == "ok" and peak_memory_gib)):
             # an OOM says "more than the GPU has": counted as 2% over
-            peak = self.limit * 1.02 if status == "oom" else peak_memory_gib
-            if status == "oom" and peak_memory_gib:
-                peak = max(peak, peak_memory_gib)
+            peak = self.limit * 1.02
+            if peak_memory_gib:  # measured: an ok trial's peak, or the one an OOM reported
+                peak = peak_memory_gib if status == "ok" else max(peak, peak_memory_gib)
             self._mem_rows.append(i)
             self._mem_y.append(float(np.log(peak / pred_mem)))
             self.memory_correction = self.X @ self._posterior_mean(self._mem_rows, self._mem_y, noise=0.01)

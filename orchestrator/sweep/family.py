@@ -68,13 +68,14 @@ def scale_to_length(layout: Layout, old: int | None, new: int, num_gpus: int, gb
 
 
 def best_layouts(study: optuna.Study, count: int) -> list[Layout]:
-    ranked = sorted((r for r in studies.finished_records(study) if r.fits_ok and r.layout), key=lambda r: -r.objective)
-    return distinct(r.layout for r in ranked)[:count]
+    ranked = sorted(((r.objective, r.layout) for r in studies.finished_records(study)
+                     if r.fits_ok and r.layout and r.objective is not None), key=lambda pair: -pair[0])
+    return distinct(layout for _, layout in ranked)[:count]
 
 
 def family_rows(members: list[optuna.Study]) -> list[dict[str, Any]]:
     """Per length: the best layout that fits and its figures, and TF/s against the shortest length."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for study in sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0)):
         found = studies.best_fitting_trial(study)
         best = TrialRecord.of(found) if found else None

@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from search_spaces.cost.costmodel import estimate
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.costmodel import estimate
+from search_spaces.layouts.layout import Layout
 from search_spaces.proxy import ProxyPlan, composed_result, derive_proxy
 from search_spaces.result import TrialResult
 from search_spaces.validation import validate

@@ -31,14 +31,15 @@ from search_spaces.result import TrialResult
 
 from orchestrator import study as studies
 from orchestrator.backends import make_backend
-from orchestrator.records import HEADLINE, TrialRecord, metrics
 from orchestrator.progress import SweepProgress
+from orchestrator.records import HEADLINE, TrialRecord, metrics
+from orchestrator.spec import SweepSpec
 from orchestrator.sweep.fidelity import trial_size
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prior
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
 from orchestrator.sweep.session import Session, open_session
-from orchestrator.spec import SweepSpec
+from orchestrator.tracking import Tracker
 
 log = logging.getLogger("moe_autotune")
 
@@ -229,7 +230,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         try:
             pending = session.tracker.flush()
             if not pending:
-                _log_views(session, study)
+                _log_views(session.tracker, study)
                 session.tracker.finish(_summary(session, best, pareto, measured), _pareto_csv(study, pareto))
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
@@ -242,7 +243,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
                         wall_time_s=time.monotonic() - start, mlflow_pending=pending, messages=messages)
 
 
-def _log_views(session: Session, study: optuna.Study) -> None:
+def _log_views(tracker: Tracker, study: optuna.Study) -> None:
     """The sweep's views on its parent run: the leaderboard (an MLflow table and a CSV), the Pareto plot and the
     report page (no PNGs: no headless Chrome at every sweep's end; no packed-vs-full comparison, which explores
     the space twice: `moe-autotune report` draws it)."""
@@ -252,8 +253,8 @@ def _log_views(session: Session, study: optuna.Study) -> None:
 
     with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
         page = report.write(study, tmp, pngs=False, compare_packing=False)
-        session.tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
-                                  [page.html_path, *page.pngs.values()])
+        tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
+                          [page.html_path, *page.pngs.values()])
 
 
 def _summary(session: Session, best, pareto, measured: int) -> dict[str, Any]:

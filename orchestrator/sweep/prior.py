@@ -13,12 +13,12 @@ from functools import cached_property
 from typing import Any
 
 from search_spaces.calibration.fit import Calibration, load_calibration
+from search_spaces.catalog.hardware import GPUSpec, load_gpu
+from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
-from search_spaces.catalog.hardware import GPUSpec, load_gpu
 from search_spaces.layouts.heuristics import seed_layouts
 from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout, distinct
-from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.layouts.space import candidate_layouts, default_gbs, dimensions, explore
 
 from orchestrator.backends.replay import ReplayTable, table_for

@@ -141,9 +141,10 @@ class Recorder:
         other result (full size, or a what-if backend's answer for the full layout) as the full layout's."""
         prior, spec, size = self.session.prior, self.session.spec, p.size
         what_if = isinstance(result.extra, dict) and result.extra.get("source") in WHAT_IF_SOURCES
-        composed = size.plan is not None and not what_if
-        if composed:
-            result = validate(result, size.layout, prior.gpu, model=size.plan.model, seq_len=spec.seq_len,
+        plan = None if what_if else size.plan  # a proxy's: its measurement is composed
+        composed = plan is not None
+        if plan is not None:
+            result = validate(result, size.layout, prior.gpu, model=plan.model, seq_len=spec.seq_len,
                               num_gpus=size.world)
         result = full_scale(size, result, prior.gpu, spec.seq_len)
         full = size.plan.full_layout if size.plan is not None else size.layout

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces.errors import SpecError
@@ -93,6 +93,8 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
         # only when nothing was left to propose (`exhausted`): any value, the sweep does not run it
+        if not isinstance(param_distribution, CategoricalDistribution):  # the space's are all categorical
+            raise TypeError(f"parameter {param_name} is not categorical: {param_distribution!r}")
         return param_distribution.choices[0]
 
     # ---- reading the study -----------------------------------------------------------------------

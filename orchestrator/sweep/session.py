@@ -18,19 +18,19 @@ import optuna
 from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
-from search_spaces.result import MEASURED_STATUSES
 from search_spaces.layouts.space import explore
+from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, canonical_backend
 from orchestrator.records import StudyRecord, TrialRecord, enqueue
 from orchestrator.redact import redact_mapping, redact_text
-from orchestrator.sweep.searches import make_sampler
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.prior import Prior, make_prior
 from orchestrator.sweep.samplers import SweepSampler
+from orchestrator.sweep.searches import make_sampler
 from orchestrator.sweep.space import SweepSpace
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import RunRecord, Tracker
@@ -71,13 +71,13 @@ class Session:
         else:
             layout, world, layers = size.layout, size.world, size.num_layers
         nodes, per_node = (spec.nodes, spec.gpus_per_node) if world == spec.num_gpus else size.gpus_per_node(spec)
+        lengths = spec.packing.lengths if spec.packing.mode == "packed" else None  # packed has them (Packing)
         return TrialRequest(layout=layout, model=spec.model, seq_len=spec.seq_len, gpu=spec.gpu,
                             num_gpus=world, nodes=nodes, gpus_per_node=per_node,
                             steps=spec.steps, warmup=spec.warmup, timeout_s=spec.trial_timeout_s,
                             workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number,
-                            lengths=str(Path(spec.packing.lengths).resolve()) if spec.packing.mode == "packed"
-                            else None)
+                            lengths=str(Path(lengths).resolve()) if lengths is not None else None)
 
     def mlflow_record(self, record: TrialRecord) -> RunRecord:
         """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs."""

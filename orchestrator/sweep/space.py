@@ -45,7 +45,7 @@ class SweepSpace:
     def contains(self, layout: Layout) -> bool:
         return all(value in self.choices[name] for name, value in self.params(layout).items())
 
-    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:  # as Study.ask takes them
         return {name: optuna.distributions.CategoricalDistribution(values) for name, values in self.choices.items()}
 
 

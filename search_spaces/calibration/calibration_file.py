@@ -25,11 +25,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from search_spaces.bounded import loads_json, read_json
-from search_spaces.errors import SpecError
 from search_spaces.catalog.hardware import FAMILIES, GPU_NAMES, HOSTS, GPUSpec
+from search_spaces.catalog.software import warn_if_other_stack
+from search_spaces.errors import SpecError
 from search_spaces.inputs import read_text_file
 from search_spaces.pydantic_line import one_line
-from search_spaces.catalog.software import warn_if_other_stack
 
 CALIBRATION_PATH = Path(__file__).parent / "calibration.json"
 FORMAT = "moe-autotune calibration"

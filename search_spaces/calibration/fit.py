@@ -17,17 +17,24 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from search_spaces.calibration.calibration_file import (Calibration, CalibrationDocument, calibration,
-                                                        calibration_document,
-                                            calibration_text, load_calibration, merge, write_calibration)
-from search_spaces.cost.costmodel import estimate
-from search_spaces.errors import MoeAutotuneError
-from search_spaces.cost.flops import flops_per_token
+from search_spaces.calibration.calibration_file import (
+    Calibration,
+    CalibrationDocument,
+    calibration,
+    calibration_document,
+    calibration_text,
+    load_calibration,
+    merge,
+    write_calibration,
+)
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import ModelSpec, load_model
-from search_spaces.layouts.rules import check
+from search_spaces.cost.costmodel import estimate
+from search_spaces.cost.flops import flops_per_token
 from search_spaces.cost.throughput import step_time
+from search_spaces.errors import MoeAutotuneError
+from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.rules import check
 
 # the calibration's file API lives in calibration_file; the fit's callers find it here too
 __all__ = ["Calibration", "CalibrationDocument", "Measurement", "Parameter", "FAMILY_PARAMETERS",
@@ -151,6 +158,8 @@ class Measurement:
         """Measured tokens/s/GPU."""
         if self.tokens_per_sec_per_gpu:
             return float(self.tokens_per_sec_per_gpu)
+        if self.tflops_per_gpu is None:  # a measurement reports one of the two
+            raise ValueError(f"a {self.model} measurement ({self.source}) has neither tokens/s nor TF/s per GPU")
         return float(self.tflops_per_gpu) * 1e12 / flops_per_token(self.spec(), self.seq_len)
 
     def tflops(self) -> float:

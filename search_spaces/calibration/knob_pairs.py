@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_spaces.calibration.fit import Measurement, predict_tokens
 from search_spaces.calibration.calibration_file import Calibration
+from search_spaces.calibration.fit import Measurement, predict_tokens
 from search_spaces.layouts.layout import Layout
 
 PATH = Path(__file__).parent / "reference" / "knob_effects.csv"

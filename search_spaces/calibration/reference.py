@@ -29,11 +29,11 @@ import csv
 from pathlib import Path
 
 from search_spaces.calibration.fit import Measurement, model_spec
-from search_spaces.errors import SpecError
-from search_spaces.cost.flops import flops_per_token
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import ModelSpec, load_model
+from search_spaces.cost.flops import flops_per_token
+from search_spaces.errors import SpecError
+from search_spaces.layouts.layout import Layout
 
 DATA = Path(__file__).parent / "reference"
 # who published each row: the sources a leave-one-source-out fold leaves out (bench/estimator_accuracy.py)
@@ -127,6 +127,8 @@ def _release(text: str) -> tuple:
 
 def _recipe_settings(model: str, gpu: str, precision: str, release: str):
     era = "26.06+" if _release(release) >= (26, 6) else "26.04" if _release(release)[:2] == (26, 4) else None
+    if era is None:  # an earlier release: no recipe settings recorded
+        return None
     return RECIPE_SETTINGS.get(era, {}).get((model.replace("-no-mtp", ""), gpu, precision))
 
 
@@ -298,7 +300,8 @@ def published_rows() -> list[Measurement]:
 def declared_halves(rows: list[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
     """(fit, held out): every other row of each source in file order -- for the long-sequence series every other
     length of each model, so both halves span 4K/8K to 1M."""
-    fit, held = [], []
+    fit: list[Measurement] = []
+    held: list[Measurement] = []
     by_series: dict[tuple, int] = {}
     for row in rows:
         series = (row.source, row.model, row.gpu) if row.source in ("nemo long sequence", LONG_CONTEXT_MOE_SOURCE) \

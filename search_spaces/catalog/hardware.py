@@ -12,7 +12,6 @@ from search_spaces.errors import SpecError
 from search_spaces.inputs import excerpt
 from search_spaces.layouts.layout import PRECISION_ALIASES
 
-
 # Architecture families (one set of calibrated rates each) and the hosts beside the accelerators.
 FAMILIES = ("hopper", "blackwell", "cpu")
 HOSTS = ("x86", "grace", "cpu")

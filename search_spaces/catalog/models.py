@@ -12,8 +12,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError,
-                      model_validator)
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 from search_spaces.bounded import read_json
 from search_spaces.errors import SpecError
@@ -363,6 +372,8 @@ def _moe(c: HFConfig) -> dict[str, int]:
     if not c.num_experts:
         return dict(num_experts=0, moe_ffn_hidden_size=0, topk=0, num_shared_experts=0,
                     shared_expert_ffn_hidden_size=0, first_k_dense=0)
+    if c.num_experts_per_tok is None:  # _check_moe refuses a MoE config without it
+        raise ValueError(f"lacks num_experts_per_tok, the top-k of its {c.num_experts} experts")
     shared_n, shared_ffn = c.n_shared_experts, c.n_shared_experts * c.moe_ffn
     if c.shared_expert_intermediate_size:
         shared_n, shared_ffn = max(shared_n, 1), c.shared_expert_intermediate_size

@@ -5,21 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from search_spaces.cost.breakdown import GIB, MemoryBreakdown, StepTime
 from search_spaces.calibration.calibration_file import Calibration, calibration
-from search_spaces.errors import SpecError
+from search_spaces.catalog.hardware import GPUSpec, load_gpu
+from search_spaces.catalog.models import ModelSpec, load_model
+from search_spaces.cost.breakdown import GIB, MemoryBreakdown, StepTime
 from search_spaces.cost.extra_memory import extra_memory_terms, with_extra_memory
 from search_spaces.cost.flops import flops_per_step
-from search_spaces.catalog.hardware import GPUSpec, load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memory import memory_breakdown
-from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.cost.offload import host_refusal
-from search_spaces.cost.packing import (LengthHistogram, packed_flops_per_step, packing_report, statistics_for,
-                                   useful_share)
+from search_spaces.cost.packing import (
+    LengthHistogram,
+    packed_flops_per_step,
+    packing_report,
+    statistics_for,
+    useful_share,
+)
 from search_spaces.cost.pipeline import placement
-from search_spaces.layouts.rules import Violation, check
 from search_spaces.cost.throughput import step_time
+from search_spaces.errors import SpecError
+from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.rules import Violation, check
 
 
 @dataclass

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.layouts.layout import Layout
 
 CHUNK = 64  # FLA's chunk size
 STATE_BLOCK_V = 64  # BV: the value width one state-pass block carries (FLA autotunes 32 or 64)

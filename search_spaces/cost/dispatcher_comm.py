@@ -26,8 +26,8 @@ Pure functions of (model, GPU, layout) returning bandwidth shares, seconds or by
 from __future__ import annotations
 
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.layouts.layout import Layout
 
 DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
 # NCCL's all-to-all kernels hold their channels' SMs too (a channel per SM; ~8 channels for an all-to-all

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from search_spaces.cost import delta_net
-from search_spaces.cost.breakdown import GIB, MemoryBreakdown
 from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import Layout
+from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost import delta_net
+from search_spaces.cost.breakdown import GIB, MemoryBreakdown
 from search_spaces.cost.memo import Memo
 from search_spaces.cost.memory import act_bytes
-from search_spaces.catalog.models import ModelSpec
+from search_spaces.layouts.layout import Layout
 
 # K/V (and dK/dV) shards the backward of the p2p ring holds: two buffers of [K/V, dK/dV] (send and receive)
 P2P_RING_BUFFERS = 4

@@ -9,8 +9,8 @@ is counted once per output head on the vocabulary padded to a multiple of 128. R
 
 from __future__ import annotations
 
-from search_spaces.cost.memo import Memo
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.memo import Memo
 
 _PER_STEP = Memo("flops per step")
 

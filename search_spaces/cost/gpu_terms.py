@@ -21,11 +21,20 @@ from __future__ import annotations
 from collections import Counter
 
 from search_spaces.cost import delta_net, dispatcher_comm, launch_overhead, quantisation
-from search_spaces.cost.pipeline import Unit
 from search_spaces.cost.memo import Memo
-from search_spaces.cost.step_job import (FP8_BYTES, FWD_AND_BWD, Job, RankCompute, activation_passes_time,
-                                         attention_peak,
-                                    census, moe_layers, passes_key, precision_class)
+from search_spaces.cost.pipeline import Unit
+from search_spaces.cost.step_job import (
+    FP8_BYTES,
+    FWD_AND_BWD,
+    Job,
+    RankCompute,
+    activation_passes_time,
+    attention_peak,
+    census,
+    moe_layers,
+    passes_key,
+    precision_class,
+)
 
 # Per score element flash attention also runs the softmax (exp, max, rescale) besides its 2 (d_qk + d_v) tensor-core
 # FLOPs; in tensor-FLOP equivalents it costs about this much: the value that reproduces FlashAttention-3's relative
@@ -71,13 +80,13 @@ def element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else (FP8_BYTES if precision_class(precision) == "fp8" else 2)
 
 
-def gemm_input_width(job: Job, units: list[Unit]) -> float:
+def gemm_input_width(job: Job, units: tuple[Unit, ...]) -> float:
     """Sum over the rank's layers of the widths of every GEMM input per token (what fp8 casts); once per units
     object (a rank's: Placement.rank_units)."""
     return _WIDTHS.get_for((job.model,), units, lambda: _gemm_input_width(job.model, units))
 
 
-def _gemm_input_width(model, units: list[Unit]) -> float:
+def _gemm_input_width(model, units: tuple[Unit, ...]) -> float:
     h = model.hidden_size
     total = 0.0
     for u in units:
@@ -94,7 +103,7 @@ def _gemm_input_width(model, units: list[Unit]) -> float:
     return total
 
 
-def routed_passes_time(job: Job, units: list[Unit], per_gpu: float) -> float:
+def routed_passes_time(job: Job, units: tuple[Unit, ...], per_gpu: float) -> float:
     """Every routed copy of a token is permuted, scattered, put through the activation and the probability
     scaling and un-permuted (fwd and bwd): passes over topk x (hidden + intermediate)."""
     model, L = job.model, job.layout
@@ -106,7 +115,7 @@ def routed_passes_time(job: Job, units: list[Unit], per_gpu: float) -> float:
     return job.cal.routed_passes * n_moe * per_gpu * routed * job.act_bytes / job.hbm
 
 
-def fp8_cast_time(job: Job, units: list[Unit], per_gpu: float) -> float:
+def fp8_cast_time(job: Job, units: tuple[Unit, ...], per_gpu: float) -> float:
     """fp8 recipes cast every GEMM input to fp8 first (plus a transposed copy for the weight gradient), at each
     recipe's bytes per element (quantisation.py)."""
     if precision_class(job.layout.precision) != "fp8":
@@ -128,7 +137,7 @@ def ep_exposure(job: Job) -> float:
 
 class GpuTerms:
     """The step-time terms of an accelerator (StepTimeTerms for the GPU families)."""
-    families = ("hopper", "blackwell")
+    families: tuple[str, ...] = ("hopper", "blackwell")
 
     def attention_rates(self, job: Job, dims: tuple[int, int], length: float) -> tuple[float, float]:
         """Flash attention's calibrated rates at this kernel length and these head widths."""
@@ -150,7 +159,7 @@ class GpuTerms:
         intensity = 2 * m * k * n / (b * (m * k + k * n + m * n))
         return 1.0 / (1.0 + rate / (job.hbm * intensity))
 
-    def elementwise_time(self, job: Job, rank: int, units: list[Unit], per_gpu: float) -> float:
+    def elementwise_time(self, job: Job, rank: int, units: tuple[Unit, ...], per_gpu: float) -> float:
         """Passes over the activations and the routed token copies, and fp8 casts, over HBM (memoised on
         step_job.PASSES_FIELDS: the routed passes and the casts read a subset)."""
         return _ELEMENTWISE.get((job.model, job.gpu, job.cal), (passes_key(job.layout), job.seq_len, rank, per_gpu),
@@ -193,7 +202,7 @@ class GpuTerms:
         return dispatcher_comm.latency_time(L, moe) + permute + overlapped * dispatcher_comm.sm_share(job.gpu,
                                                                                                       L.dispatcher)
 
-    def launch_overhead_time(self, job: Job, units: list[Unit], busy: launch_overhead.LayerBusy) -> float:
+    def launch_overhead_time(self, job: Job, units: tuple[Unit, ...], busy: launch_overhead.LayerBusy) -> float:
         """The kernels each layer launches beyond what its GPU work hides, the dropless MoE sync, and the graph
         replays' static-buffer copies (launch_overhead.py)."""
         L, model = job.layout, job.model

@@ -16,8 +16,16 @@ from search_spaces.cost.flops import linear_attention_core_per_token
 from search_spaces.cost.launch_overhead import LayerBusy
 from search_spaces.cost.packing import statistics_for
 from search_spaces.cost.pipeline import Unit
-from search_spaces.cost.step_job import (FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
-                                    activation_passes_time, attention_peak, moe_layers, split_traffic_time)
+from search_spaces.cost.step_job import (
+    FWD_BWD_FLOPS_PER_MAC,
+    SP_COLLECTIVES_PER_LAYER,
+    Job,
+    RankCompute,
+    activation_passes_time,
+    attention_peak,
+    moe_layers,
+    split_traffic_time,
+)
 
 # gloo collectives a cpu trainer rank makes per microbatch (trainers/: Megatron-Core on gloo), forward + backward
 # (forward alone): sequence-parallel all-gather / reduce-scatter, SP_COLLECTIVES_PER_LAYER (4 forward) per layer;
@@ -62,7 +70,7 @@ def host_slowdown(ranks: int, cores: float) -> float:
 
 class GlooHostTerms:
     """The step-time terms of the CPU host (StepTimeTerms for the cpu family)."""
-    families = ("cpu",)
+    families: tuple[str, ...] = ("cpu",)
 
     def attention_rates(self, job: Job, dims: tuple[int, int], length: float) -> tuple[float, float]:
         """The unfused attention's calibrated rates, whatever the length and head widths."""
@@ -74,7 +82,7 @@ class GlooHostTerms:
         """The fitted CPU rate holds at every shape of the tiny models it runs."""
         return 1.0
 
-    def elementwise_time(self, job: Job, rank: int, units: list[Unit], per_gpu: float) -> float:
+    def elementwise_time(self, job: Job, rank: int, units: tuple[Unit, ...], per_gpu: float) -> float:
         """Passes over the activations the CPU trainer's layers save."""
         return activation_passes_time(job, rank, cpu_trainer=True, passes=job.cal.cpu_elementwise_passes)
 
@@ -101,7 +109,7 @@ class GlooHostTerms:
         """gloo's fixed costs are in `launch_overhead_time` (cpu_collectives): none apart."""
         return 0.0
 
-    def launch_overhead_time(self, job: Job, units: list[Unit], busy: LayerBusy) -> float:
+    def launch_overhead_time(self, job: Job, units: tuple[Unit, ...], busy: LayerBusy) -> float:
         """Eager autograd per layer and the fixed cost of each gloo exchange."""
         layers = sum(1 for u in units if u.is_layer)
         softmax = sum(1 for u in units if u.is_layer and job.model.attention_kind(u.layer) != "linear")

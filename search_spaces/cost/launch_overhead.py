@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from search_spaces.calibration.calibration_file import Calibration
-from search_spaces.layouts.layout import Layout
-from search_spaces.cost.memo import Memo, fields
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.memo import Memo, fields
+from search_spaces.layouts.layout import Layout
 
 # ---- kernels per layer and microbatch, forward (each an assumption from the module structure unless noted) -----
 # GQA attention as Megatron-Core + TE run it: input norm, QKV GEMM, q/k norms, RoPE on q and k, core attention,

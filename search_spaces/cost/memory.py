@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from search_spaces.catalog.hardware import GPUSpec
+from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.breakdown import GIB, MemoryBreakdown, RankCounts, peak_bytes
 from search_spaces.cost.flops import padded_vocab_size
-from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memo import HashOnce, Memo, fields
-from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.offload import RESIDENT_LAYERS, moment_bytes_per_param, optimizer_bytes_per_param, with_levers
 from search_spaces.cost.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 from search_spaces.cost.routing import capacity_router_bytes, expert_load
+from search_spaces.layouts.layout import Layout
 
 # Fixed buffers (bytes): DeepEP pre-allocates chunked NVL + RDMA buffers whose size does not grow with the tokens
 # (assumed 2 GiB); HybridEP's grow with them (hybridep_buffer_bytes). TE-scoped CUDA graphs keep static
@@ -390,7 +390,7 @@ class RankParams:
     expert: float
 
 
-def rank_params(model: ModelSpec, layout: Layout, units: list[Unit]) -> RankParams:
+def rank_params(model: ModelSpec, layout: Layout, units: tuple[Unit, ...]) -> RankParams:
     """Dense (TP-sharded) and expert (EP*ETP-sharded) parameters held by the rank that holds `units` (kept per
     units object, e.g. Placement.rank_units', and TP, EP, ETP)."""
     by_sizes = _PARAMS.get_for((model,), units, dict)

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search_spaces.cost.breakdown import GIB
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import BY_NAME, Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.breakdown import GIB
 from search_spaces.cost.routing import expert_load
+from search_spaces.layouts.layout import BY_NAME, Layout
 
 RESIDENT_LAYERS = 2  # offloaded layers' inputs on the GPU in transit: one copying out, one prefetched back
 # the pool's size over the average tokens (moe_paged_stash_buffer_size_factor_cuda, Megatron's default), as the

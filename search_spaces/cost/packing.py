@@ -38,10 +38,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from search_spaces.errors import SpecError
 from search_spaces.cost.memo import Memo
+from search_spaces.errors import SpecError
 
 HISTOGRAM_FORMAT = "moe-autotune document lengths v1"
 MAX_HISTOGRAM_BINS = 4096  # the lengths command writes ~8 bins per doubling (<= 150); a bound, not a target
@@ -271,6 +271,13 @@ class DocumentStream:
 
 
 # ---- what the cost model asks ------------------------------------------------------------------------------------
+# typed per argument (mypy): a histogram always has statistics
+@overload
+def statistics_for(packing: LengthHistogram, seq_len: int, cp: int, tp: int,
+                   sequence_parallel: bool) -> PackedStatistics: ...
+@overload
+def statistics_for(packing: LengthHistogram | None, seq_len: int, cp: int, tp: int,
+                   sequence_parallel: bool) -> PackedStatistics | None: ...
 def statistics_for(packing: LengthHistogram | None, seq_len: int, cp: int, tp: int,
                    sequence_parallel: bool) -> PackedStatistics | None:
     """The layout's packed sequence (None: one full-length document per sequence, today's)."""

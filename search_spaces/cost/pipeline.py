@@ -159,7 +159,7 @@ def megatron_split_fields(model: ModelSpec, pp: int, vpp: int) -> dict[str, Any]
     SPLIT_DEFAULTS, set): an even split, the embedding and loss counted as layers, or an explicit
     pipeline_model_parallel_layout. The trainer and every export read it."""
     place = placement(model, pp, vpp)
-    fields = dict(SPLIT_DEFAULTS)
+    fields: dict[str, Any] = dict(SPLIT_DEFAULTS)
     if place is not None and place.method == "counted":
         fields.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
     elif place is not None and place.method == "explicit":

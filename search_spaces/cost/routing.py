@@ -52,8 +52,8 @@ import math
 from functools import lru_cache
 from statistics import NormalDist
 
-from search_spaces.layouts.layout import BY_NAME, Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.layouts.layout import BY_NAME, Layout
 
 # the per-expert coefficient of variation of dropless routing by the router's score function (fitted: see the
 # module docstring)
@@ -98,13 +98,21 @@ def expert_load(model: ModelSpec, layout: Layout, tokens: float, cpu: bool) -> f
     return load if budget is None else min(load, budget)
 
 
+def _capacity_factor(layout: Layout) -> float:
+    """The F of a `capacity:F` routing."""
+    factor = BY_NAME["routing"].parameter(layout.routing)
+    if factor is None:  # the routing dimension parses capacity only with its factor
+        raise ValueError(f"routing {layout.routing!r} carries no capacity factor")
+    return factor
+
+
 def _routed_load(model: ModelSpec, layout: Layout, tokens: float, cpu: bool) -> float:
     dim = BY_NAME["routing"]
     mode = dim.mode(layout.routing)
     if mode == "forced_balance":
         return 1.0
     if mode == "capacity":
-        return float(dim.parameter(layout.routing))
+        return _capacity_factor(layout)
     skew = router_skew(model, cpu)
     copies = tokens * model.topk * layout.etp  # the balanced share of one rank (search_spaces.cost.memory's `routed`)
     return dropless_load(layout.ep, model.num_experts / layout.ep, copies, skew)
@@ -147,6 +155,6 @@ def capacity_router_bytes(model: ModelSpec, layout: Layout, tokens: float) -> fl
     if not model.is_moe or dim.mode(layout.routing) != "capacity":
         return 0.0
     experts = model.num_experts
-    capacity = math.ceil(tokens * model.topk / experts * dim.parameter(layout.routing))
+    capacity = math.ceil(tokens * model.topk / experts * _capacity_factor(layout))
     indices = capacity * experts * 8 if capacity <= tokens else 0.0
     return indices + tokens * experts

@@ -13,13 +13,13 @@ from typing import NamedTuple, Protocol
 
 from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec
+from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.launch_overhead import LayerBusy
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memo import Memo, fields
 from search_spaces.cost.memory import ACTIVATION_LEVER_FIELDS, CHUNK_FIELDS, act_bytes, rank_chunk_activations
-from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.packing import LengthHistogram
 from search_spaces.cost.pipeline import Placement, Unit, placement
+from search_spaces.layouts.layout import Layout
 
 FP8_BYTES = 1
 FWD_AND_BWD = 2  # a transfer made in the forward is mirrored by one in the backward
@@ -40,7 +40,7 @@ _EXPERT_LOAD, _PASSES, _CENSUS = Memo("expert load"), Memo("activation passes"),
 class RankCompute(NamedTuple):
     """Seconds per microbatch of one pipeline rank's own work."""
     rank: int
-    units: list[Unit]
+    units: tuple[Unit, ...]
     total: float  # everything below: what the pace is set by
     gemm: float  # the model's GEMMs
     recompute: float  # the GEMMs and attention forwards recompute repeats
@@ -62,7 +62,7 @@ class StepTimeTerms(Protocol):
     def gemm_shape_factor(self, job: Job, m: float, k: float, n: float, rate: float) -> float:
         """Share of the GEMM rate `rate` left for an m x k x n GEMM."""
 
-    def elementwise_time(self, job: Job, rank: int, units: list[Unit], per_gpu: float) -> float:
+    def elementwise_time(self, job: Job, rank: int, units: tuple[Unit, ...], per_gpu: float) -> float:
         """Seconds per microbatch of the rank's element-wise work (norms, casts, permutes ...); `per_gpu`: the
         microbatch's tokens per GPU sharing the dense work."""
 
@@ -82,7 +82,7 @@ class StepTimeTerms(Protocol):
         """Seconds per microbatch the dispatcher costs beside its all-to-all's bytes (`ep_time`: their exposed
         time over the rank's `moe` MoE layers): fixed costs per call, extra copies, the SMs it holds."""
 
-    def launch_overhead_time(self, job: Job, units: list[Unit], busy: LayerBusy) -> float:
+    def launch_overhead_time(self, job: Job, units: tuple[Unit, ...], busy: LayerBusy) -> float:
         """Seconds per microbatch the rank's layers wait for the host (launches, eager overhead, fixed costs);
         `busy`: one layer's GPU time, what launches can hide behind."""
 

@@ -52,24 +52,36 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from search_spaces.cost.breakdown import StepTime
 from search_spaces.calibration.calibration_file import Calibration, calibration
-from search_spaces.cost import dispatcher_comm, quantisation
-from search_spaces.cost.flops import (_attention_core_per_token, _attention_proj_per_token,
-                                      linear_attention_core_per_token,
-                                 padded_vocab_size)
-from search_spaces.cost.gpu_terms import GPU_TERMS
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.cost.host_terms import HOST_TERMS
-from search_spaces.layouts.layout import Layout
-from search_spaces.cost.memory import RankParams, chunk_offloaded_bytes, grad_bytes, rank_params, weight_bytes
 from search_spaces.catalog.models import ModelSpec
-from search_spaces.cost.pipeline import EMBEDDING, LOSS, Unit, model_units
+from search_spaces.cost import dispatcher_comm, quantisation
+from search_spaces.cost.breakdown import StepTime
+from search_spaces.cost.flops import (
+    _attention_core_per_token,
+    _attention_proj_per_token,
+    linear_attention_core_per_token,
+    padded_vocab_size,
+)
+from search_spaces.cost.gpu_terms import GPU_TERMS
+from search_spaces.cost.host_terms import HOST_TERMS
 from search_spaces.cost.launch_overhead import LayerBusy
 from search_spaces.cost.memo import Memo, fields
+from search_spaces.cost.memory import RankParams, chunk_offloaded_bytes, grad_bytes, rank_params, weight_bytes
 from search_spaces.cost.packing import LengthHistogram, statistics_for
-from search_spaces.cost.step_job import (FWD_AND_BWD, FWD_BWD_FLOPS_PER_MAC, SP_COLLECTIVES_PER_LAYER, Job, RankCompute,
-                                    StepTimeTerms, census, precision_class, split_traffic_time)
+from search_spaces.cost.pipeline import EMBEDDING, LOSS, Unit, model_units
+from search_spaces.cost.step_job import (
+    FWD_AND_BWD,
+    FWD_BWD_FLOPS_PER_MAC,
+    SP_COLLECTIVES_PER_LAYER,
+    Job,
+    RankCompute,
+    StepTimeTerms,
+    census,
+    precision_class,
+    split_traffic_time,
+)
+from search_spaces.layouts.layout import Layout
 
 # the cost terms of each accelerator family (hardware.FAMILIES)
 TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_TERMS) for family in terms.families}
@@ -195,7 +207,7 @@ def linear_attention_rate(gpu: GPUSpec, precision: str, cal: Calibration) -> flo
     return gpu.peak(base) * 1e12 * cal.linear_attention_efficiency * cal.sustained_factor(gpu)
 
 
-def linear_attention_time(job: Job, units: list[Unit]) -> tuple[float, float]:
+def linear_attention_time(job: Job, units: tuple[Unit, ...]) -> tuple[float, float]:
     """(fwd+bwd seconds, of which recomputed forward) of the rank's gated delta-net layers per microbatch, their
     kernels at `linear_attention_efficiency` of the BF16 peak (chunked recurrences, far from GEMM rates), as the
     family's terms run them (GPUs: the chunked delta rule and its sequential state passes, delta_net.py)."""
@@ -243,7 +255,7 @@ def _unit_flops(model: ModelSpec, seq_len: int, unit: Unit, layout: Layout, expe
     return UnitFlops(proj + mlp, expert, core, _recompute_flops(model, unit, layout, proj, expert, mlp))
 
 
-def _rank_flops(model: ModelSpec, seq_len: int, units: list[Unit], layout: Layout, expert_load: float = 1.0
+def _rank_flops(model: ModelSpec, seq_len: int, units: tuple[Unit, ...], layout: Layout, expert_load: float = 1.0
                 ) -> UnitFlops:
     dense = expert = core = rc = 0.0
     by_kind: dict[Any, UnitFlops] = {}  # a unit's FLOPs depend on its kind alone (added unit by unit, as always)
@@ -323,6 +335,8 @@ def packed_attention_layer_time(job: Job, kind: str) -> AttentionTime:
     figure to the last digit (tests/search_spaces/test_packing.py)."""
     model, L = job.model, job.layout
     stats = statistics_for(job.packing, job.seq_len, L.cp, L.tp, L.sp)
+    if stats is None:  # attention_layer_time calls it for packed documents only
+        raise ValueError("packed_attention_layer_time needs packed documents (job.packing)")
     dims = attention_dims(model)
     ratio = attention_backward_ratio(*dims)
     a2a = cp_levels(L)[0] if L.cp > 1 else 1
@@ -338,7 +352,7 @@ def packed_attention_layer_time(job: Job, kind: str) -> AttentionTime:
     return AttentionTime(fwd, bwd)
 
 
-def _rank_attention(job: Job, units: list[Unit]) -> tuple[float, float]:
+def _rank_attention(job: Job, units: tuple[Unit, ...]) -> tuple[float, float]:
     """(attention fwd+bwd, recomputed attention forward) seconds of the rank's layers per microbatch."""
     kinds = census(job.model, units).kinds
     mods = job.layout.recompute_modules

@@ -165,6 +165,8 @@ class Dimension:
     @property
     def megatron_field(self) -> str:
         """The `megatron` field's TransformerConfig name (the last part of its ConfigContainer path)."""
+        if self.megatron is None:  # asked of a dimension Megatron has no field for: a caller's bug
+            raise ValueError(f"dimension {self.name} has no Megatron field")
         return self.megatron.rsplit(".", 1)[-1]
 
     def megatron_field_names(self) -> tuple[str, ...]:

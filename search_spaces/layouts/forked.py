@@ -15,7 +15,7 @@ import os
 import pickle
 import signal
 import threading
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 Part = TypeVar("Part")
 Result = TypeVar("Result")
@@ -49,7 +49,7 @@ def map_forked(work: Callable[[Part], Result], parts: Sequence[Part]) -> list[Re
     if len(parts) < 2 or available_workers() < 2:
         return [work(part) for part in parts]
     children: list[tuple[int, int] | None] = []
-    rest: list[object] = []
+    rest: list[Any] = []  # each child's result (unpickled: untyped) or _FAILED
     try:
         for part in parts[1:]:
             children.append(_start(work, part))

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 
 from search_spaces.calibration.calibration_file import Calibration
-from search_spaces.cost.costmodel import estimate
 from search_spaces.catalog.hardware import GPUSpec, load_gpu
-from search_spaces.layouts.layout import Layout, distinct
 from search_spaces.catalog.models import ModelSpec, load_model
+from search_spaces.cost.costmodel import estimate
 from search_spaces.cost.pipeline import placement
+from search_spaces.layouts.layout import Layout, distinct
 from search_spaces.layouts.rules import a2a_heads_divide, check
 from search_spaces.layouts.space import default_gbs, divisors, recompute_options
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from search_spaces.layouts.dimensions import Dimension, Primitive, dimension, dimensions_of
 from search_spaces.errors import SpecError
+from search_spaces.layouts.dimensions import Dimension, Primitive, dimension, dimensions_of
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 # The seed recipes call mla_up_proj "up_proj" and layernorm "norm".

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from search_spaces.calibration.calibration_file import Calibration
-from search_spaces.cost.costmodel import Estimate, estimate
 from search_spaces.catalog.hardware import GPUSpec
-from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
 from search_spaces.catalog.models import ModelSpec
+from search_spaces.cost.costmodel import Estimate, estimate
+from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
 
 # knobs whose values are ordered (sizes, fractions, recompute from light to heavy): their neighbours are adjacent
 ORDERED_KINDS = ("int", "float", "recompute")
@@ -62,10 +62,17 @@ def _entry(name: str, value: Any, est: Estimate, base: Estimate) -> dict[str, An
     out = {"knob": name, "value": str(shown), "legal": est.legal, "fits": est.fits,
            "violations": [v.to_dict() for v in est.violations]}
     if est.legal:
-        out.update(tokens_per_sec_per_gpu=est.tokens_per_sec_per_gpu, peak_memory_gib=est.peak_memory_gib,
-                   delta_tokens_pct=100 * (est.tokens_per_sec_per_gpu / base.tokens_per_sec_per_gpu - 1),
-                   delta_peak_gib=est.peak_memory_gib - base.peak_memory_gib)
+        (tokens, peak), (base_tokens, base_peak) = _figures(est), _figures(base)
+        out.update(tokens_per_sec_per_gpu=tokens, peak_memory_gib=peak,
+                   delta_tokens_pct=100 * (tokens / base_tokens - 1), delta_peak_gib=peak - base_peak)
     return out
+
+
+def _figures(est: Estimate) -> tuple[float, float]:
+    """Tokens/s per GPU and peak memory of a legal estimate with time (the base must be one too)."""
+    if est.tokens_per_sec_per_gpu is None or est.peak_memory_gib is None:
+        raise ValueError("neighbours need the base's and each legal neighbour's figures (a legal base)")
+    return est.tokens_per_sec_per_gpu, est.peak_memory_gib
 
 
 def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout, base: Estimate,

@@ -14,8 +14,8 @@ from typing import Callable, Iterable
 
 from search_spaces.catalog.hardware import GPUSpec
 from search_spaces.catalog.models import ModelSpec
-from search_spaces.layouts.layout import BY_NAME, FIELD_NAMES, MOE_OFFLOAD_MODULES, Layout
 from search_spaces.cost.pipeline import placement
+from search_spaces.layouts.layout import BY_NAME, FIELD_NAMES, MOE_OFFLOAD_MODULES, Layout
 
 # Features that need a GPU (CUDA kernels, NVSHMEM, host pinned-memory offload). On `cpu` the trainer runs gloo
 # and implements context parallelism by all-gathering K/V, whatever cp_comm_type says; p2p (the default) and
@@ -257,7 +257,8 @@ def _gpu_only_feature(s: Situation) -> str | None:
       why="a recompute region lies wholly inside or outside a CUDA-graph scope; full_iteration graphs stand alone")
 def _graph_recompute_conflict(s: Situation) -> list[str]:
     L = s.layout
-    graphs, mods, out = set(L.cuda_graphs), set(L.recompute_modules), []
+    graphs, mods = set(L.cuda_graphs), set(L.recompute_modules)
+    out: list[str] = []
     if not graphs:
         return out
     if "moe" in mods and "moe_router" in graphs:
@@ -323,7 +324,8 @@ def _offload_needs_distopt(s: Situation) -> str | None:
           "those activations) and no offload inside the moe CUDA-graph scope; a fraction needs modules to apply to "
           "and expert modules need experts")
 def _activation_offload_modules(s: Situation) -> list[str]:
-    L, out = s.layout, []
+    L = s.layout
+    out: list[str] = []
     mods = set(L.activation_offload)
     if not mods:
         if L.activation_offload_fraction != 1.0:
@@ -374,7 +376,8 @@ def _optimizer_states_needs(s: Situation) -> str | None:
           "optimizer, which keeps their fp32 master and re-quantises after its step (megatron.training's "
           "validate_args); with optimizer offload only the delayed recipe")
 def _fp8_param_gather_needs(s: Situation) -> list[str]:
-    L, out = s.layout, []
+    L = s.layout
+    out: list[str] = []
     if not L.fp8_param_gather:
         return out
     if not _is_fp8(L.precision):
@@ -393,7 +396,8 @@ def _fp8_param_gather_needs(s: Situation) -> list[str]:
           "alltoall or flex dispatcher, no full or whole-moe recompute (the replay would repeat the split "
           "schedule), bf16 parameters and at most one MTP layer")
 def _ep_overlap_needs(s: Situation) -> list[str]:
-    L, out = s.layout, []
+    L = s.layout
+    out: list[str] = []
     if not L.ep_overlap:
         return out
     if not s.model.is_moe or L.ep <= 1:
@@ -413,7 +417,8 @@ def _ep_overlap_needs(s: Situation) -> list[str]:
       why="the EP overlap splits each layer's forward and backward into a combined 1F1B schedule: Megatron-Core "
           "runs it on an interleaved pipeline only (VPP > 1 when PP > 1) and outside moe/mlp CUDA-graph scopes")
 def _ep_overlap_schedule(s: Situation) -> list[str]:
-    L, out = s.layout, []
+    L = s.layout
+    out: list[str] = []
     if not L.ep_overlap:
         return out
     if L.pp > 1 and L.vpp <= 1:

@@ -22,19 +22,27 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
-from search_spaces.cost.breakdown import GIB
 from search_spaces.calibration.calibration_file import Calibration
+from search_spaces.catalog.hardware import GPUSpec, load_gpu
+from search_spaces.catalog.models import ModelSpec, load_model
+from search_spaces.cost.breakdown import GIB
 from search_spaces.cost.costmodel import estimate, peak_memory_gib, tokens_per_sec_per_gpu
+from search_spaces.cost.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
 from search_spaces.cost.packing import LengthHistogram, packed_statistics
 from search_spaces.errors import SpecError
-from search_spaces.cost.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
-from search_spaces.layouts.forked import available_workers, map_forked
-from search_spaces.catalog.hardware import GPUSpec, load_gpu
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_size
+from search_spaces.layouts.forked import available_workers, map_forked
 from search_spaces.layouts.layout import BY_NAME, DIMENSIONS, PARALLEL_SIZES, SEARCH_DIMENSIONS, Layout
-from search_spaces.catalog.models import ModelSpec, load_model
-from search_spaces.layouts.rules import (LEVELS, REGISTRY, RULES, Situation, check, hierarchical_cp_violation,
-                                  level_reads, level_rules)
+from search_spaces.layouts.rules import (
+    LEVELS,
+    REGISTRY,
+    RULES,
+    Situation,
+    check,
+    hierarchical_cp_violation,
+    level_reads,
+    level_rules,
+)
 
 TARGET_TOKENS_PER_STEP = 1 << 24
 VPP_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -348,7 +356,8 @@ class _FeatureWalk:
     def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions, grid: dict[str, Any]):
         v = dims.values
         self.situation = (model, gpu, num_gpus, seq_len)
-        self.extra = {k: v[k][0] for k in ("sequence_parallel", "recompute_method", "recompute_num_layers") if k in v}
+        self.extra: dict[str, Any] = {k: v[k][0] for k in ("sequence_parallel", "recompute_method",
+                                                          "recompute_num_layers") if k in v}
         self.names = [f for f in FEATURE_FIELDS if f != "hierarchical_cp"]
         self.values = [v[f] for f in self.names]
         # unset features take their first value: no rule decided at that depth reads them
@@ -426,7 +435,8 @@ class _FeatureWalk:
         return bool(r.test(Situation(*self.situation, layout)))
 
 
-def _resolve(model, gpu, num_gpus, seq_len):
+def _resolve(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: int
+             ) -> tuple[ModelSpec, GPUSpec, int, int]:
     model = load_model(model) if isinstance(model, str) else model
     gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
     # sizes beyond any cluster are refused by range (search_spaces/inputs.py), so enumerations stay bounded
@@ -500,6 +510,8 @@ def _floor(model: ModelSpec, cpu: bool, pp: int, vpp: int, tp: int, ep: int, etp
     from search_spaces.cost.pipeline import placement
     layout = Layout(pp=pp, vpp=vpp, tp=tp, ep=ep, etp=etp)
     place = placement(model, pp, vpp)
+    if place is None:  # iter_grids' rules refuse a grid without one
+        raise ValueError("grid has no pipeline placement (check rules first)")
     worst = 0.0
     for rank in {0, pp - 1}:
         p = rank_params(model, layout, place.rank_units(rank))
@@ -577,7 +589,7 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     if cut is not None:
         limit, ranked = cut, [row for row in ranked if row[0] < cut]
     cut_short = cut is not None
-    estimated = sum(row[1] for row in ranked)
+    estimated = sum(row[1] or 0 for row in ranked)  # None only at and after the cut, dropped above
     # the first fitting candidate of each group and its tokens/s/GPU
     found: list[tuple[float, Layout]] = [f for row in ranked for f in row[2]]
     fitting = len(found)

@@ -4,10 +4,11 @@ through the constants only it measures."""
 
 import pytest
 
-from bench.fit_calibration import KERNEL_RELEASE_FACTOR
-from bench.leave_one_out import FAMILY_FITTED, PARAMETERS, _moved_by, fold_start, folds, run_fold
 from search_spaces.calibration.calibration_file import Calibration, calibration
 from search_spaces.calibration.reference import MODELZOO, NEMO, ORIGINS, long_context_moe_rows, published_rows
+
+from bench.fit_calibration import KERNEL_RELEASE_FACTOR
+from bench.leave_one_out import FAMILY_FITTED, PARAMETERS, _moved_by, fold_start, folds, run_fold
 
 ROWS = published_rows() + long_context_moe_rows()
 

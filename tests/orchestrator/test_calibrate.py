@@ -6,14 +6,25 @@ import math
 
 import pytest
 
-from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
-from orchestrator.cli import main
-from search_spaces.calibration.fit import (FAMILY_PARAMETERS, Calibration, Measurement, Parameter, fit,
-                                           load_calibration,
-                                       log_loss, nelder_mead, parameters_for, predict_tokens, with_values)
 from search_spaces.calibration.calibration_file import calibration
+from search_spaces.calibration.fit import (
+    FAMILY_PARAMETERS,
+    Calibration,
+    Measurement,
+    Parameter,
+    fit,
+    load_calibration,
+    log_loss,
+    nelder_mead,
+    parameters_for,
+    predict_tokens,
+    with_values,
+)
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
+
+from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
+from orchestrator.cli import main
 
 H100_LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]
 
@@ -206,8 +217,8 @@ def test_replay_sweep_records_its_calibration_and_its_trials_teach_the_next(tmp_
 
 
 def test_a_calibration_file_records_its_software_and_another_stack_warns_in_one_line(tmp_path, capsys):
-    from search_spaces.calibration.fit import calibration_document
     from search_spaces.calibration.calibration_file import CALIBRATION_PATH
+    from search_spaces.calibration.fit import calibration_document
     from search_spaces.catalog.software import installed_stack, measured_stack, warn_if_other_stack
 
     ran = [Measurement("llama3-8b", "h100", 16, 8192, Layout(), tokens_per_sec_per_gpu=1.0,

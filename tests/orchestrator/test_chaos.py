@@ -155,8 +155,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
     """Three real trainer runs at once: one OOMs at step 1, one is SIGKILLed at step 1, one succeeds."""
     from orchestrator import study as studies
-    from orchestrator.sweep import run_sweep
     from orchestrator.spec import parse_spec
+    from orchestrator.sweep import run_sweep
     from tests.sweep_helpers import prior_for
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
@@ -254,10 +254,11 @@ def test_hanging_trials_are_killed_with_their_tree_and_all_failing_is_a_clear_su
 def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, monkeypatch):
     import psutil
 
+    from search_spaces.layouts.layout import Layout
+
     from orchestrator.backends.base import TrialRequest
     from orchestrator.backends.local import LocalRayBackend
     from orchestrator.spec import parse_spec
-    from search_spaces.layouts.layout import Layout
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.delenv("MOE_AUTOTUNE_FAULT", raising=False)

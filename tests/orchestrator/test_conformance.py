@@ -15,21 +15,22 @@ import optuna
 import pytest
 import typer
 
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.errors import SpecError
+from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.rules import check
+
 from orchestrator import study as studies
 from orchestrator.backends import BACKENDS, canonical_backend
 from orchestrator.cli import app, main
 from orchestrator.searches import SEARCH_KINDS
-from orchestrator.sweep.searches import MAKERS, make_sampler
 from orchestrator.spec import SweepSpec, parse_spec
 from orchestrator.sweep import Prior, run_sweep
 from orchestrator.sweep.samplers import SweepSampler
+from orchestrator.sweep.searches import MAKERS, make_sampler
 from orchestrator.sweep.space import SweepSpace
-from search_spaces.errors import SpecError
 from tests.sweep_helpers import FAKE_TRAINER, make_spec
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
-from search_spaces.layouts.rules import check
 
 STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted"}
 

@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import BY_NAME, CP_COMM_TYPES, DIMENSIONS, Layout
 from search_spaces.catalog.models import load_model
 from search_spaces.layouts import rules
+from search_spaces.layouts.layout import BY_NAME, CP_COMM_TYPES, DIMENSIONS, Layout
 
 from orchestrator import export
 from tests import bridge_config

@@ -16,9 +16,9 @@ import warnings
 import pytest
 import yaml
 
+from search_spaces.catalog.models import load_model
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 
 from orchestrator import export
 

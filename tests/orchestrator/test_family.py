@@ -10,11 +10,12 @@ import re
 import optuna
 import pytest
 
+from search_spaces.layouts.layout import Layout
+
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.family import scale_to_length
-from search_spaces.layouts.layout import Layout
 from tests.sweep_helpers import spec_data
 
 

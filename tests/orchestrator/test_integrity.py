@@ -17,12 +17,13 @@ import pytest
 import sqlalchemy
 from mlflow import MlflowClient
 
+from search_spaces.layouts.layout import Layout
+
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
-from search_spaces.layouts.layout import Layout
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]

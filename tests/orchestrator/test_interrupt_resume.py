@@ -32,13 +32,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
+from search_spaces.result import MEASURED_STATUSES
+
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.loop import Sweep
 from orchestrator.sweep.record import Recorder
-from search_spaces.result import MEASURED_STATUSES
 from tests.sweep_helpers import make_spec, prior_for, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]

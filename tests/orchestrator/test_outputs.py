@@ -34,8 +34,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from tests.sweep_helpers import spec_data
 from tests.search_spaces.test_hostile_properties import PROPERTY, run, snapshot
+from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "moe-autotune")

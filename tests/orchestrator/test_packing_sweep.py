@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from search_spaces.errors import SpecError
+
 from orchestrator.cli import main
 from orchestrator.spec import SweepSpec
-from search_spaces.errors import SpecError
 from tests.sweep_helpers import make_spec, spec_data, write_spec
 
 HISTOGRAM = {"format": "moe-autotune document lengths v1", "source": "test", "lengths": [20, 60, 200],

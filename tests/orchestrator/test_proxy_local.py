@@ -9,13 +9,14 @@ import json
 import pytest
 from mlflow import MlflowClient
 
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.layout import Layout
+from search_spaces.proxy import derive_proxy
+
 from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.cli import main
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
-from search_spaces.proxy import derive_proxy
 from tests.sweep_helpers import spec_data
 
 pytestmark = pytest.mark.slow

@@ -20,16 +20,28 @@ import optuna
 import pandas as pd
 import pytest
 
-from orchestrator import calibrate, check, records, winner
-from orchestrator import study as studies
-from orchestrator.backends.replay import load_table
-from orchestrator.records import (COMPARE, HEADLINE, METRICS, OBJECTIVE, PREDICTED, TABLE, VIEW, Metric,
-                                  StudyRecord, TrialRecord, metrics)
-from orchestrator.spec import parse_spec
-from orchestrator.sweep import session as sessions
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 from search_spaces.result import STATUSES, TrialResult
+
+from orchestrator import calibrate, check, records, winner
+from orchestrator import study as studies
+from orchestrator.backends.replay import load_table
+from orchestrator.records import (
+    COMPARE,
+    HEADLINE,
+    METRICS,
+    OBJECTIVE,
+    PREDICTED,
+    TABLE,
+    VIEW,
+    Metric,
+    StudyRecord,
+    TrialRecord,
+    metrics,
+)
+from orchestrator.spec import parse_spec
+from orchestrator.sweep import session as sessions
 
 OLD = json.loads((Path(__file__).parents[1] / "data" / "old_studies.json").read_text())["studies"]
 

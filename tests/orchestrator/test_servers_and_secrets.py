@@ -203,8 +203,9 @@ def test_error_lines_never_echo_storage_or_tracking_passwords(tmp_path, monkeypa
 def test_study_errors_name_the_storage_without_its_password(monkeypatch):
     import optuna
 
-    from orchestrator import study as studies
     from search_spaces.errors import SpecError
+
+    from orchestrator import study as studies
 
     memory = optuna.storages.InMemoryStorage()
     optuna.create_study(storage=memory, study_name="there", directions=studies.DIRECTIONS)

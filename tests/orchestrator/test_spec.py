@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from search_spaces.errors import SpecError
+
 from orchestrator.cli import main
 from orchestrator.spec import load_spec, parse_spec
-from search_spaces.errors import SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -11,7 +11,6 @@ from mlflow import MlflowClient
 
 from tests import store_templates
 
-
 CONSTRAINT_WORDS = ("CONSTRAINT ", "CHECK ", "FOREIGN KEY", "UNIQUE ", "PRIMARY KEY")
 
 

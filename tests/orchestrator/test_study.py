@@ -5,12 +5,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from search_spaces.errors import SpecError
+
 from orchestrator import study as studies
 from orchestrator.cli import main
+from orchestrator.spec import load_spec
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.prior import Prior
-from orchestrator.spec import load_spec
-from search_spaces.errors import SpecError
 from tests.sweep_helpers import make_spec, prior_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

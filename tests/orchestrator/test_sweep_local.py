@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from search_spaces.layouts.layout import Layout
+
 from orchestrator import study as studies
 from orchestrator.backends.base import TrialRequest
 from orchestrator.sweep import run_sweep
-from search_spaces.layouts.layout import Layout
 from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
 

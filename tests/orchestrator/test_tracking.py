@@ -9,10 +9,16 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from orchestrator import study as studies
-from orchestrator.sweep import run_sweep
-from orchestrator.tracking import (EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, RunRecord, Tracker,
-                                  safe_environment)
 from orchestrator.errors import LeaseLost, TrackingError
+from orchestrator.sweep import run_sweep
+from orchestrator.tracking import (
+    EXPERIMENT_KIND_TAG,
+    TRIALS_VIEW,
+    VIEW_TAG_PREFIX,
+    RunRecord,
+    Tracker,
+    safe_environment,
+)
 from tests.mlflow_server import free_port  # the session's `mlflow_server` fixture comes from tests/conftest.py
 from tests.sweep_helpers import make_spec, prior_for
 

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from search_spaces.validation import DISPATCHER_CLASSES, problems, validate
 from search_spaces.catalog.hardware import load_gpu
 from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
+from search_spaces.validation import DISPATCHER_CLASSES, problems, validate
 
 H100 = load_gpu("h100")
 LAYOUT = Layout(tp=2, cp=2, ep=4, pp=2, gbs=16, precision="bf16", dispatcher="alltoall")

@@ -238,3 +238,48 @@ def test_the_worked_example_is_the_cost_models_own_estimate():
     shown = {m.group(1): float(m.group(2).replace(",", ""))
              for m in re.finditer(r"^\| `(\w+)` \| ([\d,.]+) \|", text.split("## Time per step")[0], re.M)}
     assert set(shown) <= set(PEAK_KEYS) and sum(shown.values()) == pytest.approx(est.peak_memory_gib, abs=0.01)
+
+
+# ---- (f) the tour's screenshots are the product's own, redrawn by docs/make_figures.py --------------------------
+
+def _load_make_figures():
+    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "docs" / "make_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _images_shown(page: Path) -> set[str]:
+    return set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()))
+
+
+def test_every_image_a_page_shows_is_in_the_docs():
+    pages = list((ROOT / "docs").rglob("*.md"))
+    shown = {(page.parent / src).resolve() for page in pages for src in _images_shown(page)}
+    assert shown, "no page shows a figure"
+    assert [str(p) for p in shown if not p.is_file()] == []
+
+
+def test_the_tour_shows_exactly_the_figures_the_script_makes():
+    from orchestrator.report import FIGURES as REPORT_FIGURES
+
+    make_figures = _load_make_figures()
+    assert set(make_figures.REPORT_FIGURES) <= set(REPORT_FIGURES)  # the report still draws each one
+    shown = _images_shown(ROOT / "docs" / "tour.md")
+    assert shown == {f"figures/{name}.png" for name in make_figures.FIGURES}
+    committed = {p.name for p in (ROOT / "docs" / "figures").glob("*.png")}
+    assert committed == {f"{name}.png" for name in make_figures.FIGURES}  # nothing stale beside them
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("chromium") is None and not os.environ.get("BROWSER_PATH"),
+                    reason="the figures are Chromium screenshots")
+def test_make_figures_draws_every_figure_from_a_real_sweep(tmp_path):
+    """The real thing: an analytic sweep, its report, the MLflow UI photographed; each PNG a real image."""
+    done = subprocess.run([sys.executable, str(ROOT / "docs" / "make_figures.py"), "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=880)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in _load_make_figures().FIGURES:
+        data = (tmp_path / f"{name}.png").read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, name  # a drawing, not an empty page

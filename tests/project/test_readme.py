@@ -33,7 +33,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from orchestrator.cli import main
 from orchestrator.spec import load_spec
 

@@ -23,15 +23,16 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from search_spaces.bounded import MAX_DEPTH, MAX_INT_DIGITS, loads_json, loads_yaml, parse_count, read_csv
+from search_spaces.calibration.calibration_file import Calibration, calibration, constant_range
+from search_spaces.calibration.fit import FAMILY_PARAMETERS, SHARED_PARAMETERS
+from search_spaces.errors import MoeAutotuneError, SpecError
+from search_spaces.inputs import EXCERPT_CHARS, excerpt
+
 from orchestrator.backends.replay import load_table
 from orchestrator.commands.output import json_line
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import _saved_view, _spool_record
-from search_spaces.bounded import MAX_DEPTH, MAX_INT_DIGITS, loads_json, loads_yaml, parse_count, read_csv
-from search_spaces.calibration.fit import FAMILY_PARAMETERS, SHARED_PARAMETERS
-from search_spaces.calibration.calibration_file import Calibration, calibration, constant_range
-from search_spaces.errors import MoeAutotuneError, SpecError
-from search_spaces.inputs import EXCERPT_CHARS, excerpt
 from tests.search_spaces.test_hostile_properties import PROPERTY, assert_answered, inside, run, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]

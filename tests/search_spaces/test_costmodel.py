@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from search_spaces.catalog.models import load_model
 from search_spaces.cost.breakdown import COMPUTE_PARTS, GIB, TIME_KEYS
 from search_spaces.cost.costmodel import estimate
 from search_spaces.cost.flops import flops_per_step
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 
 DSV3_128K = Layout.from_dict(dict(tp=1, cp=32, ep=32, etp=1, pp=8, vpp=4, mbs=1, gbs=128, precision="fp8",
                                   dispatcher="deepep", recompute="up_proj,norm,moe,mlp", optimizer_offload=1.0))
@@ -106,8 +106,8 @@ TOP_LEVEL = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "dispatche
 @pytest.mark.parametrize("model,gpu,n,seq,layout", PARTS_CASES)
 def test_step_time_parts_add_up(model, gpu, n, seq, layout):
     from search_spaces.catalog.hardware import load_gpu
-    from search_spaces.layouts.rules import check
     from search_spaces.cost.throughput import step_time
+    from search_spaces.layouts.rules import check
 
     spec, hw = load_model(model), load_gpu(gpu)
     assert not check(spec, hw, n, seq, layout)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from search_spaces.cost.flops import flops_per_step, padded_vocab_size
 from search_spaces.catalog.models import load_model
+from search_spaces.cost.flops import flops_per_step, padded_vocab_size
 
 DATA = Path(__file__).parents[1] / "data" / "megatron_bridge_performance_summary.csv"
 

@@ -21,14 +21,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
 from search_spaces import proxy
 from search_spaces.catalog import models
 from search_spaces.cost import pipeline
-from search_spaces.layouts import heuristics, rules, space
 from search_spaces.errors import SpecError
 from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_name
+from search_spaces.layouts import heuristics, rules, space
 from search_spaces.layouts.layout import DIMENSIONS
+
+from orchestrator.cli import main
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,14 +5,19 @@ import math
 
 import pytest
 
+from search_spaces.calibration.knob_pairs import (
+    KNOBS,
+    load_knob_pairs,
+    noise_band,
+    patch_release_changes,
+    predicted_ratio,
+)
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
 from search_spaces.cost import delta_net, dispatcher_comm, launch_overhead, quantisation
 from search_spaces.cost.costmodel import estimate
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.calibration.knob_pairs import (KNOBS, load_knob_pairs, noise_band, patch_release_changes,
-                                                 predicted_ratio)
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.cost.throughput import calibration
+from search_spaces.layouts.layout import Layout
 
 CAL = calibration()
 

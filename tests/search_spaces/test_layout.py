@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout, parse_recompute
+
+from orchestrator.cli import main
 
 
 def test_derived_sizes_with_parallel_folding():

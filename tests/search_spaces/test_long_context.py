@@ -2,17 +2,22 @@
 
 import pytest
 
-from search_spaces.cost.breakdown import GIB
 from search_spaces.calibration.calibration_file import calibration
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.cost.breakdown import GIB
 from search_spaces.cost.costmodel import estimate
 from search_spaces.cost.gpu_terms import head_width_factor, shard_length_factor
-from search_spaces.catalog.hardware import load_gpu
+from search_spaces.cost.throughput import (
+    RING_TRANSFER_LATENCY_S,
+    RingStep,
+    attention_layer_time,
+    cp_geometry,
+    job_for,
+    ring_exposed_time,
+)
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.layouts.space import explore
-from search_spaces.cost.throughput import (RING_TRANSFER_LATENCY_S, RingStep, attention_layer_time, cp_geometry,
-                                           job_for,
-                                      ring_exposed_time)
 
 # DeepSeek-V3's published long-context layout on 256 H100 (notes/long-context-moe.md): CP = seq / 4096; the
 # benchmark's forced-balance routing (reference/moe_long_context.csv), so that the band compares like with like

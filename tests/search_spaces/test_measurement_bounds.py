@@ -14,16 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from search_spaces.calibration.fit import Measurement, measurement_problems, usable
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.cost.flops import flops_per_token
+from search_spaces.layouts.layout import Layout
+from search_spaces.result import TrialResult
+from search_spaces.validation import CAPACITY_SLACK, CONSISTENCY_TOLERANCE, validate
+
 from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS, load_table
 from orchestrator.calibrate import from_table, judge_result
 from orchestrator.cli import main
-from search_spaces.calibration.fit import Measurement, measurement_problems, usable
-from search_spaces.cost.flops import flops_per_token
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
-from search_spaces.result import TrialResult
-from search_spaces.validation import CAPACITY_SLACK, CONSISTENCY_TOLERANCE, validate
 
 H100 = load_gpu("h100")
 MODEL_NAME, SEQ, GPUS = "llama3-8b", 8192, 16

@@ -2,12 +2,12 @@
 
 import pytest
 
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
 from search_spaces.cost.breakdown import GIB
 from search_spaces.cost.costmodel import estimate
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memory import inflight_per_chunk, memory_breakdown
-from search_spaces.catalog.models import load_model
+from search_spaces.layouts.layout import Layout
 
 TINY = load_model("tiny-moe")
 CPU = load_gpu("cpu")

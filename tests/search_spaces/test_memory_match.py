@@ -9,12 +9,13 @@ rank are within 10% of the measured ones. bench/memory_accuracy.py checks 40-odd
 
 import pytest
 
+from search_spaces.catalog.models import load_model
 from search_spaces.cost.breakdown import GIB
 from search_spaces.cost.costmodel import estimate
-from search_spaces.layouts.layout import Layout
 from search_spaces.cost.memory import chunk_activation_terms
-from search_spaces.catalog.models import load_model
 from search_spaces.cost.pipeline import placement
+from search_spaces.layouts.layout import Layout
+
 from tests.trainer_helpers import FAST, LAYOUTS, assert_ok, shared_run
 from trainers.activation_terms import measured_terms
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from search_spaces.errors import SpecError
 from search_spaces.catalog.hardware import GPU_NAMES, load_gpu
 from search_spaces.catalog.models import MODEL_NAMES, load_model
+from search_spaces.errors import SpecError
 
 
 def test_tiny_moe_is_exactly_the_contract():

@@ -9,13 +9,21 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
 from search_spaces.cost import memo
 from search_spaces.cost.costmodel import estimate
+from search_spaces.cost.packing import (
+    DocumentStream,
+    full_length,
+    histogram,
+    load_histogram,
+    pack_sequence,
+    packed_statistics,
+    pad_multiple,
+)
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
-from search_spaces.cost.packing import (DocumentStream, full_length, histogram, load_histogram, pack_sequence,
-                                   packed_statistics, pad_multiple)
+
+from orchestrator.cli import main
 
 L128K = 131072
 # the figures an estimate holds; full-length packing must reproduce each exactly

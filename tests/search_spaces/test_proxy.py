@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from search_spaces.calibration.calibration_file import calibration
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.cost.costmodel import estimate
+from search_spaces.layouts.layout import Layout
+from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
+
 from orchestrator.cli import main
 from orchestrator.spec import parse_spec
 from orchestrator.sweep.fidelity import trial_size
-from search_spaces.calibration.calibration_file import calibration
-from search_spaces.cost.costmodel import estimate
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
-from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 from tests.sweep_helpers import spec_data
 
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from search_spaces.calibration import reference
-from search_spaces.cost.costmodel import estimate
-from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.calibration.reference_memory import MEMORY_GAPS, ROW_LEVERS, as_run, memory_gap, row_key
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
+from search_spaces.cost.costmodel import estimate
+from search_spaces.layouts.layout import Layout
 
 ROWS = reference.published_rows() + reference.long_context_moe_rows()
 

@@ -5,8 +5,8 @@ to 1.00x), so a TF/s figure converted with today's count would understate those 
 import pytest
 
 from search_spaces.calibration.fit import model_spec
-from search_spaces.cost.flops import flops_per_token
 from search_spaces.calibration.reference import summary_rows
+from search_spaces.cost.flops import flops_per_token
 
 
 def _rows():

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import load_model
 from search_spaces.layouts import rules
+from search_spaces.layouts.layout import Layout
 from search_spaces.layouts.rules import RULES, check
 
 

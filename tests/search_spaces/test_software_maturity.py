@@ -5,14 +5,19 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
 from search_spaces.calibration.calibration_file import calibration
+from search_spaces.calibration.reference import (
+    ORIGINS,
+    long_context_moe_rows,
+    published_rows,
+    summary_rows_every_release,
+)
+from search_spaces.catalog.maturity import at_software, maturity, measure_maturity, parse_release, software_label
 from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
-from search_spaces.catalog.maturity import at_software, maturity, measure_maturity, parse_release, software_label
-from search_spaces.calibration.reference import (ORIGINS, long_context_moe_rows, published_rows,
-                                     summary_rows_every_release)
+
+from orchestrator.cli import main
 
 DENSE = ("llama3-70b", 64, 4096, Layout(tp=4, pp=4, gbs=128))  # compute-bound: the release's factor shows
 

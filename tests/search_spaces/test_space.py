@@ -3,10 +3,10 @@
 
 import pytest
 
-from search_spaces.errors import SpecError
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
 from search_spaces.catalog.models import load_model
+from search_spaces.errors import SpecError
+from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
 from search_spaces.layouts.rules import check
 from search_spaces.layouts.space import candidate_layouts, count_space, explore
 

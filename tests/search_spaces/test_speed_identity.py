@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from search_spaces.catalog.hardware import load_gpu
+from search_spaces.catalog.models import load_model
 from search_spaces.cost import memo
 from search_spaces.cost.costmodel import estimate
-from search_spaces.catalog.hardware import load_gpu
 from search_spaces.layouts.layout import DIMENSIONS, Layout
-from search_spaces.catalog.models import load_model
 from search_spaces.layouts.space import dimensions
 
 DATA_DIR = Path(__file__).parents[1] / "data"

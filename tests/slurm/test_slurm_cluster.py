@@ -98,9 +98,10 @@ workdir: {tmp_path}/runs
 
 def _multinode_rendezvous_missing() -> str | None:
     """Two torchruns on one host (the emulated nodes) need the rendezvous host named explicitly."""
+    from search_spaces.layouts.layout import Layout
+
     from orchestrator.backends.base import TrialRequest
     from orchestrator.backends.local import trainer_argv
-    from search_spaces.layouts.layout import Layout
 
     request = TrialRequest(layout=Layout(ep=2), model="tiny-moe", seq_len=128, gpu="cpu", num_gpus=2, nodes=2,
                            gpus_per_node=1, steps=2, warmup=1, timeout_s=60, workdir=Path("."), trial_number=0)

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from search_spaces.cost.packing import histogram  # noqa: E402
+
 from tests.trainer_helpers import assert_ok, run_trainer  # noqa: E402
 from trainers import cp_attention  # noqa: E402
 from trainers.cp_attention import ContextParallelDotProductAttention as Attention  # noqa: E402

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.layouts.layout import Layout
 from search_spaces.catalog.models import load_model
+from search_spaces.layouts.layout import Layout
+
 from trainers import config, cpu_compat, faults
 from trainers.megatron_moe import build_parser, layout_from_args
 
