@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "delta_net_kernel.py"
 
@@ -16,6 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_the_cpu_harness_measures_predicts_and_splits_the_constants(tmp_path):
     proc = _run("--reference", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -36,6 +39,7 @@ def test_the_cpu_harness_measures_predicts_and_splits_the_constants(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith("delta-net kernel on cpu (reference kernel): state step")
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
     proc = _run("--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

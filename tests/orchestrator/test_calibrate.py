@@ -181,6 +181,7 @@ def test_measured_study_trials_are_data(tmp_path):
     assert measurement_from_result({**result, "status": "oom"}, "x", "local") is None
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(600)
 def test_replay_sweep_records_its_calibration_and_its_trials_teach_the_next(tmp_path, capsys):
     """A sweep with `calibration:` logs the file on its MLflow parent run; its measured trials (replay rows here;

@@ -49,6 +49,7 @@ def _proposals(prior: Prior) -> tuple[list[str], list[str]]:
     return [lay.key() for lay in prior.seeds()], [lay.key() for lay in prior.ranked(limit=64)]
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_the_prior_proposes_the_same_layouts_under_a_racing_clock(monkeypatch):
     spec = parse_spec(SPEC)
     assert not Prior(spec).small_space  # the ranking goes through explore
@@ -59,6 +60,7 @@ def test_the_prior_proposes_the_same_layouts_under_a_racing_clock(monkeypatch):
     assert len(normal[1]) == 64
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_explore_without_a_budget_ignores_the_clock(monkeypatch):
     normal = explore(*SITUATION, top=20)
     with racing_clock(monkeypatch):
@@ -67,6 +69,7 @@ def test_explore_without_a_budget_ignores_the_clock(monkeypatch):
     assert raced.grids_ranked == normal.grids_ranked > 0
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_explore_gives_one_answer_however_many_processes_rank_it(monkeypatch):
     """The ranking is split over the machine's cores (search_spaces/layouts/forked.py): a machine with more or fewer of
     them ranks the same grids, finds the same layouts and lists them in the same order."""
@@ -110,6 +113,7 @@ def _space(*extra: str) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_space_says_when_its_budget_cut_the_ranking_short(monkeypatch):
     rc, text = _space("--json")
     whole = json.loads(text)

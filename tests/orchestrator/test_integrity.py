@@ -110,6 +110,7 @@ def test_two_resumes_started_together_measure_each_layout_once(tmp_path):
 
 
 # ---- 2. resume with another situation ---------------------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_resume_refuses_another_situation_and_accepts_another_budget(tmp_path, capsys):
     data = _spec(tmp_path, budget={"n_trials": 3})
@@ -181,6 +182,7 @@ def _read_only_dir(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["bogus scheme", "read-only directory"])
 def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_path, capsys, where):
@@ -202,6 +204,7 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
 
 
 # ---- 5. the storage refuses a measured result -----------------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_again(tmp_path, monkeypatch):
     """The storage fails exactly at the third measured result (a fake failure; the full disk below is real,
     and may land at a proposal instead): the result survives in the spool and --resume records it."""

@@ -138,6 +138,7 @@ def assert_counted_once(storage: str, name: str, n_trials: int) -> optuna.Study:
 
 
 # ---- in-process: an interruption at any write, then resume ----------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(900)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(write=st.integers(1, 120), after=st.booleans())  # a sweep of 6 trials makes about 115 such writes
@@ -188,6 +189,7 @@ def _resume_records_the_result_once(spec, n_trials: int, stopped: int) -> optuna
     return study
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_a_trial_stopped_between_its_result_and_its_tell_is_recorded_once_not_listed_ok(tmp_path):
     """The reported case: the signal lands after a trial stored its result and before Optuna was told. Before
     the fix the trial stayed running with status ok, was failed by the resume and re-measured beside it."""
@@ -199,6 +201,7 @@ def test_a_trial_stopped_between_its_result_and_its_tell_is_recorded_once_not_li
     _resume_records_the_result_once(spec, n_trials, number)
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_a_trial_left_running_with_status_ok_is_stored_as_interrupted_by_the_resume(tmp_path):
     """CI's case: the driver went before it could mark the trial, leaving it running with status ok. The resume
     fails it as interrupted, with the reason, in the storage itself (not only as records read it), and records its
@@ -286,6 +289,7 @@ def test_sigterm_then_resume_many_times_counts_each_layout_once(tmp_path):
 
 
 # ---- check: what a double count looks like in MLflow -------------------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_check_reports_a_layout_counted_twice_and_a_child_without_its_trial(tmp_path, capsys):
     from orchestrator.cli import main
     from orchestrator.tracking import TRIAL_TAG

@@ -54,6 +54,7 @@ def test_a_signal_inside_a_finalizer_interrupts_the_main_code_silently(name):
     assert done.stderr == "", done.stderr
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_without_the_hook_the_signal_is_lost_and_printed():
     """The failure the hook exists for, reproduced (so the test above proves the hook, not luck)."""
     done = _run("bare", "TERM")

@@ -94,6 +94,7 @@ def test_a_closed_mlflow_port_is_one_line_naming_it(case, world, capsys):
     _nothing_written(world)
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", list(MLFLOW_CASES), ids=list(MLFLOW_CASES))
 def test_an_mlflow_server_that_never_answers_is_one_line_naming_it(case, world, capsys, silent, monkeypatch):
@@ -164,6 +165,7 @@ def test_a_bound_the_url_sets_itself_is_the_users(monkeypatch):
 
 @pytest.mark.timeout(300)
 # the session's PostgreSQL cluster (tests/conftest.py), shared with test_team_stack
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.xdist_group("postgres")
 def test_a_real_postgresql_takes_the_bounds_and_a_sweep_runs_on_it(tmp_path, capsys, postgres):
     """The positive path: the bounds (libpq keywords, a statement_timeout) are accepted by a real server."""

@@ -99,6 +99,7 @@ def _cli_argvs(world) -> dict[str, list[str]]:
             "export": ["export", STUDY, "--storage", s, "--allow-estimated", "--format", "sbatch"]}
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("command", ["status", "export"])
 @pytest.mark.parametrize("fault", ["full device", "closed pipe"])
@@ -215,6 +216,7 @@ def full_board(world, tmp_path_factory) -> bytes:
 
 
 # a fork and a command per example: a sixth of the profile's examples (the limits span the 1 kB file and beyond)
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @settings(PROPERTY, max_examples=max(1, settings.default.max_examples // 6))
 @given(limit=st.integers(0, 1500), existing=st.booleans())
 def test_a_file_is_whole_or_as_it_was_wherever_the_disk_fills(world, full_board, tmp_path_factory, limit,

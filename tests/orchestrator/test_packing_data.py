@@ -38,7 +38,9 @@ MEGATRON_WRITE_AND_READ = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
+# session-scoped: --dist loadgroup keeps the group on one worker but may run other modules between its tests,
+# which would tear a module fixture down and build the dataset again
+@pytest.fixture(scope="session")
 def megatron_dataset(tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("indexed") / "corpus_text_document")
     done = subprocess.run([sys.executable, "-c", MEGATRON_WRITE_AND_READ, prefix], capture_output=True, text=True,

@@ -51,6 +51,7 @@ def test_documents_longer_than_the_sequence_refuse_the_spec(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "longer than seq_len 256" in err, err
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_a_packed_sweep_records_the_distribution_and_exports_the_packing(tmp_path, lengths, capsys):
     data = spec_data(tmp_path, name="packed", packing={"mode": "packed", "lengths": str(lengths)},

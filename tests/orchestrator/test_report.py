@@ -98,6 +98,7 @@ def written(tmp_path_factory):
         return write_report(tmp_path_factory.mktemp("written"), monkeypatch)
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (CI installs it)")
 def test_report_files_and_mlflow_artifacts(written):
@@ -131,6 +132,7 @@ def test_report_without_a_browser_writes_the_page_and_says_why(tmp_path, monkeyp
     assert {a.path for a in client.list_artifacts(parent, "report")} == {"report/report.html"}
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
 def test_report_with_a_browser_that_does_not_start_says_why(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BROWSER_PATH", shutil.which("false"))

@@ -297,6 +297,7 @@ def test_the_recorded_environment_holds_no_secret(plant):
 
 
 # ---- end to end ------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(1800)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=E2E_PHASES)
 @given(plant=planted())

@@ -23,6 +23,7 @@ def _listening(procs) -> list[tuple[int, str, str, int]]:
     return found
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_mlflow_server_helper_listens_on_loopback_only(tmp_path):
     from tests.mlflow_server import MlflowServer

@@ -136,6 +136,7 @@ def test_a_resume_on_a_store_that_refuses_writes_is_one_line_and_changes_nothing
     assert len(_consistent(data).trials) >= 9
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_a_resume_on_a_store_another_process_holds_locked_is_one_line_after_the_wait(tmp_path, capsys,
                                                                                      monkeypatch):
@@ -162,6 +163,7 @@ def test_a_resume_on_a_store_another_process_holds_locked_is_one_line_after_the_
 
 
 # ---- 2. the disk fills while a store or the study is set up --------------------------------------------------
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @ROOT_ONLY
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("leave_kib", DISK_LEFT_KIB)
@@ -197,6 +199,7 @@ def test_a_new_storage_on_a_full_disk_leaves_nothing(tmp_path, tmpfs, capsys):
     assert _names(disk) == set(), f"left behind: {_names(disk)}"
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @ROOT_ONLY
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("size", ["500k", "800k", "1000k"])

@@ -21,6 +21,7 @@ def _spec(tmp_path, name: str = "analytic-small", **extra):
     return make_spec(tmp_path, name, **{"budget": {"n_trials": 8}, **extra})
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_analytic_sweep_storage_contract(tmp_path):
     spec = _spec(tmp_path)
@@ -62,6 +63,7 @@ def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_mod
     assert prior.seeds() == thumbs[:4]
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_existing_study_needs_resume_and_resume_adds_trials(tmp_path):
     spec = _spec(tmp_path, budget={"n_trials": 4})
@@ -77,6 +79,7 @@ def test_existing_study_needs_resume_and_resume_adds_trials(tmp_path):
         run_sweep(_spec(tmp_path, name="never-ran"), resume=True, prior=prior_for(spec), show_progress=False)
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
     spec = _spec(tmp_path, budget={"n_trials": 4})

@@ -70,6 +70,7 @@ def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server
             assert run.data.tags["reason"]
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
 def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -83,6 +84,7 @@ def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, mon
     assert run_sweep(fixed, prior=prior_for(fixed), show_progress=False).exit_code == 0
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(200)
 def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
     spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", budget={"n_trials": 4})
@@ -203,6 +205,7 @@ def _parent_artifacts(client, run_id: str) -> set[str]:
     return {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "report")}
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
 def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leaderboard(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path

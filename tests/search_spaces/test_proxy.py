@@ -137,6 +137,7 @@ def test_trial_gpus_above_the_cluster_or_below_a_full_fidelity_is_refused(tmp_pa
         assert words in capsys.readouterr().err
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(600)
 def test_promote_refuses_a_proxy_winner_until_confirm_measures_it_at_full_size(tmp_path, capsys):
     path = tmp_path / "spec.json"

@@ -184,6 +184,7 @@ def test_illegal_shapes_are_refused_by_the_sweeps_rules():
     assert config.refusal(TINY, CPU, L(ep=2, pp=2, mbs=1, gbs=2), world=4, seq_len=64) is None
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.parametrize("model", [TINY, MLA], ids=lambda m: m.name)
 def test_the_sweep_and_the_trainer_agree_on_every_layout_of_a_small_space(model):
     """One rule set: for every combination of a small raw space (legal or not), the cost model's legality
