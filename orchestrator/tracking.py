@@ -109,6 +109,9 @@ class Tracker:
         self.parent_run_id: str | None = None
         self.study_name = experiment_name  # the parent's study (start() says; a length family shares experiments)
         self._children: dict[int, _Child] = {}  # trial number -> its run
+        # trials whose run creation raised: the server may have made the run all the same (it stopped before
+        # answering), so the next attempt looks for that run before making another
+        self._uncertain: set[int] = set()
         self.pending = 0  # records in the spool
         self.spool_torn = 0  # torn last records skipped
         self.spool_set_aside = 0  # damaged records moved to mlflow-spool.corrupt.jsonl
@@ -254,12 +257,35 @@ class Tracker:
             return child
         if child is not None:
             self._supersede(child, number)
+        elif number in self._uncertain:
+            child = self._created_unanswered(number, params)
+            if child is not None:
+                return child
+        self._uncertain.add(number)
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
             STUDY_TAG: self.study_name, "status": "running"})
         self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
         self._children[number] = child = _Child(run.info.run_id, "RUNNING", params)
+        self._uncertain.discard(number)
         return child
+
+    def _created_unanswered(self, number: int, params: dict[str, str]) -> "_Child | None":
+        """The run an earlier, unanswered create_run of trial `number` made after all (None when it made none):
+        adopted like a resumed run, so its record is completed rather than doubled."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and tags.`{TRIAL_TAG}` = '{number}'",
+            max_results=10)
+        for run in runs:
+            if dict(run.data.params) not in ({}, params):  # another layout's: one run per trial and layout
+                self._supersede(_Child(run.info.run_id, run.info.status, dict(run.data.params)), number)
+            elif number in self._uncertain:
+                if not run.data.params and params:
+                    self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
+                self._children[number] = _Child(run.info.run_id, run.info.status, params, inherited=True)
+                self._uncertain.discard(number)
+        return self._children.get(number)
 
     def _supersede(self, child: "_Child", number: int) -> None:
         self.client.set_tag(child.run_id, "status", "interrupted")

@@ -326,3 +326,44 @@ def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools
     with pytest.raises(LeaseLost):
         tracker.mark_failed(0, "interrupted")  # the fence stays lost
     assert MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+
+
+def test_a_run_the_server_made_without_answering_is_completed_not_doubled(tmp_path, monkeypatch):
+    """MLflow stopping in the middle of a create_run: the server made the run but the client got no answer.
+    The spooled record (and a trial's start) must find that run again, not make a second one for the trial."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "unanswered", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "unanswered"}, "unanswered", resume=False)
+    real = tracker.client._client
+
+    class Unanswered:  # the run is made, then the connection drops before the answer
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def create_run(self, *args, **kwargs):
+            real.create_run(*args, **kwargs)
+            raise ConnectionError("connection reset before the answer")
+
+    payload = {"layout": {"tp": 2, "pp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5],
+                          "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    class Down:
+        def __getattr__(self, name):
+            raise ConnectionError("connection refused")
+
+    tracker.client._client = Unanswered()
+    assert tracker.child(0, RunRecord.from_payload(0, payload).record.layout, "local") is None  # trial 0 starts
+    tracker.client._client = Down()
+    assert not tracker.record(RunRecord.from_payload(0, payload))  # ... and ends while MLflow is down: spooled
+    tracker.client._client = Unanswered()
+    assert not tracker.record(RunRecord.from_payload(1, payload))  # trial 1's record: made, unanswered, spooled
+    tracker.client._client = real  # MLflow answers again
+    assert tracker.flush() == 0
+    runs = MlflowClient(uri).search_runs([tracker.experiment_id], "tags.`optuna_trial_number` != ''")
+    per_trial = sorted(r.data.tags["optuna_trial_number"] for r in runs)
+    assert per_trial == ["0", "1"], per_trial
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.params["tp"] == "2"
+        assert len(MlflowClient(uri).get_metric_history(run.info.run_id, "tokens_per_sec_per_gpu")) == 1
