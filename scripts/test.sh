@@ -9,21 +9,24 @@
 # Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
 # prints the 15 slowest tests, its wall time and its processes' CPU time. Further arguments go to pytest.
 # Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
-# (default logical: one per logical CPU; 0 runs all tests in this one process).
+# (default: one per logical CPU in the fast and deep lanes, whose tests keep a CPU busy; one more in the whole
+# suite, whose end-to-end tests spend much of their time waiting on processes and servers; 0 runs all tests in
+# this one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE=(--hypothesis-profile=full)
+WORKERS=$(( $(nproc) + 1 ))
 case "${1:-}" in
-  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast) ;;
-  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep) ;;
+  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast); WORKERS=logical ;;
+  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep); WORKERS=logical ;;
   *)
     if command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -x slurm/ci-cluster.sh ]; then
       bash slurm/ci-cluster.sh start
     fi ;;
 esac
-XDIST=(-n "${TEST_WORKERS:-logical}" --dist loadgroup)
+XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)
 start=$(date +%s)
 rc=0
 "$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?

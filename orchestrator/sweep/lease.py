@@ -145,8 +145,9 @@ class Lease:
         time.sleep(settle_s())
         now = Holder.of(self.study)
         if not now or now.token != self.token:
-            raise StorageError(f"study {self.study.study_name!r} was taken by {now or 'another driver'} at the "
-                               f"same moment")
+            # the same refusal as above, in the same words: another driver took the lease as this one did
+            raise StorageError(f"study {self.study.study_name!r} is being run by {now or 'another driver'}, which "
+                               f"took it at the same moment as this driver")
         StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
 
     def fence(self) -> None:

@@ -78,6 +78,18 @@ def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(
         Lease(study, host="host-a", token=first.token, epoch=1).fence()
 
 
+def test_two_drivers_taking_the_lease_at_the_same_moment_one_runs_the_other_is_refused_in_the_same_words(study,
+                                                                                                         monkeypatch):
+    """Both read no holder and write their own; the settle wait shows the later write won: the earlier driver is
+    refused with the words of a lease held by another ("is being run by", naming it), as the CLI prints it."""
+    first, second = Lease(study, host="host-a"), Lease(study, host="host-b")
+    monkeypatch.setattr(leases.time, "sleep", lambda _s: second._write())  # host-b writes while host-a settles
+    with pytest.raises(StorageError, match=r"is being run by pid \d+ on host-b.*at the same moment"):
+        first.acquire()
+    assert Holder.of(study).host == "host-b"
+
+
+
 def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
     paused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
