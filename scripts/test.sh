@@ -9,24 +9,23 @@
 # Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
 # prints the 15 slowest tests, its wall time and its processes' CPU time. Further arguments go to pytest.
 # Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
-# (default: one per logical CPU in the fast and deep lanes, whose tests keep a CPU busy; one more in the whole
-# suite, whose end-to-end tests spend much of their time waiting on processes and servers; 0 runs all tests in
-# this one process).
+# (default logical: one per logical CPU; 0 runs all tests in this one process). TEST_WORKERS=3 on 2 cores runs
+# the whole suite in about 35 min instead of 47, but the extra load breaks timing-sensitive end-to-end tests now
+# and then (docs/development.md): not the default until those tests hold under it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE=(--hypothesis-profile=full)
-WORKERS=$(( $(getconf _NPROCESSORS_ONLN) + 1 ))  # not nproc: it answers OMP_NUM_THREADS, set above
 case "${1:-}" in
-  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast); WORKERS=logical ;;
-  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep); WORKERS=logical ;;
+  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast) ;;
+  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep) ;;
   *)
     if command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -x slurm/ci-cluster.sh ]; then
       bash slurm/ci-cluster.sh start
     fi ;;
 esac
-XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)
+XDIST=(-n "${TEST_WORKERS:-logical}" --dist loadgroup)
 start=$(date +%s)
 rc=0
 "$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?

@@ -141,14 +141,14 @@ def _unlocked(path: Path) -> bool:
         return False
 
 
-def _waiting_on_its_trial(data: dict) -> bool:
-    """Is the driver inside a trial's replay delay: a running trial whose MLflow run it has opened, begun less
-    than half the delay ago? (A driver paused between the fence and the write right after it could still
-    make that one write: the storage has no compare-and-set, see orchestrator/sweep/lease.py.)"""
+def _waiting_on_its_trial(data: dict, stopped: datetime.datetime) -> bool:
+    """Was the driver, when stopped, inside a trial's replay delay: a running trial whose MLflow run it has
+    opened, begun less than half the delay before the stop? (The stop's time, not the check's: on a loaded
+    machine the check itself can take longer than the delay.) A driver paused between the fence and the write
+    right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py)."""
     study = optuna.load_study(study_name=data["name"], storage=data["storage"])
-    now = datetime.datetime.now()
-    return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs
-               and (now - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
+    return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
+               and (stopped - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
                for t in study.get_trials(deepcopy=False))
 
 
@@ -156,8 +156,10 @@ def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path]) ->
     """SIGSTOP the driver while it waits on a trial and holds no database lock (a paused writer would block
     the other driver at the SQLite level, which is not what this test is about)."""
     while True:
+        assert proc.poll() is None, "the driver finished before it was caught waiting on a trial"
         os.kill(proc.pid, signal.SIGSTOP)
-        if all(_unlocked(db) for db in dbs) and _waiting_on_its_trial(data):
+        stopped = datetime.datetime.now()
+        if all(_unlocked(db) for db in dbs) and _waiting_on_its_trial(data, stopped):
             return
         os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
