@@ -1,4 +1,4 @@
-"""`moe-autotune`: one Typer app; each command lives in orchestrator/commands/<name>.py.
+"""`moe-autotune`: one Typer app; each command lives in orchestrator/commands/<name>.py (imported when it runs).
 
 Any of the project's errors (search_spaces.errors.MoeAutotuneError: bad input, a store that cannot be used or
 fails) and Click usage errors become one line `error: ...` on stderr and the error's exit code (2: bad input;
@@ -13,47 +13,87 @@ refusing bad input costs the start-up of this module and the spec's parser, not 
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import cast
+from typing import Any
 
-import click
 import typer
 
 from search_spaces.errors import MoeAutotuneError
 
 from orchestrator import crashlog
-from orchestrator.redact import redact_text, redact_uri
-
-app = typer.Typer(
-    name="moe-autotune",
-    help="Find the fastest layout for long-context MoE training on Megatron-Core.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 
 _debug = {"on": False}
 
 
-@app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an internal error "
                                                                 "(instead of one line and a log file).")) -> None:
     """Find the fastest layout for long-context MoE training on Megatron-Core."""
     _debug["on"] = debug
 
 
-# Each module defines register(app). Kept as a list so a new command is one line here.
-from orchestrator.commands import calibrate as _calibrate  # noqa: E402
-from orchestrator.commands import check as _check  # noqa: E402
-from orchestrator.commands import estimate as _estimate  # noqa: E402
-from orchestrator.commands import lengths as _lengths  # noqa: E402
-from orchestrator.commands import promote as _promote  # noqa: E402
-from orchestrator.commands import slurm as _slurm  # noqa: E402
-from orchestrator.commands import sweep as _sweep  # noqa: E402
-from orchestrator.commands import ui as _ui  # noqa: E402
+# Each module of orchestrator/commands/ defines register(app), and registers the commands named here (in this order:
+# the order of --help). A new command is one line here. Only the module of the command that runs is imported:
+# its module-level imports (tables, backends) are that command's start-up, not every command's.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "estimate": ("estimate", "space"),
+    "sweep": ("sweep", "status"),
+    "slurm": ("slurm",),
+    "promote": ("promote", "export", "report"),
+    "check": ("check", "confirm"),
+    "ui": ("ui",),
+    "calibrate": ("calibrate",),
+    "lengths": ("lengths",),
+}
+_MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
 
-for _module in (_estimate, _sweep, _slurm, _promote, _check, _ui, _calibrate, _lengths):
-    _module.register(app)
+
+def make_app(modules: tuple[str, ...] | None = None) -> typer.Typer:
+    """The Typer app with the commands of `modules` (names of COMMANDS; None: every command)."""
+    made = typer.Typer(
+        name="moe-autotune",
+        help="Find the fastest layout for long-context MoE training on Megatron-Core.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    made.callback()(_options)
+    for module in COMMANDS if modules is None else modules:
+        importlib.import_module(f"orchestrator.commands.{module}").register(made)
+    return made
+
+
+def _registered(made: typer.Typer) -> set[str | None]:
+    return {c.name for c in made.registered_commands} | {g.name for g in made.registered_groups}
+
+
+def _app_for(argv: list[str]) -> typer.Typer:
+    """The app that runs `argv`: for a command's name, the app of that command's module alone (what Click does
+    with the command line is the same: only --debug and --help come before the name); else (--help, no command,
+    a name that is none) every command."""
+    name = next((arg for arg in argv if not arg.startswith("-")), None)
+    module = _MODULE_OF.get(name or "")
+    if module is not None:
+        made = make_app((module,))
+        if name in _registered(made):
+            return made
+    return _full_app()
+
+
+_full: list[typer.Typer] = []
+
+
+def _full_app() -> typer.Typer:
+    if not _full:
+        _full.append(make_app())
+    return _full[0]
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`app`: the Typer app with every command (docs/refgen.py, tests), made when first asked for."""
+    if name == "app":
+        return _full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _vendored(name: str) -> tuple[type, ...]:
@@ -61,11 +101,17 @@ def _vendored(name: str) -> tuple[type, ...]:
     return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 
+def _click(name: str) -> tuple[Any, ...]:
+    """Click's own exception class `name` when click is loaded (typer < 0.29 runs on it; a library may use it). Not
+    imported for this: typer >= 0.29 runs its own copy, and nothing raises click's classes without loading click."""
+    click = sys.modules.get("click")
+    return (getattr(click.exceptions, name),) if click is not None else ()
+
+
 # typer's copy of ClickException is no subclass of click's, but has its API (format_message)
-_USAGE_ERRORS: tuple[type[click.ClickException], ...] = (
-    click.ClickException, *cast("tuple[type[click.ClickException], ...]", _vendored("ClickException")))
-_EXITS = (click.exceptions.Exit, typer.Exit)
-_ABORTS = (click.exceptions.Abort, typer.Abort)
+_USAGE_ERRORS: tuple[Any, ...] = _vendored("ClickException")
+_EXITS = (typer.Exit,)
+_ABORTS = (typer.Abort,)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the last line of defence: a bug is one line and a log file, not a traceback
         if _debug["on"] or crashlog.should_raise():
             raise
+        from orchestrator.redact import redact_text  # the redaction rules: only for a line that needs them
+
         line = redact_text(crashlog.report(exc, argv))  # a log path can carry a name; every line is redacted
         try:
             typer.echo(line, err=True)
@@ -87,19 +135,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     try:
-        rv = app(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        rv = _app_for(args)(args=args, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except MoeAutotuneError as exc:  # a storage/tracking URI in the message never shows its password
+        from orchestrator.redact import redact_uri  # the redaction rules: only when an error line is printed
+
         typer.echo(f"error: {redact_uri(str(exc))}", err=True)
         return exc.exit_code
-    except _EXITS as exc:
+    except (*_EXITS, *_click("Exit")) as exc:
         return getattr(exc, "exit_code", 0)
-    except _ABORTS:
+    except (*_ABORTS, *_click("Abort")):
         typer.echo("aborted", err=True)
         return 130
-    except _USAGE_ERRORS as exc:
+    except (*_USAGE_ERRORS, *_click("ClickException")) as exc:
         # usage errors: one line, not Click's three-line box (no-args help has already been printed)
         if exc.format_message():
+            from orchestrator.redact import redact_uri
+
             typer.echo(f"error: {redact_uri(exc.format_message())}", err=True)
         return 2
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
-
-from orchestrator.redact import redact_uri
 
 INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE of sysexits.h: a bug, neither bad input (2) nor the environment (3-6)
 RAISE_ENV = "MOE_AUTOTUNE_INTERNAL_ERRORS"  # "raise": the exception propagates (the test suite)
@@ -72,6 +69,8 @@ def _write(exc: BaseException, argv: list[str] | None) -> tuple[Path | None, lis
 
 
 def _folders() -> list[Path]:
+    import tempfile  # the log's folders: only when there is an error to log, not at every start-up
+
     folders = [_run_folder] if _run_folder is not None else []
     try:
         state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
@@ -83,6 +82,8 @@ def _folders() -> list[Path]:
 
 def _details(exc: BaseException, argv: list[str] | None) -> str:
     """The command line and the traceback, credentials in URIs redacted."""
+    from orchestrator.redact import redact_uri  # the redaction rules: only when there is an error to log
+
     command = " ".join(argv if argv is not None else sys.argv[1:])
     trace = "".join(traceback.format_exception(exc))
     return redact_uri(f"moe-autotune {command}\npython {sys.version.split()[0]}\n\n{trace}")

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 
 def register(app: typer.Typer) -> None:
@@ -58,6 +57,8 @@ def calibrate(
     measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
     run = run_calibrate(measurements, base, holdout=holdout, with_published=published)
     write_text(out, "--out", calibration_text(run.document))  # whole or not at all (exit 6 when it cannot be)
+    from rich.table import Table  # the result's table: only this command's output pays for it
+
     out_console = console()
     out_console.print(f"{len(measurements)} measurements ({', '.join(run.families)}): fitted on {run.fitted_on}"
                   f" + {run.published} published rows, {run.held_out} held out")

@@ -14,15 +14,13 @@ import io
 import json
 import math
 import os
-import shutil
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO, cast
 
+import rich
 import typer
-from rich.console import Console
 
 from search_spaces.errors import MoeAutotuneError
 
@@ -99,9 +97,11 @@ def stdout() -> TextIO:
     return cast(TextIO, _Guarded(sys.stdout))
 
 
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False) -> rich.console.Console:
     """rich's Console on standard output (guarded) or standard error, wide enough for a layout key when not a
     terminal."""
+    from rich.console import Console  # rich only for a command that prints with it (`estimate --json` does not)
+
     stream = sys.stderr if stderr else stdout()
     probe = Console(file=stream)
     return probe if probe.is_terminal else Console(file=stream, width=PIPE_WIDTH)
@@ -159,6 +159,8 @@ def write_file(path: str | Path, what: str, write: Callable[[TextIO], object]) -
         except OSError as exc:
             raise OutputError(f"cannot write {what} {str(target)!r}: {_reason(exc)}") from None
         return target
+    import tempfile
+
     real = target.resolve()  # a symlink stays one: the file it points at is replaced
     mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~_umask()
     tmp: str | None = None
@@ -197,6 +199,8 @@ def output_folder(path: str | Path, what: str) -> Iterator[Path]:
     try:
         yield folder
     except (OSError, OutputError) as exc:
+        import shutil
+
         if not existed:
             shutil.rmtree(folder, ignore_errors=True)
         else:

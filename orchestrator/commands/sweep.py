@@ -6,12 +6,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+import rich
 import typer
-from rich.table import Table
 
 from orchestrator import backends, searches
 from orchestrator.commands.output import console, write_file
-from orchestrator.redact import redact_uri
 
 
 def register(app: typer.Typer) -> None:
@@ -77,8 +76,11 @@ def _check_names(spec) -> None:
 
 
 def _print_outcome(outcome) -> None:
+    from rich.table import Table
+
     from orchestrator import records
     from orchestrator.records import TrialRecord
+    from orchestrator.redact import redact_uri
 
     out = console()
     out.print(f"sweep {outcome.study.study_name}: {outcome.n_measured} trials run, {outcome.n_infeasible} "
@@ -103,8 +105,10 @@ def _print_outcome(outcome) -> None:
         typer.echo(("error: " if outcome.mlflow_pending else "note: ") + redact_uri(msg), err=True)
 
 
-def family_table(rows: list[dict], name: str) -> Table:
+def family_table(rows: list[dict], name: str) -> rich.table.Table:
     """A length family as the long-context recipes publish it: per length the best layout and its figures."""
+    from rich.table import Table  # tables only when one is printed: not at every start-up
+
     table = Table(title=f"length family {name}: the best layout per sequence length")
     for col in ("seq_len", "best layout", "tokens/s/GPU", "TF/s/GPU", "peak GiB", "TF/s vs shortest"):
         table.add_column(col)
@@ -127,6 +131,8 @@ def status(
     check_optional_name(study_name, "study name")
     if csv is not None:
         check_output_file(csv, "--csv")
+    from rich.table import Table
+
     from search_spaces.layouts.layout import PARALLEL_SIZES
 
     from orchestrator import study as studies  # Optuna and pandas: for input that passed
