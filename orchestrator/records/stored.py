@@ -105,12 +105,31 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
+def _declared(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The stored fields of a record class (each read and write asks: worked out once per class)."""
+    return tuple(f for f in dataclasses.fields(cls) if "doc" in f.metadata)
+
+
+@functools.cache
+def _readers(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None, tuple[type, ...]], ...]:
+    """(name, load, the classes a stored value may be) of each stored field of a record class."""
+    hints = _hints(cls)
+    return tuple((f.name, f.metadata["load"], _runtime_types(hints[f.name])) for f in _declared(cls))
+
+
+@functools.cache
+def _by_name(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in _declared(cls)}
+
+
 class Stored:
     """Reading and writing the stored fields of a record class (a dataclass declared with `stored`)."""
 
     @classmethod
     def stored_fields(cls) -> tuple[dataclasses.Field, ...]:
-        return tuple(f for f in dataclasses.fields(cls) if "doc" in f.metadata)  # type: ignore[arg-type]
+        owner: type = cls  # as a plain type: mypy finds a class object Hashable only as one
+        return _declared(owner)
 
     @classmethod
     def feeding(cls, feed: str) -> tuple[str, ...]:
@@ -120,21 +139,19 @@ class Stored:
     @classmethod
     def _read(cls, attrs: dict[str, Any]) -> dict[str, Any]:
         owner: type = cls  # as a plain type: mypy finds a class object Hashable only as one
-        hints = _hints(owner)
         out = {}
-        for f in cls.stored_fields():
-            raw = attrs.get(f.name)
-            load = f.metadata["load"]
+        for name, load, kinds in _readers(owner):
+            raw = attrs.get(name)
             value = load(raw) if load is not None and raw is not None else raw
-            if value is not None and isinstance(value, _runtime_types(hints[f.name])) and \
-                    not (isinstance(value, bool) and bool not in _runtime_types(hints[f.name])):
-                out[f.name] = value
+            if value is not None and isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
+                out[name] = value
         return out
 
     @classmethod
     def attrs(cls, **values: Any) -> dict[str, Any]:
         """User attrs as stored: each name must be a stored field; typed values in their stored form."""
-        by_name = {f.name: f for f in cls.stored_fields()}
+        owner: type = cls  # as a plain type: mypy finds a class object Hashable only as one
+        by_name = _by_name(owner)
         unknown = [k for k in values if k not in by_name]
         if unknown:
             raise TypeError(f"{cls.__name__} has no stored attribute {unknown[0]!r}")

@@ -58,6 +58,12 @@ class StudyRecord(Stored):
             read.setdefault(key, value)
         return cls(name=study.study_name, **read)
 
+    @classmethod
+    def lease_of(cls, study: Any) -> dict[str, Any] | None:
+        """The study's `driver_lease` alone, read from the storage now: what the driver's fence asks before each
+        group of writes (orchestrator/sweep/lease.py), without reading the rest of the record back."""
+        return cls._read({"driver_lease": study.user_attrs.get("driver_lease")}).get("driver_lease")
+
     @property
     def gpus_per_node(self) -> int:
         return int(self.spec.get("gpus_per_node") or min(8, int(self.num_gpus or 1)))

@@ -89,7 +89,7 @@ class Holder:
     @classmethod
     def of(cls, study: Any) -> "Holder | None":
         """The study's lease holder, read from the storage now; None when released (or not a lease)."""
-        data = StudyRecord.of(study).driver_lease
+        data = StudyRecord.lease_of(study)
         try:
             return cls(**{f: data[f] for f in cls.__dataclass_fields__}) if data else None
         except (KeyError, TypeError):
