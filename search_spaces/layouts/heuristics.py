@@ -37,13 +37,33 @@ def rule_of_thumb_cp(seq_len: int) -> int:
 
 def rule_of_thumb_cp_comm(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> tuple[str, tuple[int, ...]]:
     """p2p while the TP*CP ranks share an NVLink domain; beyond it a2a over the CP ranks inside the domain and
-    p2p across (a2a+p2p), when the heads split that far."""
+    p2p across (a2a+p2p), when the heads split that far. Attention that p2p cannot run on a GPU (sinks, sliding
+    windows: rules' cp_window_sinks) runs a2a over every CP rank, or allgather (sliding windows alone) where the
+    heads do not split that far."""
+    if cp > 1 and not gpu.is_cpu and _p2p_cannot_run(model):
+        if a2a_heads_divide(model, tp, cp) or model.attention_sinks:
+            return "a2a", ()
+        return "allgather", ()
     inside = gpu.nvlink_domain // tp
     if cp == 1 or tp * cp <= gpu.nvlink_domain or inside < 2 or cp % inside:
         return "p2p", ()
     if not a2a_heads_divide(model, tp, inside):
         return "p2p", ()
     return "a2a+p2p", (inside, cp // inside)
+
+
+def _p2p_cannot_run(model: ModelSpec) -> bool:
+    return model.attention_sinks or "S" in model.attention_pattern
+
+
+def attention_cp_cap(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> int:
+    """`cp`, halved until the model's attention can run it: attention sinks run CP with a2a only, which splits the
+    heads of each TP rank over the CP ranks (gpt-oss's 8 KV heads: CP 8 at most at TP 1)."""
+    if gpu.is_cpu or not model.attention_sinks:
+        return cp
+    while cp > 1 and not a2a_heads_divide(model, tp, cp):
+        cp //= 2
+    return cp
 
 
 def _precision(gpu: GPUSpec) -> str:
@@ -80,6 +100,7 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
     elif cp0 >= 2:
         tp_cp += [(2, cp0 // 2)]
     tp_cp += [(1, max(cp0 // 2, 1)), (1, cp0 * 2)]
+    tp_cp = list(dict.fromkeys((tp, attention_cp_cap(model, gpu, tp, cp)) for tp, cp in tp_cp))
     huge = model.total_params() > 300e9
     offload = 1.0 if (huge and seq_len >= 131072 and not gpu.is_cpu) else 0.0
     rcs = [r for r in recompute_options(model, gpu.is_cpu) if r not in ("core_attn",)]

@@ -687,9 +687,10 @@ def _ranked_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, g
 
 class _PeakProbe:
     """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.cost.extra_memory), so
-    the rest of the peak is estimated once per layout-but-its-CP-communication (with p2p CP: an illegal one has
-    no peak), the buffers once per value of extra_memory.CP_BUFFER_FIELDS. A candidate is a dict of layout
-    fields (every candidate has the same ones, in the same order)."""
+    the rest of the peak is estimated once per layout-but-its-CP-communication, the buffers once per value of
+    extra_memory.CP_BUFFER_FIELDS. The rest is measured on the p2p form of the layout, or on the candidate itself
+    where p2p is illegal (sliding windows, attention sinks: an illegal layout has no peak). A candidate is a dict
+    of layout fields (every candidate has the same ones, in the same order), and legal."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: Calibration | None):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
@@ -705,9 +706,16 @@ class _PeakProbe:
         rest = self._rest.get(key)
         if rest is None:
             plain = {**values, "cp_comm_type": "p2p", "hierarchical_cp": ()} if values["cp"] > 1 else values
-            peak = peak_memory_gib(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(plain), self.cal)
-            rest = self._rest[key] = (peak or float("inf")) - self._buffer_gib(plain)
+            peak = self._peak(plain)
+            if peak is None and plain is not values:  # p2p is illegal for this model: the candidate's own form
+                plain, peak = values, self._peak(values)
+            if peak is None:
+                return False  # not kept: another candidate's CP communication may be legal
+            rest = self._rest[key] = peak - self._buffer_gib(plain)
         return rest + self._buffer_gib(values) <= self.gpu.memory_gib
+
+    def _peak(self, values: dict[str, Any]) -> float | None:
+        return peak_memory_gib(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(values), self.cal)
 
     def _buffer_gib(self, values: dict[str, Any]) -> float:
         key = self._buffer_key(values)

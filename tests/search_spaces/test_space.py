@@ -4,7 +4,7 @@
 import pytest
 
 from search_spaces.catalog.hardware import load_gpu
-from search_spaces.catalog.models import load_model
+from search_spaces.catalog.models import MODEL_NAMES, load_model
 from search_spaces.errors import SpecError
 from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
 from search_spaces.layouts.rules import check
@@ -110,3 +110,53 @@ def test_routing_is_searched_only_when_freed_and_forced_balance_never():
     top = explore("qwen3-30b-a3b", "h100", 8, 4096, free=["routing"], top=50,
                   fixed=dict(tp=1, cp=1, pp=1, ep=8, mbs=1, precision="bf16")).top
     assert {row["layout"]["routing"] for row in top} == {"dropless", "capacity:1.0"}
+
+
+def _ranked_candidates(model_name: str, gpu_name: str, num_gpus: int, seq_len: int, grids: int):
+    """The candidates `explore` estimates on the first `grids` grids that have any (its tables, its order)."""
+    from search_spaces.layouts import space
+
+    model, gpu = load_model(model_name), load_gpu(gpu_name)
+    dims = space.dimensions(model, gpu, num_gpus, seq_len, None, None, ())
+    counted = space._FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    _, legal_grids = space._count(model, gpu, num_gpus, seq_len, dims, counted)
+    table = space._FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
+    ranked = space._ranked_grids(model, gpu, num_gpus, seq_len, legal_grids, seq_len)
+    for grid in [grid for grid in ranked if table.groups(grid)][:grids]:
+        for group in table.groups(grid):
+            for feats in group:
+                yield model, gpu, {**grid, **feats}
+
+
+# gpt-oss: sliding windows and attention sinks make p2p CP illegal (its candidates run a2a); DeepSeek-V3: p2p legal
+@pytest.mark.parametrize("situation", [("gpt-oss-120b", "h100", 64, 131072, 12),
+                                       ("deepseek-v3", "h100", 256, 65536, 4)])
+def test_the_rankers_memory_probe_agrees_with_the_estimate_on_every_candidate(situation):
+    from search_spaces.cost.costmodel import peak_memory_gib
+    from search_spaces.layouts import space
+
+    name, gpu_name, num_gpus, seq_len, grids = situation
+    probe, checked, cp_fitting = None, 0, 0
+    for model, gpu, values in _ranked_candidates(name, gpu_name, num_gpus, seq_len, grids):
+        probe = probe or space._PeakProbe(model, gpu, num_gpus, seq_len, None)
+        layout = space._layout(values)
+        assert not check(model, gpu, num_gpus, seq_len, layout), layout.key()  # the probe's premise
+        peak = peak_memory_gib(model, gpu, num_gpus, seq_len, layout)
+        fits = probe.fits(values)
+        if abs(peak - gpu.memory_gib) > 1e-6:  # the probe sums the same terms in another order
+            assert fits == (peak <= gpu.memory_gib), (layout.key(), peak)
+        checked += 1
+        cp_fitting += fits and layout.cp > 1
+    assert checked > 100 and cp_fitting > 0
+
+
+# the attention rules that refuse p2p CP (sinks, sliding windows) and a2a's head split must leave the rules of
+# thumb a legal CP layout at long context, on every catalog model (but the CPU trainer's tiny ones: 4 layers, no
+# 256-GPU layout)
+@pytest.mark.parametrize("model", sorted(m for m in MODEL_NAMES if not m.startswith("tiny-")))
+def test_rule_of_thumb_seeds_are_legal_and_use_cp_at_long_context(model):
+    spec, gpu = load_model(model), load_gpu("h100")
+    seeds = seed_layouts(spec, gpu, 256, 131072)
+    assert seeds, model
+    assert all(not check(spec, gpu, 256, 131072, layout) for layout in seeds)
+    assert any(layout.cp > 1 for layout in seeds), [layout.key() for layout in seeds]
