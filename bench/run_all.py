@@ -82,6 +82,8 @@ BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("cpu_calibration", "CPU calibration (real trainer vs estimate --gpu cpu)", lambda m, a: m.run()),
     ("transfer_check", "Transfer: calibrate at one length, rank at twice that length", lambda m, a: m.run()),
     ("search_efficiency", "Search efficiency", lambda m, a: m.run(quick=a.quick, verbose=True)),
+    # stored figures of the last single-GPU check (scripts/gpu_check.sh on a lent GPU)
+    ("gpu_results", "Single-GPU check (scripts/gpu_check.sh)", lambda m, a: m.run()),
     ("sweep_speed", "What-if speed", lambda m, a: m.run()),
     ("sweep_overhead", "Orchestration overhead", lambda m, a: m.run()),
     ("refusal_speed", "Time to refuse bad input (and --help)", lambda m, a: m.run(runs=3 if a.quick else 5)),
@@ -96,10 +98,13 @@ def section(module: str, title: str, outcome: dict) -> list[str]:
     return lines + body + ["", f"({outcome['seconds']} s)", ""]
 
 
-def write_results(path: Path, info: dict, outcomes: dict[str, dict], started: str, seconds: float) -> None:
+def write_results(path: Path, info: dict, outcomes: dict[str, dict], started: str, seconds: float,
+                  only: list[str] | None = None) -> None:
     v = ", ".join(f"{k} {ver}" for k, ver in info["versions"].items())
+    ran = (f"{', '.join(only)} rerun ({seconds:.0f} s), the others' figures kept from bench/results.json" if only
+           else f"{seconds:.0f} s in all")
     lines = ["# Benchmark results", "",
-             f"Written by `bench/run_all.py` on {started} (UTC), {seconds:.0f} s in all. Rerun it to refresh.", "",
+             f"Written by `bench/run_all.py` on {started} (UTC), {ran}. Rerun it to refresh.", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB memory, {info['os']}; "
              f"Python {info['python']}; {v}. The machine was shared with other jobs while this ran: times are "
              "upper bounds.", ""]
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, outcome in outcomes.items():
         print(f"{name}: {'ok' if outcome['ok'] else 'FAILED ' + outcome['error']} ({outcome['seconds']} s)",
               file=sys.stderr)
-    write_results(args.out, machine(), outcomes, started, time.monotonic() - start)
+    write_results(args.out, machine(), outcomes, started, time.monotonic() - start, args.only)
     args.json.write_text(json.dumps(outcomes, indent=2, default=str))
     print(f"wrote {args.out}")
     return 0 if all(o["ok"] for o in outcomes.values()) else 1

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from search_spaces.result import TrialResult
 
-from tests.mlflow_server import free_port  # per xdist worker
 from tests.workers import exclusive, run_temp_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,9 +23,10 @@ FAST = ["--seq-len", "64", "--warmup", "1", "--steps", "2"]
 def trainer_command(nproc: int, flags: list[str]) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "trainers.megatron_moe", *flags]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "trainers.megatron_moe", *flags]
+    # --standalone: the rendezvous store binds port 0 itself, as the orchestrator's single-node trials do. A port
+    # chosen here and bound by torchrun seconds later was taken in between once (CI: EADDRINUSE).
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "-m", "trainers.megatron_moe", *flags]
 
 
 def run_trainer(tmp_path: Path, nproc: int, *flags: str, model: str = "tiny-moe", env: dict | None = None,

@@ -40,7 +40,14 @@ def capability_gaps(model, layout: Layout) -> list[str]:
     if model.mtp_layers:
         gaps.append(f"{model.mtp_layers} MTP layer(s): this trainer does not build multi-token prediction")
     if "full_iteration" in layout.cuda_graphs:
-        gaps.append("full_iteration CUDA graphs are not supported by this trainer (per-module scopes are)")
+        gaps.append("full_iteration CUDA graphs are not supported by this trainer")
+    elif layout.cuda_graphs and model.num_experts:
+        # Seen on the H200 (scripts/gpu_check.sh): Megatron-Core's own ("local") graphs capture a GPT spec's MoE
+        # layer whole for any scope, and dropless dispatch syncs with the host inside it, so capture fails.
+        # Per-layer scopes are Transformer Engine's (make_graphed_callables, as Megatron-Bridge runs them).
+        gaps.append(f"CUDA-graph scopes {','.join(layout.cuda_graphs)} of MoE layers: this trainer does not build "
+                    "them (they need Transformer Engine's graph capture; Megatron-Core's local graphs capture the "
+                    "whole layer, where dropless dispatch syncs with the host)")
     return gaps
 
 

@@ -198,6 +198,29 @@ def _redirect_cuda_tensors_to_cpu() -> None:
     torch.Tensor.type = tensor_type  # type: ignore[method-assign]
 
 
+def stand_in_for_transformer_engine_fp8() -> None:
+    """Without Transformer Engine (on CPU, or a GPU without it): CheckpointWithoutOutput (selective recompute of
+    layernorm / moe_act) calls TE's FP8GlobalStateManager whenever fp8 is not None -- including the default
+    fp8=False -- which Megatron-Core 0.19.2 leaves undefined then (the GPU check's NameError). Idempotent."""
+    import megatron.core.tensor_parallel.random as mcore_random
+
+    if hasattr(mcore_random, "FP8GlobalStateManager"):
+        return
+
+    class _NoFP8:
+        @staticmethod
+        def is_fp8_enabled():
+            return False
+
+        @staticmethod
+        def get_fp8_recipe():
+            return None
+
+    mcore_random.FP8GlobalStateManager = _NoFP8
+    mcore_random.activation_recompute_forward = lambda *a, **k: contextlib.nullcontext()
+    mcore_random.fp8_autocast = lambda *a, **k: contextlib.nullcontext()
+
+
 def _patch_megatron_internals() -> None:
     import megatron.core.tensor_parallel.random as mcore_random
     import megatron.core.transformer.moe.moe_utils as moe_utils
@@ -209,21 +232,7 @@ def _patch_megatron_internals() -> None:
     mcore_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
     mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
 
-    # CheckpointWithoutOutput (selective recompute of layernorm / moe_act) calls Transformer Engine's
-    # FP8GlobalStateManager whenever fp8 is not None -- including the default fp8=False.
-    if not hasattr(mcore_random, "FP8GlobalStateManager"):
-        class _NoFP8:
-            @staticmethod
-            def is_fp8_enabled():
-                return False
-
-            @staticmethod
-            def get_fp8_recipe():
-                return None
-
-        mcore_random.FP8GlobalStateManager = _NoFP8
-        mcore_random.activation_recompute_forward = lambda *a, **k: contextlib.nullcontext()
-        mcore_random.fp8_autocast = lambda *a, **k: contextlib.nullcontext()
+    stand_in_for_transformer_engine_fp8()
 
     # The alltoall dispatcher only turns split sizes into numpy when the tensor is on CUDA.
     def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):  # noqa: ARG001 -- Megatron's signature

@@ -1,7 +1,7 @@
 """Single-GPU check of the trainer against the cost model: `scripts/gpu_check.sh [--out DIR]`.
 
 Runs a scaled-down qwen3-30b-a3b (2 layers, full width, all 128 experts) through a handful of layouts on
-one GPU -- recompute variants, a CUDA-graph scope, fp8 when Transformer Engine is installed -- each as a real
+one GPU -- recompute variants, fp8 when Transformer Engine is installed -- each as a real
 `torchrun -m trainers.megatron_moe` trial, then prints measured vs predicted (tokens/s, TF/s, peak memory,
 activations per microbatch) and writes every result plus summary.json under --out. Budget: < 8 minutes.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,8 +30,9 @@ LAYOUTS = {
     "recompute-moe_act,layernorm": dict(BASE, recompute="moe_act,layernorm"),
     "recompute-core_attn": dict(BASE, recompute="core_attn"),
     "recompute-full": dict(BASE, recompute="full"),
-    "graphs-attn": dict(BASE, cuda_graphs="attn"),
 }
+# No CUDA-graph layout: per-layer scopes of MoE layers are a gap of this trainer (config.capability_gaps; the H200
+# check of 2026-12-04 showed Megatron-Core's local graphs capturing the whole MoE layer and failing).
 FP8_LAYOUTS = {"fp8-tensorwise": dict(BASE, precision="fp8-tensorwise")}
 TIMEOUT_S = 150  # per trial; the whole check stays under 8 minutes
 
@@ -45,16 +45,10 @@ def have_transformer_engine() -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_trial(name: str, layout: Layout, out: Path, gpu: str) -> TrialResult:
     result_path = out / f"{name}.json"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "-m", "trainers.megatron_moe", "--model", MODEL,
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "1",
+            "-m", "trainers.megatron_moe", "--model", MODEL,
             "--num-layers", str(NUM_LAYERS), "--seq-len", str(SEQ_LEN), "--warmup", "2", "--steps", "3",
             "--gpu", gpu, *layout.to_flags(), "--result", str(result_path)]
     with open(out / f"{name}.log", "w") as log:

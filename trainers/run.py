@@ -222,12 +222,14 @@ def _packing(args):
 
 
 def _build(args, layout, model, on_cpu: bool) -> Built:
-    if on_cpu:
-        from trainers import cpu_compat
+    from trainers import cpu_compat
 
+    if on_cpu:
         cpu_compat.apply()
     device = _init_process_group(on_cpu, args.comm_timeout, layout.cuda_device_max_connections)
     have_te = _have_te() and not on_cpu
+    if not have_te:
+        cpu_compat.stand_in_for_transformer_engine_fp8()
 
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel

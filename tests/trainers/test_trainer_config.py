@@ -165,7 +165,6 @@ def test_the_trainer_places_layers_where_the_cost_model_does():
 @pytest.mark.parametrize("fields, words", [
     (dict(precision="fp8"), "fp8-blockwise"),
     (dict(dispatcher="hybridep"), "dispatcher hybridep"),
-    (dict(cuda_graphs="attn"), "CUDA graphs"),
     (dict(optimizer_offload=0.5), "optimizer offload"),
     (dict(cp=2, cp_comm_type="a2a"), "cp_comm_type a2a"),
 ])
@@ -174,6 +173,17 @@ def test_gpu_only_features_are_refused_on_cpu(fields, words):
     reason = config.refusal(TINY, CPU, layout, world=layout.cp, seq_len=64)
     assert reason and "gpu_only_feature: not available on cpu" in reason and words in reason
     assert config.refusal(TINY, load_gpu("h100"), layout, world=layout.cp, seq_len=64) is None
+
+
+@pytest.mark.parametrize("scopes", ["attn", "moe_router,moe_preprocess", "attn,moe_router,moe_preprocess", "moe"])
+def test_cuda_graph_scopes_of_moe_layers_are_refused_on_gpu_too(scopes):
+    """Megatron-Core's local graphs capture a MoE layer whole, which dropless dispatch cannot (the H200 check's
+    capture failure): refused with the reason before anything is built, on a GPU as on CPU."""
+    layout = L(cuda_graphs=scopes)
+    on_gpu = config.refusal(TINY, load_gpu("h100"), layout, world=1, seq_len=64)
+    assert on_gpu and scopes in on_gpu and "Transformer Engine's graph capture" in on_gpu
+    assert "gpu_only_feature: not available on cpu" in config.refusal(TINY, CPU, layout, world=1, seq_len=64)
+    assert config.refusal(TINY, load_gpu("h100"), L(), world=1, seq_len=64) is None
 
 
 def test_illegal_shapes_are_refused_by_the_sweeps_rules():
