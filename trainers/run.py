@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -40,12 +39,13 @@ def _init_process_group(on_cpu: bool, timeout_s: float, max_connections: int = 1
         device = torch.device("cpu")
     if dist.is_initialized():
         return device
+    backend, timeout = "gloo" if on_cpu else "nccl", timedelta(seconds=timeout_s)
     if "MASTER_ADDR" not in os.environ:  # plain `python -m trainers.megatron_moe`: a world of one
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo" if on_cpu else "nccl", timeout=timedelta(seconds=timeout_s))
+        # An in-process store: no port to pick and then lose to another process before binding it.
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
     return device
 
 
