@@ -40,7 +40,7 @@ def rule_of_thumb_cp_comm(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> t
     p2p across (a2a+p2p), when the heads split that far. Attention that p2p cannot run on a GPU (sinks, sliding
     windows: rules' cp_window_sinks) runs a2a over every CP rank, or allgather (sliding windows alone) where the
     heads do not split that far."""
-    if cp > 1 and not gpu.is_cpu and _p2p_cannot_run(model):
+    if cp > 1 and _p2p_cannot_run(model, gpu, cp):
         if a2a_heads_divide(model, tp, cp) or model.attention_sinks:
             return "a2a", ()
         return "allgather", ()
@@ -52,8 +52,10 @@ def rule_of_thumb_cp_comm(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> t
     return "a2a+p2p", (inside, cp // inside)
 
 
-def _p2p_cannot_run(model: ModelSpec) -> bool:
-    return model.attention_sinks or "S" in model.attention_pattern
+def _p2p_cannot_run(model: ModelSpec, gpu: GPUSpec, cp: int) -> bool:
+    """The rules' own verdict (cp_window_sinks) on p2p for this model's attention at this CP size."""
+    return any(v.rule == "cp_window_sinks"
+               for v in check(model, gpu, cp, 1 << 20, Layout(cp=cp, cp_comm_type="p2p")))
 
 
 def attention_cp_cap(model: ModelSpec, gpu: GPUSpec, tp: int, cp: int) -> int:
