@@ -27,6 +27,7 @@ from pathlib import Path
 from search_spaces.calibration.calibration_file import calibration
 from search_spaces.catalog.hardware import load_gpu
 from search_spaces.catalog.models import load_model
+from search_spaces.cost.gpu_terms import GEMM_SHAPE_SHARPNESS
 from search_spaces.cost.throughput import gemm_rate
 
 MODELS = ("qwen3-30b-a3b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
@@ -34,10 +35,12 @@ TOKENS_PER_EXPERT = (128, 256, 512, 1024, 2048, 4096, 8192)
 SQUARE = 8192  # the reference GEMM: compute-bound on every GPU we model
 
 
-def predicted_factor(m: int, k: int, n: int, rate: float, hbm: float, element_bytes: int = 2) -> float:
-    """The cost model's roofline factor (gpu_terms.GpuTerms.gemm_shape_factor) for an m x k by k x n GEMM."""
+def predicted_factor(m: int, k: int, n: int, rate: float, hbm: float, element_bytes: int = 2,
+                     sharpness: float = GEMM_SHAPE_SHARPNESS) -> float:
+    """The cost model's roofline factor (gpu_terms.GpuTerms.gemm_shape_factor) for an m x k by k x n GEMM; the
+    JSON keeps each row's m, k, n, so another `sharpness` can be fitted to a measurement (p = 1: the plain roofline)."""
     intensity = 2 * m * k * n / (element_bytes * (m * k + k * n + m * n))
-    return 1.0 / (1.0 + rate / (hbm * intensity))
+    return 1.0 / (1.0 + (rate / (hbm * intensity)) ** sharpness)
 
 
 def time_matmul(torch, m: int, k: int, n: int, device: str, reps: int) -> tuple[float, float]:

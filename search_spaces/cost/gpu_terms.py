@@ -57,6 +57,12 @@ ATTENTION_HALF_RATE_TOKENS = 1300
 # (0.65 / 1.2) corrects both directions (the backward assumed alike)
 WIDEST_HEAD_DIM = 256
 BLACKWELL_WIDEST_HEAD_FACTOR = 0.54
+# A GEMM's shape factor is 1 / (1 + x^p), x = rate / (HBM x intensity): measured expert GEMMs turn compute-bound
+# more sharply than the plain roofline's p = 1. Fitted to the catalog MoEs' expert fc1/fc2 on an H200 at 512-8192
+# tokens per expert, as shares of an 8192^3 GEMM's rate (bench/gemm_shapes_h200.json, CUDA-graph replay): the optimum
+# is flat from 1.5 to 2 (RMS error of the share 0.103 at 1.5, 0.100 at 1.73, 0.123 at p = 1); 1.5 validates best by
+# source. Below 512 tokens a lone small matmul leaves SMs idle, which a grouped GEMM over many experts does not.
+GEMM_SHAPE_SHARPNESS = 1.5
 # per units object (a rank's): the widths fp8 casts, the layers by kind
 _WIDTHS, _KINDS, _ELEMENTWISE = Memo("gemm input widths"), Memo("layer kinds"), Memo("elementwise")
 
@@ -150,14 +156,14 @@ class GpuTerms:
                 scale * bwd * job.cal.attention_bwd_efficiency[family])
 
     def gemm_shape_factor(self, job: Job, m: float, k: float, n: float, rate: float) -> float:
-        """1 / (1 + rate / (HBM x intensity)), intensity = 2mkn / (bytes x (mk + kn + mn)): small experts
-        (Qwen3-30B's 768-wide FFN), few tokens per expert or a narrow TP slice make a GEMM memory-bound; big square
-        GEMMs lose a few per cent."""
+        """1 / (1 + (rate / (HBM x intensity))^GEMM_SHAPE_SHARPNESS), intensity = 2mkn / (bytes x (mk + kn + mn)):
+        small experts (Qwen3-30B's 768-wide FFN), few tokens per expert or a narrow TP slice make a GEMM
+        memory-bound; big square GEMMs lose a per cent or two."""
         if min(m, k, n) <= 0:
             return 1.0
         b = element_bytes(job.layout.precision)
         intensity = 2 * m * k * n / (b * (m * k + k * n + m * n))
-        return 1.0 / (1.0 + rate / (job.hbm * intensity))
+        return 1.0 / (1.0 + (rate / (job.hbm * intensity)) ** GEMM_SHAPE_SHARPNESS)
 
     def elementwise_time(self, job: Job, rank: int, units: tuple[Unit, ...], per_gpu: float) -> float:
         """Passes over the activations and the routed token copies, and fp8 casts, over HBM (memoised on
