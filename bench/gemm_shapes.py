@@ -105,7 +105,8 @@ def measure(torch, device: str, gpu_name: str, quick: bool) -> dict:
                                  measured_share=flops / seconds / square_rate,
                                  eager_share=flops / eager_seconds / square_rate,
                                  predicted_share=predicted_factor(m, k, width, rate, hbm) / square_factor))
-    return dict(gpu=gpu_name, device=device, square=square, square_tflops=square_rate / 1e12,
+    return dict(gpu=gpu_name, device=device, sharpness=GEMM_SHAPE_SHARPNESS, square=square,
+                square_tflops=square_rate / 1e12,
                 model_rate_tflops=rate / 1e12, hbm_tbps=gpu.hbm_tbps, rows=rows)
 
 

@@ -49,9 +49,9 @@ def _gemm_lines(gemm: dict) -> list[str]:
     lines = [f"Expert GEMMs (bench/gemm_shapes.py): the {gemm['square']}^3 BF16 GEMM ran at "
              f"{gemm['square_tflops']:.0f} TF/s (the model's BF16 rate {gemm['model_rate_tflops']:.0f}). "
              "Shares of that rate: measured from a CUDA graph (kernel alone), launched one by one (eager), and the "
-             "model's roofline factor over the square GEMM's. One small matmul (128-256 tokens, a 768-wide expert) "
-             "leaves most SMs idle; a grouped GEMM over the rank's experts does not, so read the shape trend from "
-             "512 tokens up.", "",
+             f"model's shape factor then (p = {gemm.get('sharpness', 1.0)}) over the square GEMM's. One small matmul "
+             "(128-256 tokens, a 768-wide expert) leaves most SMs idle; a grouped GEMM over the rank's experts "
+             "does not, so read the shape trend from 512 tokens up.", "",
              "| model | proj | tokens/expert | k | n | TF/s | measured | eager | predicted |",
              "|---|---|---|---|---|---|---|---|---|"]
     return lines + [f"| {r['model']} | {r['proj']} | {r['m']} | {r['k']} | {r['n']} | {r['tflops']:.0f} | "
