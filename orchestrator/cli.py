@@ -14,6 +14,7 @@ refusing bad input costs the start-up of this module and the spec's parser, not 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -114,8 +115,19 @@ _EXITS = (typer.Exit,)
 _ABORTS = (typer.Abort,)
 
 
+# Threads of libraries this process never needs, which leave a forked child a copy of their locks in an unknown
+# state: numpy's OpenBLAS pool (the orchestrator's numpy work is small) and the background purger of pyarrow's
+# jemalloc (loaded with MLflow). Without them the cost model's exploration forks its workers in a sweep as it does
+# in `space` (search_spaces/layouts/forked.py does not fork a process with another thread alive). Set before the
+# commands import those libraries; a user's own setting wins; trainer processes do not inherit them (the local
+# backend passes a short list of variables).
+LIBRARY_THREADS_OFF = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry (setuptools wraps it in sys.exit); tests call main([...]) directly."""
+    for name, value in LIBRARY_THREADS_OFF.items():
+        os.environ.setdefault(name, value)
     _debug["on"] = False
     crashlog.here(None)
     try:

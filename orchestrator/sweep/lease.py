@@ -13,7 +13,9 @@ is fenced: `fence()` reads the lease from the storage and, when another driver (
 was released, raises `LeaseLost`: the driver stops with one line and exit code 5, writing nothing more.
 (Optuna's storage has no compare-and-set, so a driver paused between the fence's read and the write that
 follows it could still make that one write; the fence is read right before each group of Optuna writes and
-before every single MLflow call that writes, orchestrator/tracking.py's _FencedClient.)
+before every single MLflow call that writes, orchestrator/tracking.py's _FencedClient.) Within half the timeout
+of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
+read per heartbeat there, not one per write.
 
 Taking a lease is write-then-verify: write our token and the next epoch, wait `SETTLE_S`, read it back. Two
 drivers that both found the lease free both write; the storage keeps the last write, so after the wait exactly
@@ -151,9 +153,15 @@ class Lease:
         StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
 
     def fence(self) -> None:
-        """Before a write: raise LeaseLost when this driver no longer holds the lease."""
+        """Before a write: raise LeaseLost when this driver no longer holds the lease. Within half the lease
+        timeout of this driver's own last write of the lease, no rival can have taken it (a rival takes a lease
+        from another host only once its heartbeat is older than the timeout, from this host only when our process
+        is gone): the storage is not read again there (the monotonic clock runs on through a SIGSTOP, so a driver
+        paused past that reads it; the other half is the margin for clocks of two hosts that disagree)."""
         if self.lost:
             raise self._lost(None)
+        if self._beat and time.monotonic() - self._beat < stale_after_s() / 2:
+            return
         now = Holder.of(self.study)
         if not now or now.token != self.token:
             self.lost = True

@@ -4,8 +4,10 @@ each module registers, and a command's run must not pay for the other commands' 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from orchestrator import cli
 
@@ -32,3 +34,26 @@ def test_a_command_runs_without_importing_the_other_commands():
     assert rc == 0
     command_modules = {f"orchestrator.commands.{module}" for module in cli.COMMANDS}
     assert command_modules & set(loaded) == {"orchestrator.commands.lengths"}, loaded
+
+
+def test_the_cli_starts_no_library_threads_so_a_sweeps_exploration_may_fork():
+    """numpy's OpenBLAS pool and pyarrow's jemalloc purger (loaded with MLflow) are threads: beside them the cost
+    model's exploration would run in one process (search_spaces/layouts/forked.py). The CLI turns them off
+    before a command imports those libraries."""
+    script = ("from orchestrator import cli\n"
+              "cli.main(['--help'])\n"
+              "import numpy, optuna, mlflow, orchestrator.tracking, orchestrator.sweep.session\n"
+              "from search_spaces.layouts.forked import _threads\n"
+              "print(_threads())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", *cli.LIBRARY_THREADS_OFF)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.split()[-1] == "1"
+
+
+def test_a_users_own_setting_of_the_library_threads_wins(monkeypatch):
+    monkeypatch.setenv("JE_ARROW_MALLOC_CONF", "narenas:2")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert cli.main(["--help"]) == 0
+    assert os.environ["JE_ARROW_MALLOC_CONF"] == "narenas:2"
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"

@@ -90,6 +90,29 @@ def test_two_drivers_taking_the_lease_at_the_same_moment_one_runs_the_other_is_r
 
 
 
+def test_the_fence_reads_the_lease_once_half_the_timeout_has_passed_since_its_own_write(study, monkeypatch):
+    """Within half the timeout of its own write no rival can have taken the lease (a rival waits the whole
+    timeout): the fence does not read the storage there; after it, it reads it and finds a takeover."""
+    clock = [100.0]
+    monkeypatch.setattr(leases.time, "monotonic", lambda: clock[0])
+    driver = Lease(study, host="host-a")
+    driver.acquire()
+    reads = []
+    real_of = Holder.of.__func__
+    monkeypatch.setattr(Holder, "of", classmethod(lambda cls, st: reads.append(1) or real_of(cls, st)))
+    StudyRecord.write(study, driver_lease=Holder("rival", 9, "host-b", 1, time.time()).to_attr())
+    for _ in range(3):
+        driver.fence()  # fresh own write: no read (a real rival could not have written this yet)
+    assert reads == []
+    clock[0] += leases.stale_after_s() / 2
+    with pytest.raises(LeaseLost, match="epoch 9"):
+        driver.fence()
+    assert reads == [1]
+    with pytest.raises(LeaseLost):
+        driver.fence()  # lost stays lost, without another read
+    assert reads == [1]
+
+
 def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
     paused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
