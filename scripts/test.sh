@@ -9,9 +9,9 @@
 # Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
 # prints the 15 slowest tests, its wall time and its processes' CPU time. Further arguments go to pytest.
 # Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
-# (default logical: one per logical CPU; 0 runs all tests in this one process). TEST_WORKERS=3 on 2 cores runs
-# the whole suite in about 35 min instead of 47, but the extra load breaks timing-sensitive end-to-end tests now
-# and then (docs/development.md): not the default until those tests hold under it.
+# (default logical: one per logical CPU; 0 runs all tests in this one process). TEST_WORKERS=3 on 2 cores ran the
+# whole suite no faster on a quiet machine (25 min 48 s against 26 min 1 s) and its extra load has broken
+# timing-sensitive end-to-end tests on a shared one (docs/development.md): not the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
