@@ -238,22 +238,28 @@ class Tracker:
             self.client.log_artifact(run_id, str(path), "report")
 
     # ---- children ----------------------------------------------------------------------------------
-    def child(self, number: int, layout: Layout, backend: str) -> str | None:
-        """The run of trial `number`, created when the trial starts; None (recorded later from the storage)
-        when MLflow cannot be reached now."""
+    def child(self, number: int, layout: Layout, backend: str, params_now: bool = True) -> str | None:
+        """The run of trial `number`, created when the trial starts (an analytic trial: with its result, its params
+        then logged with the record, `params_now` False); None (recorded later from the storage) when MLflow
+        cannot be reached now."""
         try:
-            return self._child(number, layout, backend).run_id
+            return self._child(number, layout, backend, params_now).run_id
         except Exception as exc:  # noqa: BLE001 -- MLflow down: the record waits in the storage and the spool
             log.warning("MLflow: no run for trial %d yet (%s: %s); it is recorded when MLflow is back",
                         number, type(exc).__name__, redact_text(str(exc)))
             return None
 
-    def _child(self, number: int, layout: Layout | None, backend: str) -> "_Child":
+    def _child(self, number: int, layout: Layout | None, backend: str, params_now: bool = True) -> "_Child":
         """A child run belongs to one trial, and one layout, for ever: an existing run of this trial number
-        is reused only when its layout params match (a resume), else it is closed as superseded."""
+        is reused only when its layout params match (a resume), else it is closed as superseded. A run made
+        for a finished trial (`params_now` False) gets its params with the record's own batch: one call less."""
         params = layout_params(layout) if layout is not None else {}
         child = self._children.get(number)
         if child is not None and child.params in ({}, params):
+            if params and not child.params:  # begun without them (stopped between its creation and its params)
+                child.params, child.params_logged = params, False
+                if params_now:
+                    self._log_params(child)
             return child
         if child is not None:
             self._supersede(child, number)
@@ -265,10 +271,15 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
             STUDY_TAG: self.study_name, "status": "running"})
-        self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
-        self._children[number] = child = _Child(run.info.run_id, "RUNNING", params)
+        self._children[number] = child = _Child(run.info.run_id, "RUNNING", params, params_logged=False)
         self._uncertain.discard(number)
+        if params_now:
+            self._log_params(child)
         return child
+
+    def _log_params(self, child: "_Child") -> None:
+        self.client.log_batch(child.run_id, params=[Param(k, v) for k, v in sorted(child.params.items())])
+        child.params_logged = True
 
     def _created_unanswered(self, number: int, params: dict[str, str]) -> "_Child | None":
         """The run an earlier, unanswered create_run of trial `number` made after all (None when it made none):
@@ -313,7 +324,7 @@ class Tracker:
 
     def _record(self, run: "RunRecord") -> None:
         record = run.record
-        child = self._child(record.number, record.layout, record.backend or "")
+        child = self._child(record.number, record.layout, record.backend or "", params_now=False)
         run_id = child.run_id
         t = _now()
         metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
@@ -322,7 +333,10 @@ class Tracker:
         # a reason may quote a trainer's error: what is recorded is redacted (orchestrator/redact.py)
         tags = [RunTag(k, redact_text(v)) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
         params = [Param(f"{PROXY_PARAM}{k}", redact_text(v)) for k, v in record.proxy_params().items()]
+        if not child.params_logged:  # a run made just now, for this record (see _child)
+            params = [Param(k, v) for k, v in sorted(child.params.items())] + params
         self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        child.params_logged = True
         if record.composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
             self.client.log_dict(run_id, {"composed": record.composed, "proxy": record.proxy_plan}, "composed.json")
         # trials that ran keep their evidence (an analytic "measurement" is the prediction: nothing to keep)
@@ -451,6 +465,7 @@ class _Child:
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     params: dict[str, str]
     inherited: bool = False  # begun by an earlier driver of the study (found on resume), not by this one
+    params_logged: bool = True  # False: made for a finished trial's record, whose batch logs its params
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -39,3 +39,13 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
 def prior_for(spec) -> Prior:
     """The prior a sweep of `spec` uses (one place to swap in a stand-in if search_spaces breaks)."""
     return Prior(spec)
+
+
+def direct_writes(monkeypatch) -> None:
+    """Analytic sweeps store each write as it is made, as a sweep whose trials run does (not each trial whole once
+    told: orchestrator/sweep/writes.py), for the tests of that contract whose analytic backend stands in for a
+    trainer that measures (a result stored before its tell, a result the storage refuses at its tell)."""
+    from orchestrator.sweep import session
+    from orchestrator.sweep.writes import DirectWrites
+
+    monkeypatch.setattr(session, "sweep_writes", lambda study, *args: DirectWrites(study))

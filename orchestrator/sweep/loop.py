@@ -9,6 +9,8 @@
 
 Order of writes per trial, so that a SIGKILL anywhere loses nothing and doubles nothing: ask -> user attrs
 (layout, prediction, mlflow_run_id) -> run -> user attrs (status, result) -> tell -> MLflow child finished.
+(An analytic sweep asks and tells on an in-memory copy of the study and stores each finished trial whole, then
+sends it to MLflow: sweep/writes.py.)
 The tell is the commit: a trial stopped before it (Ctrl-C, SIGTERM, SIGKILL) is failed as interrupted, its
 child run closed FAILED, and `--resume` measures it again, or records the result it had already stored, as a
 new trial; a trial told is never run again (its MLflow record is completed on resume).
@@ -131,6 +133,7 @@ class Sweep:
                                enabled=self.show_progress) as view:
                 view.bar.update(view.task, completed=self.measured)
                 self._loop(dispatcher, view, start)
+                self.recorder.flush()  # nothing is left untold: everything told is stored (writes.py)
         except LeaseLost:  # another driver took the study over: it recovers the running trials, not us
             raise
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -179,7 +182,7 @@ class Sweep:
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
         self.session.lease.fence()  # asking creates a trial: a write
-        trial = self.study.ask(self.session.space.distributions())
+        trial = self.session.writes.study.ask(self.session.space.distributions())
         queued = TrialRecord.of(trial)
         if queued.proposed_by is None:  # sampled (not a rule of thumb or a re-run from the queue)
             if self.session.sampler.exhausted:

@@ -30,6 +30,7 @@ from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, 
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.prior import Prediction
 from orchestrator.sweep.session import INTERRUPTED, Session
+from orchestrator.tracking import RunRecord
 
 log = logging.getLogger("moe_autotune")
 
@@ -61,19 +62,26 @@ class Screen:
 class Recorder:
     def __init__(self, session: Session):
         self.session = session
-        self.study = session.study
         self.tracker = session.tracker
         self.limit = session.prior.memory_limit_gib
+        self._unsent: dict[int, RunRecord] = {}  # told, not yet stored (writes.py): MLflow hears of them once stored
 
     def start(self, p: Proposal) -> None:
         self.session.lease.fence()
         trial = p.trial
         TrialRecord.write(trial, layout=p.layout, layout_key=p.layout.key(), prediction=p.prediction.data,
                           backend=self.session.spec.backend, fidelity=p.size.fidelity, trial_size=p.size.record())
-        if self.tracker:
-            run_id = self.tracker.child(trial.number, p.layout, self.session.spec.backend)
-            if run_id:  # else recorded later from the storage (at the end, or on --resume)
-                TrialRecord.write(trial, mlflow_run_id=run_id)
+        if self.session.writes.direct(trial):  # else its run is begun with its result (finish)
+            self._begin_run(p, params_now=True)
+
+    def _begin_run(self, p: Proposal, params_now: bool) -> None:
+        """The trial's MLflow child run, its id stored with the trial; `params_now` False: its params go with the
+        record's batch (one call less)."""
+        if not self.tracker:
+            return
+        run_id = self.tracker.child(p.trial.number, p.layout, self.session.spec.backend, params_now=params_now)
+        if run_id:  # else recorded later from the storage (at the end, or on --resume)
+            TrialRecord.write(p.trial, mlflow_run_id=run_id)
 
     def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
                    reason: str) -> None:
@@ -89,15 +97,16 @@ class Recorder:
         TrialRecord.write(trial, backend=self.session.spec.backend, status="infeasible", reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
-        self.study.tell(trial, [0.0, _finite(memory)])
-        if self.tracker and self.session.track_rejected and layout is not None:
-            self.tracker.record(self.session.mlflow_record(TrialRecord.of(trial)))
+        trial.study.tell(trial, [0.0, _finite(memory)])
+        tracked = self.tracker and self.session.track_rejected and layout is not None
+        self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial)) if tracked else None)
 
     def discard(self, trial: optuna.Trial, reason: str) -> None:
         """A proposal that is not a trial at all (a repeat, nothing left to propose)."""
         self.session.lease.fence()
         TrialRecord.write(trial, reason=reason)
-        self.study.tell(trial, state=TrialState.FAIL)
+        trial.study.tell(trial, state=TrialState.FAIL)
+        self.stored(trial, None)
 
     def finish(self, p: Proposal, result: TrialResult) -> dict[str, Any]:
         """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
@@ -119,21 +128,41 @@ class Recorder:
         if result.extra.get("command"):
             attrs["command"] = result.extra["command"]
         self.session.lease.fence()
+        if not self.session.writes.direct(trial):
+            self._begin_run(p, params_now=False)
         try:
             TrialRecord.write(trial, **attrs)
             trial.set_constraint("memory_over_limit_gib", max(over, 0.0))
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
-            self.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
+            trial.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
         except studies.STORAGE_ERRORS:
             self._fence_if_readable()
             self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
             raise
-        if self.tracker:  # each of its MLflow writes passes the lease's fence (tracking._FencedClient)
-            self.tracker.record(self.session.mlflow_record(TrialRecord.of(trial).with_attrs(**attrs)))
+        # each of its MLflow writes passes the lease's fence (tracking._FencedClient)
+        self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial).with_attrs(**attrs))
+                    if self.tracker else None)
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
                 "fidelity": p.size.fidelity,
                 "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
                 "memory": result.peak_memory_gib}
+
+    def stored(self, trial: optuna.Trial, run: RunRecord | None) -> None:
+        """`trial` was told: the trials now stored get their MLflow records, in order, never before they are
+        stored (MLflow is a view of the storage)."""
+        if run is not None:
+            self._unsent[trial.number] = run
+        self.send(self.session.writes.told(trial))
+
+    def flush(self) -> None:
+        """Store what can be stored (the end of a sweep), and send it to MLflow."""
+        self.send(self.session.writes.flush())
+
+    def send(self, numbers: list[int]) -> None:
+        for number in numbers:
+            run = self._unsent.pop(number, None)
+            if run is not None and self.tracker:
+                self.tracker.record(run)
 
     def judged(self, p: Proposal, result: TrialResult) -> TrialResult:
         """The result the sweep records, judged where it enters: a proxy's measurement as it ran, then composed
@@ -171,26 +200,40 @@ class Recorder:
         except Exception as exc:  # noqa: BLE001 -- a storage that cannot be read: try the writes below anyway
             log.warning("could not check the driver lease before marking trials interrupted: %s",
                         redact_text(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__)
-        settled = self._settled({p.trial.number for p in proposals})
+        settled = self._settled(proposals)
         for p in proposals:
             if p.trial.number in settled:
                 continue
             try:
                 TrialRecord.write(p.trial, reason=INTERRUPTED, status="interrupted")
-                self.study.tell(p.trial, state=TrialState.FAIL)
+                p.trial.study.tell(p.trial, state=TrialState.FAIL)
                 if self.tracker:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)
             except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume finds it RUNNING
-                why = type(studies.storage_failure(exc, self.session.spec.storage)).__name__ \
-                    if isinstance(exc, studies.STORAGE_ERRORS) else redact_text(f"{type(exc).__name__}: {exc}")
-                log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", p.trial.number, why)
+                self._not_marked(p.trial.number, exc)
+        try:  # an analytic sweep's told trials not yet stored (writes.py): stored now, as far as they can be
+            self.flush()
+        except LeaseLost:
+            return
+        except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume asks them again
+            self._not_marked(-1, exc)
 
-    def _settled(self, numbers: set[int]) -> set[int]:
-        """Those of `numbers` that need no marking: finished in the storage (told) or kept in the result spool."""
+    def _not_marked(self, number: int, exc: Exception) -> None:
+        why = type(studies.storage_failure(exc, self.session.spec.storage)).__name__ \
+            if isinstance(exc, studies.STORAGE_ERRORS) else redact_text(f"{type(exc).__name__}: {exc}")
+        if number < 0:  # info: the line the sweep stops with says what failed
+            log.info("could not store the trials told before the sweep stopped (%s); --resume asks them again", why)
+        else:
+            log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", number, why)
+
+    def _settled(self, proposals: list[Proposal]) -> set[int]:
+        """The numbers of those that need no marking: told (finished in their study) or kept in the result spool."""
+        numbers = {p.trial.number for p in proposals}
         settled = {n for n in self.session.spool.records() if n in numbers}
         try:
-            settled |= {t.number for t in self.study.get_trials(deepcopy=False)
-                        if t.number in numbers and t.state.is_finished()}
+            for study in {id(p.trial.study): p.trial.study for p in proposals}.values():
+                settled |= {t.number for t in study.get_trials(deepcopy=False)
+                            if t.number in numbers and t.state.is_finished()}
         except Exception as exc:  # noqa: BLE001 -- a storage that cannot be read: the writes below say more
             log.warning("could not read which trials were told before marking them interrupted: %s",
                         type(exc).__name__)

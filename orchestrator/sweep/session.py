@@ -33,6 +33,7 @@ from orchestrator.sweep.samplers import SweepSampler
 from orchestrator.sweep.searches import make_sampler
 from orchestrator.sweep.space import SweepSpace
 from orchestrator.sweep.spool import ResultSpool
+from orchestrator.sweep.writes import DirectWrites, SweepWrites, sweep_writes
 from orchestrator.tracking import RunRecord, Tracker
 
 log = logging.getLogger("moe_autotune")
@@ -54,6 +55,11 @@ class Session:
     workdir: Path
     resumed: bool
     messages: list[str] = field(default_factory=list)
+    writes: SweepWrites = field(init=False)
+    """Where the loop asks and tells (writes.py): the study itself until the session has started."""
+
+    def __post_init__(self) -> None:
+        self.writes = DirectWrites(self.study)
 
     @property
     def track_rejected(self) -> bool:
@@ -134,6 +140,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
                       ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
     try:
         _start(session, storage, existed, run_tags or {})
+        session.writes = sweep_writes(study, storage, spec.backend, lease.fence)
     except studies.STORAGE_WRITE_ERRORS as exc:  # e.g. the disk filled while the study was set up
         session.close()
         raise studies.storage_failure(exc, spec.storage) from None

@@ -24,7 +24,7 @@ from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
-from tests.sweep_helpers import spec_data, write_spec
+from tests.sweep_helpers import direct_writes, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -208,6 +208,7 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
 def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_again(tmp_path, monkeypatch):
     """The storage fails exactly at the third measured result (a fake failure; the full disk below is real,
     and may land at a proposal instead): the result survives in the spool and --resume records it."""
+    direct_writes(monkeypatch)  # a measured result's contract (an analytic trial not stored is asked again)
     data = _spec(tmp_path)
     spec = _write(tmp_path, data)
     real_tell, told = optuna.Study.tell, []

@@ -40,7 +40,7 @@ from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.loop import Sweep
 from orchestrator.sweep.record import Recorder
-from tests.sweep_helpers import make_spec, prior_for, spec_data, write_spec
+from tests.sweep_helpers import direct_writes, make_spec, prior_for, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -173,6 +173,7 @@ def _stopped_between_result_and_tell(spec, mark_interrupted: bool = True) -> int
         return real_tell(self, trial, values, state, skip_if_finished)
 
     with pytest.MonkeyPatch.context() as patch:
+        direct_writes(patch)  # a measured result's contract: stored before its tell (not so an analytic answer)
         patch.setattr(optuna.Study, "tell", tell)
         if not mark_interrupted:
             patch.setattr(Recorder, "interrupted", lambda self, proposals: None)

@@ -17,6 +17,7 @@ from orchestrator.tracking import (
     VIEW_TAG_PREFIX,
     RunRecord,
     Tracker,
+    layout_params,
     safe_environment,
 )
 from tests.mlflow_server import free_port  # the session's `mlflow_server` fixture comes from tests/conftest.py
@@ -294,6 +295,27 @@ def test_a_resume_records_a_trial_whose_run_a_killed_driver_left_open_without_lo
         steps = [m.step for m in client.get_metric_history(child.run_id, key)]
         assert len(steps) == len(set(steps)) >= 1, (key, steps)
     assert len(client.get_metric_history(child.run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
+
+
+def test_a_run_a_killed_driver_began_without_its_params_gets_them_with_the_record(tmp_path, monkeypatch):
+    """An analytic trial's run is begun with its result, its params logged with the record's batch: a driver killed
+    between the two leaves a run without params, which the resume's record of that trial completes."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    payload = {"layout": {"tp": 2, "pp": 1}, "backend": "analytic", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0}, "prediction": {"tokens_per_sec_per_gpu": 100.0}}
+    record = RunRecord.from_payload(0, payload).record
+    first = Tracker(uri, "unlogged", tmp_path / "w" / "mlflow-spool.jsonl")
+    first.start({"name": "unlogged"}, "unlogged", resume=False)
+    run_ids = [first.child(n, record.layout, "analytic", params_now=False) for n in (0, 1)]
+    client = MlflowClient(uri)
+    assert [client.get_run(r).data.params for r in run_ids] == [{}, {}]  # ... killed here
+    second = Tracker(uri, "unlogged", tmp_path / "w" / "mlflow-spool.jsonl")
+    second.start({"name": "unlogged"}, "unlogged", resume=True)
+    assert second.record(RunRecord.from_payload(0, payload))  # trial 0 recorded by the resume
+    assert second.child(1, record.layout, "analytic") == run_ids[1]  # trial 1 begun again, its params at once
+    for run_id in run_ids:
+        assert client.get_run(run_id).data.params == layout_params(record.layout)
 
 
 def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools_nothing(tmp_path, monkeypatch):
