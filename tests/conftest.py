@@ -104,13 +104,6 @@ def pytest_configure(config):
                                        "shows the line fails")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Slow tests first (a stable sort: the order within each kind is kept). Under xdist the workers then take the
-    minutes-long tests while many short ones are left to even out the end, instead of one worker running a
-    five-minute test alone after the others have finished."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A test whose captured output shows the internal-error line fails, whatever it asserted."""
