@@ -4,8 +4,10 @@ The Optuna storage is the source of truth; MLflow is a view of it that must not 
 anything. Checked: no more measured trials than the budget, no layout measured twice; one live child run
 per finished trial (rejected proposals too when the sweep tracks them), whose layout params equal the
 trial's layout, whose status tag and metrics equal the stored result (one point per summary metric); no
-child run that belongs to no trial, none left running by a trial that is not running, none finished for a
-trial that failed (an interrupted trial is closed FAILED), and no layout counted by two finished child runs.
+child run that belongs to no trial (a run still running, of a trial numbered after the study's last, is one in
+flight: an analytic sweep stores a trial once told), none left running by a trial that is not running, none
+finished for a trial that failed (an interrupted trial is closed FAILED), and no layout counted by two finished
+child runs.
 """
 
 from __future__ import annotations
@@ -65,8 +67,13 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     trials = {t.number: TrialRecord.of(t) for t in study.get_trials(deepcopy=False)}
     problems = [f"child run {run_id} names no trial" for run_id in orphans]
     problems += [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
+    # runs still running, numbered after the study's last trial: trials in flight (an analytic sweep stores a trial
+    # once it is told, orchestrator/sweep/writes.py), as a running trial's running run is; --resume completes or
+    # closes them
+    after = max(trials, default=-1)
+    in_flight = {n for n, r in runs.items() if n > after and all(run.info.status == "RUNNING" for run in r)}
     problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
-                 for n, r in sorted(runs.items()) if n not in trials]
+                 for n, r in sorted(runs.items()) if n not in trials and n not in in_flight]
     problems += _measured_twice([run for n, r in sorted(runs.items()) for run in r])
     tracked = tracks_rejections(context.track_rejected, context.backend or "")
     for number, trial in sorted(trials.items()):

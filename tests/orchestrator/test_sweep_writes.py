@@ -149,3 +149,23 @@ def test_a_sweep_whose_trials_run_writes_directly(tmp_path):
         assert session.writes.direct(session.study.ask(SPACE))
     finally:
         session.close()
+
+
+def test_check_counts_a_run_begun_for_a_trial_not_yet_stored_as_in_flight_and_a_finished_one_as_a_difference(
+        tmp_path):
+    """A driver killed between beginning a trial's run and storing the trial leaves a running run numbered after
+    the study's last trial: in flight, as a running trial's run is (--resume completes or closes it). Finished, such
+    a run would be a record without its trial."""
+    from orchestrator.check import check
+    from orchestrator.tracking import TRIAL_TAG
+
+    spec = make_spec(tmp_path, "in-flight", budget={"n_trials": 3}, gpus_per_node=8, seq_len=512, free=FREE)
+    run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    study = optuna.load_study(study_name=spec.name, storage=spec.storage)
+    client = MlflowClient(spec.tracking_uri)
+    begun = client.create_run(study.user_attrs["mlflow_experiment_id"], tags={
+        "mlflow.parentRunId": study.user_attrs["mlflow_parent_run_id"], TRIAL_TAG: str(len(study.trials))})
+    assert check(spec.storage, spec.name)[1] == []
+    client.set_terminated(begun.info.run_id, "FINISHED")
+    assert check(spec.storage, spec.name)[1] == [
+        f"child run {begun.info.run_id} names trial {len(study.trials)}, which the study does not have"]
