@@ -373,6 +373,8 @@ class Tracker:
 
     def mark_failed(self, number: int, reason: str) -> None:
         child = self._children.get(number)
+        if child is None and number in self._uncertain:  # a stop in its run's creation: the run may exist
+            child = self._created_unanswered(number, {})
         if child is not None and child.status == "RUNNING":
             self.client.set_tag(child.run_id, "status", "interrupted")
             self.client.set_tag(child.run_id, "reason", redact_text(reason))

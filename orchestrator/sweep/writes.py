@@ -73,6 +73,8 @@ class WholeTrialWrites:
         self.study_id = storage.get_study_id_from_name(stored.study_name)
         self.copy: optuna.Study | None = None
         self._next = 0  # the first trial of the copy not stored yet
+        self._unsure = False  # a store of trial _next was cut short (Ctrl-C): it may have landed
+        self._lost: str | None = None  # why this driver stopped storing (another writer's trial)
 
     @property
     def study(self) -> optuna.Study:
@@ -93,12 +95,20 @@ class WholeTrialWrites:
     def flush(self) -> list[int]:
         if self.copy is None:
             return []
+        if self._lost:
+            raise LeaseLost(self._lost)
         trials = self.copy.get_trials(deepcopy=False)
         stored = []
-        while self._next < len(trials) and trials[self._next].state.is_finished():
-            self._create(trials[self._next])
+        if self._unsure and self.storage.get_n_trials(self.study_id) > self._next:  # it landed: never stored twice
             stored.append(self._next)
             self._next += 1
+        while self._next < len(trials) and trials[self._next].state.is_finished():
+            self._unsure = True
+            self._create(trials[self._next])
+            self._unsure = False
+            stored.append(self._next)
+            self._next += 1
+        self._unsure = False
         return stored
 
     def _create(self, trial: FrozenTrial) -> None:
@@ -106,8 +116,9 @@ class WholeTrialWrites:
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
         number = self.storage.get_trial_number_from_id(trial_id)
         if number != trial.number:  # another writer created a trial: only a driver without the lease could
-            raise LeaseLost(f"trial {trial.number} was stored as trial {number}: another driver is writing "
-                            "this study; this driver stops")
+            self._lost = (f"trial {trial.number} was stored as trial {number}: another driver is writing this study; "
+                          "this driver stops")
+            raise LeaseLost(self._lost)
 
 
 def sweep_writes(study: optuna.Study, storage: optuna.storages.BaseStorage, backend: str,

@@ -140,6 +140,30 @@ def test_a_trial_another_writer_stored_meanwhile_stops_the_driver(stored):
         writes.told(trial)
 
 
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_store_cut_short_is_stored_once_whether_it_landed_or_not(stored, monkeypatch, landed):
+    """Ctrl-C during a trial's store, before or after its transaction committed: the next flush (the sweep's stop
+    stores what it can) stores it once, never twice."""
+    study, storage = stored
+    writes = _past_the_queue(study, storage)
+    trial = writes.study.ask(SPACE)
+    trial.study.tell(trial, [1.0])
+    real = type(storage).create_new_trial
+
+    def cut_short(self, *args, **kwargs):
+        if landed:
+            real(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(storage), "create_new_trial", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        writes.told(trial)
+    monkeypatch.setattr(type(storage), "create_new_trial", real)
+    assert writes.flush() == [1]
+    assert [(t.number, t.values) for t in _stored_trials(storage)] == [(0, [3.0]), (1, [1.0])]
+    assert writes.flush() == []
+
+
 def test_a_sweep_whose_trials_run_writes_directly(tmp_path):
     spec = make_spec(Path(tmp_path), "replayed", backend="replay",
                      replay_table=str(Path(__file__).parents[1] / "data" / "replay_small.csv"), budget={"n_trials": 2})

@@ -318,6 +318,28 @@ def test_a_run_a_killed_driver_began_without_its_params_gets_them_with_the_recor
         assert client.get_run(run_id).data.params == layout_params(record.layout)
 
 
+def test_a_trial_stopped_as_its_run_was_created_is_failed_with_that_run_closed(tmp_path, monkeypatch):
+    """Ctrl-C lands once MLflow has made a trial's run but before the tracker heard back: the trial is then failed
+    as interrupted, and its run must be found and closed FAILED, not left running beside a failed trial."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "stopped", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "stopped"}, "stopped", resume=False)
+    real = MlflowClient.create_run
+
+    def made_then_stopped(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(MlflowClient, "create_run", made_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        tracker.child(0, RunRecord.from_payload(0, {"layout": {"tp": 1}}).record.layout, "analytic", params_now=False)
+    monkeypatch.setattr(MlflowClient, "create_run", real)
+    tracker.mark_failed(0, "sweep interrupted")
+    runs = MlflowClient(uri).search_runs([tracker.experiment_id], "tags.`optuna_trial_number` = '0'")
+    assert [(r.info.status, r.data.tags["status"]) for r in runs] == [("FAILED", "interrupted")]
+
+
 def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools_nothing(tmp_path, monkeypatch):
     """The fence stands before every MLflow write, not only before a trial's record: a driver that wakes up
     (SIGSTOP past its lease) in the middle of a record stops at its next call, and the record is the new
