@@ -210,21 +210,21 @@ class Recorder:
                 if self.tracker:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)
             except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume finds it RUNNING
-                self._not_marked(p.trial.number, exc)
+                log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", p.trial.number,
+                            self._why(exc))
         try:  # an analytic sweep's told trials not yet stored (writes.py): stored now, as far as they can be
             self.flush()
         except LeaseLost:
             return
         except Exception as exc:  # noqa: BLE001 -- the sweep is stopping anyway; --resume asks them again
-            self._not_marked(-1, exc)
+            # info, not a warning: the line the sweep stops with says what failed
+            log.info("could not store the trials told before the sweep stopped (%s); --resume asks them again",
+                     self._why(exc))
 
-    def _not_marked(self, number: int, exc: Exception) -> None:
-        why = type(studies.storage_failure(exc, self.session.spec.storage)).__name__ \
-            if isinstance(exc, studies.STORAGE_ERRORS) else redact_text(f"{type(exc).__name__}: {exc}")
-        if number < 0:  # info: the line the sweep stops with says what failed
-            log.info("could not store the trials told before the sweep stopped (%s); --resume asks them again", why)
-        else:
-            log.warning("could not mark trial %d as interrupted (%s); --resume will re-run it", number, why)
+    def _why(self, exc: Exception) -> str:
+        if isinstance(exc, studies.STORAGE_ERRORS):
+            return type(studies.storage_failure(exc, self.session.spec.storage)).__name__
+        return redact_text(f"{type(exc).__name__}: {exc}")
 
     def _settled(self, proposals: list[Proposal]) -> set[int]:
         """The numbers of those that need no marking: told (finished in their study) or kept in the result spool."""
