@@ -309,6 +309,20 @@ class Layout:
         return [f"{d.name}={getattr(self, d.name)}" for d in DIMENSIONS
                 if d.benchmark_only and d.mode(getattr(self, d.name)) in d.benchmark_only]
 
+    @classmethod
+    def of_canonical(cls, values: dict[str, Any]) -> "Layout":
+        """A layout of field values that are each canonical already (its dimension's parse returned it: the layout
+        space's value lists are), the other fields at their defaults, built without parsing them again (`space`
+        builds a hundred thousand). Only the batch is checked: a value that is not canonical would make a layout
+        unequal to the one Layout() builds (tests/search_spaces/test_layout.py holds the two equal over the space's
+        values)."""
+        new = object.__new__(cls)
+        new.__dict__.update(_CANONICAL_DEFAULTS)
+        new.__dict__.update(values)
+        if new.gbs % new.mbs:
+            raise SpecError(f"gbs ({new.gbs}) must be a multiple of mbs ({new.mbs})")
+        return new
+
     def replace(self, **changes: Any) -> "Layout":
         """This layout with `changes` applied (dataclasses.replace, without parsing the unchanged fields again:
         the cost model replaces fields of layouts hundreds of thousands of times)."""
@@ -358,6 +372,7 @@ PARALLEL_SIZES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS if d.parallel
 _CHECKS: tuple[tuple[str, set, Dimension], ...] = tuple((d.name, d.seen_canonical, d) for d in DIMENSIONS)
 _CHECKS_BY_NAME = {check[0]: check for check in _CHECKS}
 _QUIET = {d.name: d.default for d in DIMENSIONS if d.quiet_default}  # left out of to_dict at their default
+_CANONICAL_DEFAULTS = dict(Layout().__dict__)  # every field at its default, canonical (Layout.of_canonical)
 
 
 def _legacy_recompute(data: dict[str, Any]) -> dict[str, Any]:

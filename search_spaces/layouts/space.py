@@ -26,7 +26,7 @@ from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec, load_gpu
 from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.cost.breakdown import GIB
-from search_spaces.cost.costmodel import estimate, peak_memory_gib, tokens_per_sec_per_gpu
+from search_spaces.cost.costmodel import estimate, legal_peak_memory_gib, tokens_per_sec_per_gpu
 from search_spaces.cost.extra_memory import CP_BUFFER_FIELDS, cp_attention_buffers
 from search_spaces.cost.packing import LengthHistogram, packed_statistics
 from search_spaces.errors import SpecError
@@ -64,6 +64,15 @@ FEATURE_FIELDS = tuple(n for n in SEARCH_DIMENSIONS if n not in GRID_FIELDS) + (
 _LEVEL_RULES = {level: level_rules(level) for level in LEVELS}
 _LEVEL_READS = {level: level_reads(level, GRID_FIELDS) for level in _LEVEL_RULES}
 _FEATURE_READS = level_reads(None, GRID_FIELDS)  # the grid fields the feature rules read
+_FEATURE_KEY = itemgetter(*_FEATURE_READS)
+# the feature rules whose verdict also reads the grid (but the CP hierarchy's, expanded per grid), with those fields
+_GRID_FEATURE_RULES = tuple(
+    (index, r, tuple(f for f in r.reads if f in GRID_FIELDS)) for index, r in enumerate(REGISTRY)
+    if r.level is None and r.name != "hierarchical_cp" and set(r.reads) & set(GRID_FIELDS))
+_DEFAULTS = Layout().__dict__  # every field's default, canonical
+# the rules that read the CP communication (all a candidate's p2p form can break), and the fields they read
+_CP_COMM_RULES = tuple(r for r in REGISTRY if {"cp_comm_type", "hierarchical_cp"} & set(r.reads))
+_CP_COMM_READS = itemgetter(*sorted({f for r in _CP_COMM_RULES for f in r.reads}))
 
 
 def default_gbs(seq_len: int, gpu: GPUSpec | None = None) -> int:
@@ -152,7 +161,8 @@ def dimensions(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
         if name not in BY_NAME:
             raise SpecError(f"unknown layout field {name!r} in fixed values; allowed: {', '.join(BY_NAME)}")
         v[name] = [BY_NAME[name].parse(value)]  # a SpecError names a bad value
-    return Dimensions(v)
+    # canonical, so a combination of them is a layout as it stands (Layout.of_canonical): a set lookup per value
+    return Dimensions({name: [BY_NAME[name].canonical(value) for value in values] for name, values in v.items()})
 
 
 def memory_lever_values(model: ModelSpec, cpu: bool) -> dict[str, list[Any]]:
@@ -186,7 +196,8 @@ def recompute_options(model: ModelSpec, cpu: bool = False) -> list[str]:
 
 
 def _layout(values: dict[str, Any]) -> Layout:
-    return Layout(**values)
+    """The layout of a combination of the space's values (canonical: dimensions() lists them parsed)."""
+    return Layout.of_canonical(values)
 
 
 @dataclass
@@ -279,19 +290,58 @@ def _defaults_grid() -> dict[str, int]:
 
 
 class _FeatureTable:
-    """Legal feature combinations per class of grid. The feature rules depend on CP > 1 and on whether a2a can
-    split the heads; the CP hierarchy (the last rule) on TP and CP, so it is expanded per (TP, CP)."""
+    """Legal feature combinations per class of grid. A grid's class is what the feature walk reads of it: the
+    verdicts, over every value of the features they read, of the feature rules that also read grid fields (the
+    EP overlap's EP and schedule, the CP communication's CP and heads), and whether CP is used. Grids of one class
+    have the same walk (a rule reads only its declared fields); the CP hierarchy (the last rule) reads TP and CP,
+    so the legal combinations are expanded per (class, TP, CP). The level rules are iter_grids' (every grid it
+    yields keeps them)."""
 
-    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions, base: "_FeatureTable | None" = None):
-        """`base`: a table of the same space whose combinations (keyed by every grid field the feature rules
-        read) this one shares."""
+    def __init__(self, model, gpu, num_gpus, seq_len, dims: Dimensions):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.dims = model, gpu, num_gpus, seq_len, dims
-        self._base: dict[tuple, tuple[list[dict], dict[str, int]]] = base._base if base else {}
+        # the values of the grid fields the feature rules read: (the class, TP, CP)
+        self._classes: dict[tuple, tuple[int, int, int]] = {}
+        self._class_ids: dict[tuple, int] = {}  # a class's verdicts: its int
+        self._verdicts: dict[tuple, tuple[bool, ...]] = {}  # (rule index, its grid fields' values): verdicts
+        self._base: dict[int, tuple[list[dict], dict[str, int]]] = {}
         self._cache: dict[tuple, tuple[list[dict], dict[str, int]]] = {}
         self._groups: dict[tuple, list[list[dict]]] = {}
 
+    def grid_class(self, grid: dict[str, Any]) -> int:
+        """The grid's class (the class docstring), an int."""
+        return self.expansion(grid)[0]
+
+    def expansion(self, grid: dict[str, Any]) -> tuple[int, int, int]:
+        """(the grid's class, TP, CP): the key of its legal combinations."""
+        key = _FEATURE_KEY(grid)
+        found = self._classes.get(key)
+        if found is None:
+            verdicts = (grid["cp"] == 1,) + tuple(self._rule_verdicts(index, r, reads, grid)
+                                                  for index, r, reads in _GRID_FEATURE_RULES)
+            found = self._classes[key] = (self._class_ids.setdefault(verdicts, len(self._class_ids)), grid["tp"],
+                                          grid["cp"])
+        return found
+
+    def _rule_verdicts(self, index: int, r: Any, reads: tuple[str, ...], grid: dict[str, Any]) -> tuple[bool, ...]:
+        """Rule `r`'s verdict on every combination of the values of the features it reads, on this grid."""
+        key = (index,) + tuple(grid[f] for f in reads)
+        if key not in self._verdicts:
+            v = self.dims.values
+            base = {**{f: values[0] for f, values in v.items()}, **grid}
+            features = [f for f in r.reads if f not in grid]
+            self._verdicts[key] = tuple(
+                bool(r.test(Situation(self.model, self.gpu, self.num_gpus, self.seq_len,
+                                      _layout({**base, **dict(zip(features, combo))}))))
+                for combo in itertools.product(*(v.get(f, [_DEFAULTS[f]]) for f in features)))
+        return self._verdicts[key]
+
+    def expanded(self, key: tuple[int, int, int]) -> tuple[list[dict], dict[str, int]]:
+        """get() of a grid of this expansion, asked before."""
+        return self._cache[key]
+
     def get(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
-        key = (grid["tp"], grid["cp"])
+        """The grid's legal feature combinations (with the hierarchy), and those refused per rule."""
+        key = self.expansion(grid)
         if key not in self._cache:
             legal, rejected = self._base_combos(grid)
             hier = self.dims.values.get("hierarchical_cp", [()])
@@ -309,36 +359,34 @@ class _FeatureTable:
         return self._cache[key]
 
     def walk_first(self, grids: list[dict[str, Any]]) -> None:
-        """The feature walks get() will ask for the first grid of each (TP, CP) among `grids`, split over the
-        cores (search_spaces/layouts/forked.py): the same walks, of the same grids, as asking one by one."""
-        firsts: dict[tuple, dict[str, Any]] = {}
+        """The feature walks get() will ask for, one per class among `grids` (its first grid), split over the
+        cores (search_spaces/layouts/forked.py): the same walks as asking one by one."""
+        todo: dict[int, dict[str, Any]] = {}
         for grid in grids:
-            firsts.setdefault((grid["tp"], grid["cp"]), grid)
-        todo: dict[tuple, dict[str, Any]] = {}
-        for grid in firsts.values():
-            key = tuple(grid[f] for f in _FEATURE_READS)
-            if key not in self._base and key not in todo:
-                todo[key] = grid
+            found = self.grid_class(grid)
+            if found not in self._base and found not in todo:
+                todo[found] = grid
         items = list(todo.items())
         workers = min(available_workers(), len(items))
         parts = [items[w::workers] for w in range(workers)] if workers > 1 else [items]
         for part in map_forked(self._walks, parts):
             self._base.update(part)
 
-    def _walks(self, items: list[tuple[tuple, dict[str, Any]]]) -> list[tuple[tuple, tuple[list[dict], dict]]]:
-        return [(key, _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims, grid).run())
-                for key, grid in items]
+    def _walks(self, items: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, tuple[list[dict], dict]]]:
+        return [(found, _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims, grid).run())
+                for found, grid in items]
 
     def _base_combos(self, grid: dict[str, Any]) -> tuple[list[dict], dict[str, int]]:
         """Every combination of the features but the hierarchy, checked by every rule but the hierarchy's."""
-        key = tuple(grid[f] for f in _FEATURE_READS)
-        if key not in self._base:
-            self._base[key] = _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims, grid).run()
-        return self._base[key]
+        found = self.grid_class(grid)
+        if found not in self._base:
+            self._base[found] = _FeatureWalk(self.model, self.gpu, self.num_gpus, self.seq_len, self.dims,
+                                             grid).run()
+        return self._base[found]
 
     def groups(self, grid: dict[str, Any]) -> list[list[dict]]:
-        """_greedy_features of the grid's legal features (they depend on its (TP, CP) class alone)."""
-        key = (grid["tp"], grid["cp"])
+        """_greedy_features of the grid's legal features (they depend on its class, TP and CP alone)."""
+        key = self.expansion(grid)
         if key not in self._groups:
             self._groups[key] = list(_greedy_features(self.get(grid)[0], self.dims, self.gpu))
         return self._groups[key]
@@ -488,14 +536,23 @@ def _count(model, gpu, num_gpus, seq_len, dims, table: _FeatureTable | None = No
         seen.log.append(grid)
     grids = [g for g in seen.log if isinstance(g, dict)]
     table.walk_first(grids)
+    # grids of one expansion (class, TP, CP) have the same counts: each expansion's are added once, times its
+    # grids, after its first grid has placed its rules in the order of first entries
+    grids_of: dict[tuple, int] = {}
     for entry in seen.log:
         if isinstance(entry, tuple):
             count.reject(*entry)
             continue
-        legal, rejected = table.get(entry)
-        count.legal += len(legal)
-        for rule, n in rejected.items():
-            count.reject(rule, n)
+        key = table.expansion(entry)
+        if key not in grids_of:
+            for rule in table.get(entry)[1]:
+                count.reject(rule, 0)
+        grids_of[key] = grids_of.get(key, 0) + 1
+    for key, n in grids_of.items():
+        legal, rejected = table.expanded(key)
+        count.legal += len(legal) * n
+        for rule, rejections in rejected.items():
+            count.reject(rule, rejections * n)
     return count, grids
 
 
@@ -573,14 +630,12 @@ def explore(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_len: 
     started = time.perf_counter()
     model, gpu, num_gpus, seq_len = _resolve(model, gpu, num_gpus, seq_len)
     dims = dimensions(model, gpu, num_gpus, seq_len, fixed, gbs, free)
-    counted = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
-    count, grids = _count(model, gpu, num_gpus, seq_len, dims, counted)
+    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    count, grids = _count(model, gpu, num_gpus, seq_len, dims, table)
     scored = _ranked_grids(model, gpu, num_gpus, seq_len, grids, _attention_length(packing, seq_len))
-    # a table of its own: get() keeps one list per (TP, CP), of the first grid asked, here in ranking order
-    table = _FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
     limit = len(scored) if max_grids is None else min(max_grids, len(scored))
     work = scored[:limit]
-    for grid in work:  # every class's groups found in ranking order, before the work is split
+    for grid in work:  # every class's groups found before the work is split
         table.groups(grid)
     ranker = _Ranker(model, gpu, num_gpus, seq_len, cal, packing, table, work, started, budget_s)
     ranked = [row for part in map_forked(ranker.rank, _parts(len(work), workers)) for row in part]
@@ -636,7 +691,6 @@ class _Ranker:
         model, gpu, num_gpus, seq_len, cal, packing = (self.model, self.gpu, self.num_gpus, self.seq_len, self.cal,
                                                        self.packing)
         probe = _PeakProbe(model, gpu, num_gpus, seq_len, cal)
-        seen: set[tuple] = set()  # (candidates of different grids differ in the grid's fields)
         rows: list[tuple[int, int | None, list[tuple[float, Layout]]]] = []
         for n in indices:
             if self.budget_s is not None and time.perf_counter() - self.started > self.budget_s:
@@ -646,15 +700,10 @@ class _Ranker:
             estimated = 0
             found: list[tuple[float, Layout]] = []
             for group in self.table.groups(grid):
-                for feats in group:
-                    values = {**grid, **feats}
-                    key = tuple(values.values())  # every candidate's fields in one order: the layout's identity
-                    if key in seen:
-                        continue
-                    seen.add(key)
+                for feats in group:  # (the groups split the grid's combinations: none is estimated twice)
                     estimated += 1
-                    if probe.fits(values):
-                        layout = _layout(values)
+                    if probe.fits(grid, feats):
+                        layout = _layout({**grid, **feats})
                         found.append((tokens_per_sec_per_gpu(model, gpu, num_gpus, seq_len, layout, cal, packing),
                                       layout))
                         break  # lighter recompute / no offload fits: heavier ones only cost time
@@ -689,40 +738,74 @@ class _PeakProbe:
     """Does a candidate fit? The CP communication changes only its CP buffers (search_spaces.cost.extra_memory), so
     the rest of the peak is estimated once per layout-but-its-CP-communication, the buffers once per value of
     extra_memory.CP_BUFFER_FIELDS. The rest is measured on the p2p form of the layout, or on the candidate itself
-    where p2p is illegal (sliding windows, attention sinks: an illegal layout has no peak). A candidate is a dict
-    of layout fields (every candidate has the same ones, in the same order), and legal."""
+    where p2p is illegal (sliding windows, attention sinks: an illegal layout has no peak). A candidate is a grid
+    (iter_grids') and a feature combination (the feature table's), and legal: the table holds legal combinations
+    only, so the probe checks no rule but those of the p2p form's CP communication.
+
+    Both memo tables are keyed by small ints: a grid's and a combination's fields are read once (the ranker asks
+    for 150,000 candidates, a few thousand grids times the few thousand combinations of their classes)."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, cal: Calibration | None):
         self.model, self.gpu, self.num_gpus, self.seq_len, self.cal = model, gpu, num_gpus, seq_len, cal
-        self._rest: dict[tuple, float] = {}
-        self._buffers: dict[tuple, float] = {}
-        self._memory_key: Any = None  # the candidate's fields but its CP communication (set at the first call)
+        self._rest: dict[tuple[int, int], float] = {}  # (the grid, the combination but its CP communication)
+        self._buffers: dict[tuple[int, int], float] = {}  # (the grid's, the combination's CP_BUFFER_FIELDS)
+        self._ids: dict[tuple, int] = {}  # each distinct set of (field, value) pairs: its int
+        self._grid: dict[str, Any] | None = None  # the grid asked for last, and its two ints
+        self._grid_ids = (0, 0)
+        self._feats_ids: dict[int, tuple[dict[str, Any], int, int]] = {}  # id(combination): it, and its two ints
+        self._buffer_gibs: dict[tuple, float] = {}
+        self._p2p_legal: dict[tuple, bool] = {}
         self._buffer_key = itemgetter(*CP_BUFFER_FIELDS)
 
-    def fits(self, values: dict[str, Any]) -> bool:
-        if self._memory_key is None:
-            self._memory_key = itemgetter(*(f for f in values if f not in ("cp_comm_type", "hierarchical_cp")))
-        key = self._memory_key(values)
+    def fits(self, grid: dict[str, Any], feats: dict[str, Any]) -> bool:
+        """Whether the candidate {**grid, **feats} fits."""
+        if grid is not self._grid:
+            self._grid = grid
+            self._grid_ids = (self._id(sorted(grid.items())),
+                              self._id((f, grid[f]) for f in CP_BUFFER_FIELDS if f in grid))
+        known = self._feats_ids.get(id(feats))
+        if known is None or known[0] is not feats:  # (the table keeps its combinations alive: an id stays theirs)
+            known = self._feats_ids[id(feats)] = (
+                feats, self._id((f, v) for f, v in feats.items() if f not in ("cp_comm_type", "hierarchical_cp")),
+                self._id((f, feats[f]) for f in CP_BUFFER_FIELDS if f in feats))
+        key = (self._grid_ids[0], known[1])
         rest = self._rest.get(key)
         if rest is None:
-            plain = {**values, "cp_comm_type": "p2p", "hierarchical_cp": ()} if values["cp"] > 1 else values
-            peak = self._peak(plain)
-            if peak is None and plain is not values:  # p2p is illegal for this model: the candidate's own form
-                plain, peak = values, self._peak(values)
-            if peak is None:
-                return False  # not kept: another candidate's CP communication may be legal
-            rest = self._rest[key] = peak - self._buffer_gib(plain)
-        return rest + self._buffer_gib(values) <= self.gpu.memory_gib
+            rest = self._rest[key] = self._rest_gib({**grid, **feats})
+        buffer_key = (self._grid_ids[1], known[2])
+        buffer = self._buffers.get(buffer_key)
+        if buffer is None:
+            buffer = self._buffers[buffer_key] = self._buffer_gib({**grid, **feats})
+        return rest + buffer <= self.gpu.memory_gib
 
-    def _peak(self, values: dict[str, Any]) -> float | None:
-        return peak_memory_gib(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(values), self.cal)
+    def _id(self, pairs: Iterable[tuple[str, Any]]) -> int:
+        return self._ids.setdefault(tuple(pairs), len(self._ids))
+
+    def _rest_gib(self, values: dict[str, Any]) -> float:
+        """The candidate's peak but its CP buffers."""
+        plain = values
+        if values["cp"] > 1:  # p2p where it is legal for this model, else the candidate's own form
+            p2p = {**values, "cp_comm_type": "p2p", "hierarchical_cp": ()}
+            plain = p2p if self._legal_as_p2p(p2p) else values
+        return legal_peak_memory_gib(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(plain),
+                                     self.cal) - self._buffer_gib(plain)
+
+    def _legal_as_p2p(self, p2p: dict[str, Any]) -> bool:
+        """Whether the p2p form of a legal candidate is legal: only the rules that read the CP communication can
+        refuse it (the candidate keeps every other), judged once per value of the fields they read."""
+        key = _CP_COMM_READS(p2p)
+        legal = self._p2p_legal.get(key)
+        if legal is None:
+            situation = Situation(self.model, self.gpu, self.num_gpus, self.seq_len, _layout(p2p))
+            legal = self._p2p_legal[key] = not any(r.test(situation) for r in _CP_COMM_RULES)
+        return legal
 
     def _buffer_gib(self, values: dict[str, Any]) -> float:
         key = self._buffer_key(values)
-        if key not in self._buffers:
+        if key not in self._buffer_gibs:
             layout = _layout(values)
-            self._buffers[key] = cp_attention_buffers(self.model, layout, self.seq_len, self.gpu.is_cpu) / GIB
-        return self._buffers[key]
+            self._buffer_gibs[key] = cp_attention_buffers(self.model, layout, self.seq_len, self.gpu.is_cpu) / GIB
+        return self._buffer_gibs[key]
 
 
 def _priority(g: dict, num_gpus: int, seq_len: int, attention_length: float) -> tuple:

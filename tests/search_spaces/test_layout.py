@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout, parse_recompute
@@ -112,3 +114,28 @@ def test_full_recompute_keeps_method_and_layer_count():
     # records written before recompute was one field
     legacy = {"recompute_granularity": "selective", "recompute_modules": ["moe_act", "layernorm"], "tp": 2}
     assert Layout.from_dict(legacy).recompute == "moe_act,layernorm"
+
+
+# Layout.of_canonical builds the space's layouts without parsing each field again: over every value the space's
+# dimensions list (opt-in dimensions freed, GPU and CPU, dense and MoE), it builds the layout Layout() builds
+_SPACES = [("deepseek-v3", "h100"), ("qwen3-next-80b-a3b", "gb200"), ("llama3-70b", "b200"), ("tiny-mla-moe", "cpu")]
+
+
+@given(data=st.data())
+@settings(deadline=None)
+def test_a_layout_of_the_spaces_canonical_values_is_the_one_layout_builds(data):
+    from search_spaces.catalog.hardware import load_gpu
+    from search_spaces.catalog.models import load_model
+    from search_spaces.layouts.space import OPT_IN, dimensions
+
+    model, gpu = data.draw(st.sampled_from(_SPACES))
+    dims = dimensions(load_model(model), load_gpu(gpu), 64, 32768, free=OPT_IN).values
+    names = data.draw(st.sets(st.sampled_from(sorted(dims))))  # the others at their defaults
+    values = {name: data.draw(st.sampled_from(dims[name])) for name in names}
+    if values.get("gbs", 1) % values.get("mbs", 1):
+        values["mbs"] = 1
+    built = Layout(**values)
+    fast = Layout.of_canonical(values)
+    assert fast == built and hash(fast) == hash(built)
+    assert fast.to_dict() == built.to_dict() and fast.key() == built.key()
+    assert [type(getattr(fast, name)) for name in values] == [type(getattr(built, name)) for name in values]

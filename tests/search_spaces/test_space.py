@@ -1,12 +1,15 @@
 """The layout space: legal members only, `fixed` honoured, counts consistent, fast, rules of thumb on top."""
 
+import itertools
 
 import pytest
 
 from search_spaces.catalog.hardware import load_gpu
 from search_spaces.catalog.models import MODEL_NAMES, load_model
 from search_spaces.errors import SpecError
+from search_spaces.layouts import space
 from search_spaces.layouts.heuristics import rule_of_thumb_cp, seed_layouts
+from search_spaces.layouts.layout import Layout
 from search_spaces.layouts.rules import check
 from search_spaces.layouts.space import candidate_layouts, count_space, explore
 
@@ -34,6 +37,31 @@ def test_fixed_parallel_fields_and_bad_fixed_values():
         candidate_layouts(TINY, CPU, 4, 512, fixed={"colour": "red"})
     with pytest.raises(SpecError):
         candidate_layouts(TINY, CPU, 4, 512, fixed={"precision": "fp7"})
+
+
+# The feature rules that read grid fields too (the EP overlap reads EP and the schedule, the CP communication CP
+# and the heads) are judged per grid: grids of one (TP, CP) differ in them, and a table kept per (TP, CP) once
+# counted a third of DeepSeek-V3's legal layouts as illegal and ranked layouts the rules refuse
+def test_each_grid_has_exactly_the_feature_combinations_that_check_finds_legal():
+    model, gpu, num_gpus, seq_len = load_model("qwen3-30b-a3b"), load_gpu("h100"), 32, 8192
+    fixed = {"precision": "bf16", "recompute": "none", "dispatcher": "deepep", "optimizer_offload": 0.0, "mbs": 1,
+             "etp": 1}
+    dims = space.dimensions(model, gpu, num_gpus, seq_len, fixed)
+    base = {name: values[0] for name, values in dims.values.items()}
+    combos = [dict(zip(space.FEATURE_FIELDS, values))
+              for values in itertools.product(*(dims.values[name] for name in space.FEATURE_FIELDS))]
+    grids = list(space.iter_grids(model, gpu, num_gpus, seq_len, dims))
+    assert len({(g["pp"], g["vpp"], g["ep"]) for g in grids}) > 10 and len(combos) > 30
+    table, legal_count = space._FeatureTable(model, gpu, num_gpus, seq_len, dims), 0
+    for grid in grids:
+        # without CP the space keeps cp_comm_type's first value (the others are counted as cp_comm_unused)
+        layouts = (Layout(**{**base, **grid, **combo}) for combo in combos
+                   if grid["cp"] > 1 or combo["cp_comm_type"] == base["cp_comm_type"])
+        legal = {layout for layout in layouts if not check(model, gpu, num_gpus, seq_len, layout)}
+        assert {Layout(**{**base, **grid, **combo}) for combo in table.get(grid)[0]} == legal, grid
+        legal_count += len(legal)
+    assert legal_count > 0
+    assert count_space(model, gpu, num_gpus, seq_len, fixed).legal == legal_count
 
 
 def test_counts_add_up():
@@ -118,14 +146,13 @@ def _ranked_candidates(model_name: str, gpu_name: str, num_gpus: int, seq_len: i
 
     model, gpu = load_model(model_name), load_gpu(gpu_name)
     dims = space.dimensions(model, gpu, num_gpus, seq_len, None, None, ())
-    counted = space._FeatureTable(model, gpu, num_gpus, seq_len, dims)
-    _, legal_grids = space._count(model, gpu, num_gpus, seq_len, dims, counted)
-    table = space._FeatureTable(model, gpu, num_gpus, seq_len, dims, base=counted)
+    table = space._FeatureTable(model, gpu, num_gpus, seq_len, dims)
+    _, legal_grids = space._count(model, gpu, num_gpus, seq_len, dims, table)
     ranked = space._ranked_grids(model, gpu, num_gpus, seq_len, legal_grids, seq_len)
     for grid in [grid for grid in ranked if table.groups(grid)][:grids]:
         for group in table.groups(grid):
             for feats in group:
-                yield model, gpu, {**grid, **feats}
+                yield model, gpu, grid, feats
 
 
 # gpt-oss: sliding windows and attention sinks make p2p CP illegal (its candidates run a2a); DeepSeek-V3: p2p legal
@@ -136,13 +163,15 @@ def test_the_rankers_memory_probe_agrees_with_the_estimate_on_every_candidate(si
     from search_spaces.layouts import space
 
     name, gpu_name, num_gpus, seq_len, grids = situation
-    probe, checked, cp_fitting = None, 0, 0
-    for model, gpu, values in _ranked_candidates(name, gpu_name, num_gpus, seq_len, grids):
+    probe, checked, cp_fitting, keys = None, 0, 0, set()
+    for model, gpu, grid, feats in _ranked_candidates(name, gpu_name, num_gpus, seq_len, grids):
         probe = probe or space._PeakProbe(model, gpu, num_gpus, seq_len, None)
-        layout = space._layout(values)
+        layout = space._layout({**grid, **feats})
+        assert layout.key() not in keys  # the groups split a grid's combinations: the ranker counts each once
+        keys.add(layout.key())
         assert not check(model, gpu, num_gpus, seq_len, layout), layout.key()  # the probe's premise
         peak = peak_memory_gib(model, gpu, num_gpus, seq_len, layout)
-        fits = probe.fits(values)
+        fits = probe.fits(grid, feats)
         if abs(peak - gpu.memory_gib) > 1e-6:  # the probe sums the same terms in another order
             assert fits == (peak <= gpu.memory_gib), (layout.key(), peak)
         checked += 1
