@@ -2,7 +2,9 @@
 
 - `space --json` and `estimate --json` print, to the last digit, what they printed before the cost model was
   memoised (tests/data/speed_identity.json, written by tests/data/capture_speed_identity.py at the commit it
-  records);
+  records). Recaptured once on purpose, at fb66a92, where `space` began to judge the feature rules on each grid:
+  its legal and rejection counts and its estimated counts moved, and one top (a faster DeepSeek-V3 layout the old
+  table never tried); every estimate, every other top and every fitting count is the first capture's;
 - a memoised term is keyed by the layout fields it declares it reads: an undeclared read would hand one layout
   another's value. Every one-field neighbour of a set of layouts is estimated warm (their values shared through
   the memo tables), then each again from scratch: the two agree.
