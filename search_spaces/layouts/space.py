@@ -8,7 +8,8 @@ or `fixed` sets it; a benchmark-only value (forced balance) is never a member un
 
 Enumeration is nested and prunes early: a partial grid that breaks a rule (e.g. TP*CP*PP does not divide
 the world) is counted once, times the size of the subtree it cuts, under that rule's name. Feature legality
-only depends on the GPU and on whether CP > 1 (and a2a can split the heads), so it is computed once per class.
+depends on a grid only through the feature rules that read grid fields (the EP overlap reads EP and the schedule,
+the CP communication CP and the heads), so it is computed once per class of grids those rules judge alike.
 `explore()` estimates only grids whose static memory can fit, and per grid only a greedy handful of features.
 """
 
