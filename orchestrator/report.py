@@ -204,6 +204,14 @@ def _importance_figure(study: optuna.Study) -> go.Figure:
     return fig
 
 
+def _importance_left_to_report(study: optuna.Study) -> go.Figure:
+    fig = go.Figure().add_annotation(
+        text=f"parameter importance: moe-autotune report {study.study_name} draws it (its fANOVA loads scikit-learn, "
+             "a second or two: left out of the page every sweep writes)", showarrow=False)
+    fig.update_layout(title="Parameter importance (Optuna)")
+    return fig
+
+
 def _predicted_measured_figure(trials: list[TrialView]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s/GPU", "peak memory (GiB)"))
     for col, key in ((1, "tokens_per_sec_per_gpu"), (2, "peak_memory_gib")):
@@ -263,9 +271,11 @@ def pareto_figure(study: optuna.Study) -> go.Figure:
 
 
 def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None,
-            family: list[dict[str, Any]] | None = None) -> dict[str, go.Figure]:
-    """One figure per question; the length family's only for a family (its rows: sweep.family.family_rows)."""
-    figs = {"pareto": _pareto_figure(trials), "importance": _importance_figure(study),
+            family: list[dict[str, Any]] | None = None, importance: bool = True) -> dict[str, go.Figure]:
+    """One figure per question; the length family's only for a family (its rows: sweep.family.family_rows);
+    without `importance`, the importance figure is a note naming `moe-autotune report`."""
+    figs = {"pareto": _pareto_figure(trials),
+            "importance": _importance_figure(study) if importance else _importance_left_to_report(study),
             "predicted_vs_measured": _predicted_measured_figure(trials),
             "winner_breakdown": _breakdown_figure(winner), "best_so_far": _best_so_far_figure(trials),
             "gpu_hours": _gpu_hours_figure(trials)}
@@ -351,16 +361,17 @@ def _section(name: str, fig: go.Figure, first: bool, png: Path | None) -> dict[s
 
 
 def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
-          family: list[dict[str, Any]] | None = None, compare_packing: bool = True) -> Report:
+          family: list[dict[str, Any]] | None = None, compare_packing: bool = True, importance: bool = True) -> Report:
     """report.html and, where a Chrome runs (and `pngs`), one PNG per figure in out_dir; `family`: the rows
     of the length family the study belongs to; `compare_packing`: a packed sweep's page sets the cost model's
-    best layout for full-length documents beside its best for the sweep's (two explorations of its space)."""
+    best layout for full-length documents beside its best for the sweep's (two explorations of its space);
+    `importance`: Optuna's parameter importance (fANOVA, which loads scikit-learn), else a note."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trials = views(study)
     fitting = [v for v in trials if v.status == "ok" and v.fits and _num(v.tokens_per_sec_per_gpu) is not None]
     winner = max(fitting, key=throughput, default=None)
-    figs = figures(study, trials, winner, family)
+    figs = figures(study, trials, winner, family, importance)
     pngs_written, png_note = export_pngs(figs, out) if pngs else ({}, "not asked for")
 
     context = StudyRecord.of(study)

@@ -249,13 +249,14 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
 def _log_views(tracker: Tracker, study: optuna.Study) -> None:
     """The sweep's views on its parent run: the leaderboard (an MLflow table and a CSV), the Pareto plot and the
     report page (no PNGs: no headless Chrome at every sweep's end; no packed-vs-full comparison, which explores
-    the space twice: `moe-autotune report` draws it)."""
+    the space twice; no parameter importance, whose fANOVA loads scikit-learn, a second or two of every sweep:
+    `moe-autotune report` draws them)."""
     import tempfile
 
     from orchestrator import report  # plotly and jinja2: only when a sweep ends with MLflow
 
     with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
-        page = report.write(study, tmp, pngs=False, compare_packing=False)
+        page = report.write(study, tmp, pngs=False, compare_packing=False, importance=False)
         tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
                           [page.html_path, *page.pngs.values()])
 

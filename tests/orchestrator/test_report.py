@@ -223,3 +223,28 @@ def test_the_page_escapes_what_it_did_not_write(tmp_path):
     assert "<script>alert('x')</script>" not in page
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
     assert '<section id="pareto">' in page and '<section id="trials">' in page and "<div id=\"fig-pareto\"" in page
+
+
+def test_the_page_every_sweep_writes_leaves_the_importance_to_report(tmp_path, monkeypatch):
+    """`moe-autotune report` draws Optuna's parameter importance; the page each sweep logs to its parent run names
+    that command instead: the importance's fANOVA loads scikit-learn, seconds of every sweep."""
+    from orchestrator.sweep import loop
+
+    _, study = make_study(tmp_path)
+    asked = []
+    real = report._importance_figure
+    monkeypatch.setattr(report, "_importance_figure", lambda s: asked.append(s) or real(s))
+    full = report.write(study, tmp_path / "full", pngs=False)
+    assert len(asked) == 1 and 'id="fig-importance"' in full.html_path.read_text()
+    assert "Parameter importance" in full.html_path.read_text()
+
+    logged = []
+
+    class Tracker:  # the parent run's side of the sweep's end
+        def log_views(self, leaderboard, pareto_figure, files):
+            logged.extend((path.name, path.read_text()) for path in files)
+
+    loop._log_views(Tracker(), study)
+    (name, page), = logged
+    assert name == "report.html" and len(asked) == 1  # no importance computed at the sweep's end
+    assert 'id="fig-importance"' in page and f"moe-autotune report {study.study_name} draws it" in page
