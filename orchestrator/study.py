@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import optuna
 import pandas as pd
@@ -114,11 +114,16 @@ def sqlite_path(url: str) -> Path | None:
     return stores.sqlite_file(url)
 
 
+def stored_studies(storage: optuna.storages.BaseStorage) -> list[Any]:
+    """The storage's studies (name and attributes), oldest first, without their trials: Optuna's study summaries
+    read and copy every trial of every study to count them (seconds for a storage of a few sweeps)."""
+    return list(storage.get_all_studies())
+
+
 def check_study(storage: optuna.storages.BaseStorage, storage_url: str, name: str, resume: bool):
     """Refuse (SpecError) a new sweep of a study that exists (nothing is overwritten) and a --resume of one that does
     not; the existing study's summary, or None. Asked before anything else is created (the MLflow store)."""
-    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    found = summaries.get(name)
+    found = next((s for s in stored_studies(storage) if s.study_name == name), None)
     shown = redact_uri(storage_url)
     if found is not None and not resume:
         raise SpecError(_already(name, shown))
@@ -138,7 +143,7 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
     lease settles two drivers that find it)."""
     found = check_study(storage, storage_url, name, resume)
     if found is not None:  # reading it writes nothing: a store that refuses writes says so at the first write
-        set_up = bool(found.user_attrs.get("spec") or found.n_trials)
+        set_up = bool(found.user_attrs.get("spec") or storage.get_n_trials(storage.get_study_id_from_name(name)))
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler), set_up
     try:  # a second sweep creating the same name at the same moment loses here, not by sharing the study
         study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=DIRECTIONS)
@@ -159,7 +164,7 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
 def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
     """A study of an existing storage (the newest when unnamed); a SpecError naming what is missing."""
     store = open_existing_storage(storage)
-    names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
+    names = [s.study_name for s in stored_studies(store)]
     if study_name is None:
         if not names:
             raise SpecError(f"no study in {redact_uri(storage)}")
@@ -172,7 +177,7 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
 def family_members(storage: str, name: str) -> list[optuna.Study]:
     """The studies of length family `name` (one per sequence length), shortest first; [] when it is none."""
     store = open_existing_storage(storage)
-    names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)
+    names = [s.study_name for s in stored_studies(store)
              if StudyRecord.of(s).family == name and s.study_name != name]
     members = [optuna.load_study(study_name=n, storage=store) for n in names]
     return sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0))

@@ -1,7 +1,25 @@
 """The sweep: a session (stores, study, lease, MLflow), the loop (propose -> screen -> dispatch -> record),
-the samplers, the prior (space and cost model) and the calibrated search."""
+the samplers, the prior (space and cost model) and the calibrated search.
 
-from orchestrator.sweep.loop import Sweep, SweepOutcome, run_sweep
-from orchestrator.sweep.prior import Prediction, Prior, make_prior
+The names below are imported on first use (as search_spaces' name table): a command that needs one part (the
+lease, for `status`) does not load the loop and, through it, MLflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_NAMES = {"Sweep": "loop", "SweepOutcome": "loop", "run_sweep": "loop",
+          "Prediction": "prior", "Prior": "prior", "make_prior": "prior"}
 
 __all__ = ["Prediction", "Prior", "Sweep", "SweepOutcome", "make_prior", "run_sweep"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'orchestrator.sweep' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"orchestrator.sweep.{_NAMES[name]}"), name)
+    globals()[name] = value  # once looked up, an ordinary module attribute
+    return value

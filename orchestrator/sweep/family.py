@@ -90,4 +90,4 @@ def family_rows(members: list[optuna.Study]) -> list[dict[str, Any]]:
 
 def _exists(spec: SweepSpec) -> bool:
     storage = studies.open_storage(spec.storage)
-    return spec.name in {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    return spec.name in {s.study_name for s in studies.stored_studies(storage)}

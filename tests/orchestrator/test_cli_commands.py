@@ -57,3 +57,20 @@ def test_a_users_own_setting_of_the_library_threads_wins(monkeypatch):
     assert cli.main(["--help"]) == 0
     assert os.environ["JE_ARROW_MALLOC_CONF"] == "narenas:2"
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+
+
+def test_status_reads_the_study_without_loading_mlflow(tmp_path):
+    """`status` reads the Optuna storage alone: the sweep package's names load on first use, so the lease it
+    reads does not bring the loop and MLflow (a second of every `status`)."""
+    from tests.orchestrator.test_promote import make_study
+
+    storage, _ = make_study(tmp_path)
+    probe = ("import contextlib, io, json, sys\n"
+             "from orchestrator.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+             f"    rc = main(['status', 'fake', '--storage', {storage!r}])\n"
+             "print(json.dumps([rc, 'mlflow' in sys.modules, out.getvalue()]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    rc, mlflow_loaded, shown = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rc == 0 and "fake" in shown and not mlflow_loaded

@@ -124,3 +124,23 @@ def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search, n_trials):
         assert out.n_measured == n_trials
         assert all(t.user_attrs.get("status") != "infeasible" or t.user_attrs.get("proposed_by") != search
                    for t in out.study.trials)
+
+
+def test_the_stored_studies_are_optunas_summaries_without_their_trials(tmp_path):
+    """studies.stored_studies lists what optuna.get_all_study_summaries lists (names, attributes, order), without
+    reading every trial; load_study without a name takes the newest."""
+    import optuna
+
+    from orchestrator import study as studies_mod
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    for n, name in enumerate(["b", "a", "c"]):
+        made = optuna.create_study(storage=url, study_name=name)
+        made.set_user_attr("family", "f" if n else "g")
+        made.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=n + 1)
+    storage = studies_mod.open_storage(url)
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    stored = studies_mod.stored_studies(storage)
+    assert [(s.study_name, s.user_attrs) for s in stored] == [(s.study_name, s.user_attrs) for s in summaries]
+    assert studies_mod.load_study(url).study_name == "c"
+    assert [s.study_name for s in studies_mod.family_members(url, "f")] == ["a", "c"]
