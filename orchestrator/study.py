@@ -122,7 +122,8 @@ def stored_studies(storage: optuna.storages.BaseStorage) -> list[Any]:
 
 def check_study(storage: optuna.storages.BaseStorage, storage_url: str, name: str, resume: bool):
     """Refuse (SpecError) a new sweep of a study that exists (nothing is overwritten) and a --resume of one that does
-    not; the existing study's summary, or None. Asked before anything else is created (the MLflow store)."""
+    not; the existing study (its name and attributes, stored_studies), or None. Asked before anything else is
+    created (the MLflow store)."""
     found = next((s for s in stored_studies(storage) if s.study_name == name), None)
     shown = redact_uri(storage_url)
     if found is not None and not resume:

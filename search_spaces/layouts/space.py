@@ -70,7 +70,6 @@ _FEATURE_KEY = itemgetter(*_FEATURE_READS)
 _GRID_FEATURE_RULES = tuple(
     (index, r, tuple(f for f in r.reads if f in GRID_FIELDS)) for index, r in enumerate(REGISTRY)
     if r.level is None and r.name != "hierarchical_cp" and set(r.reads) & set(GRID_FIELDS))
-_DEFAULTS = Layout().__dict__  # every field's default, canonical
 # the rules that read the CP communication (all a candidate's p2p form can break), and the fields they read
 _CP_COMM_RULES = tuple(r for r in REGISTRY if {"cp_comm_type", "hierarchical_cp"} & set(r.reads))
 _CP_COMM_READS = itemgetter(*sorted({f for r in _CP_COMM_RULES for f in r.reads}))
@@ -329,11 +328,11 @@ class _FeatureTable:
         if key not in self._verdicts:
             v = self.dims.values
             base = {**{f: values[0] for f, values in v.items()}, **grid}
-            features = [f for f in r.reads if f not in grid]
+            features = [f for f in r.reads if f not in grid and f in v]  # the others: their defaults, as in a walk
             self._verdicts[key] = tuple(
                 bool(r.test(Situation(self.model, self.gpu, self.num_gpus, self.seq_len,
                                       _layout({**base, **dict(zip(features, combo))}))))
-                for combo in itertools.product(*(v.get(f, [_DEFAULTS[f]]) for f in features)))
+                for combo in itertools.product(*(v[f] for f in features)))
         return self._verdicts[key]
 
     def expanded(self, key: tuple[int, int, int]) -> tuple[list[dict], dict[str, int]]:
