@@ -125,7 +125,7 @@ LIBRARY_THREADS_OFF = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "bac
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry (setuptools wraps it in sys.exit); tests call main([...]) directly."""
+    """The command line's exit code; `console_main` (the installed command) runs it, tests call main([...]) directly."""
     for name, value in LIBRARY_THREADS_OFF.items():
         os.environ.setdefault(name, value)
     _debug["on"] = False
@@ -169,5 +169,19 @@ def _run(argv: list[str] | None) -> int:
         return 2
 
 
+def console_main() -> None:
+    """The installed `moe-autotune` (pyproject's [project.scripts]): main(), then an exit that a late Ctrl-C or
+    SIGTERM cannot turn into a kill by signal or a traceback (orchestrator/interrupts.py)."""
+    from orchestrator import interrupts
+
+    interrupts.ignore_stops_at_teardown()  # before main loads a library: its exit hook runs after theirs
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a stop in the instant between a command's own handling and here
+        code = 130
+    interrupts.stop_exits_with(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -90,3 +90,58 @@ def test_an_interrupted_fetch_stops_without_sqlalchemys_logged_traceback():
     done = subprocess.run([sys.executable, "-c", FETCH_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "interrupted", (done.stdout, done.stderr)
     assert done.stderr == "", done.stderr
+
+
+# a command that ends (exit code 3) while a stop arrives: during an exit hook (registered by a library the command
+# loaded), or during the interpreter's teardown (a module's object finalized last). CI met the second: a sweep
+# SIGTERMed just as it ended exited -15 though its work was done and recorded.
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    from orchestrator import cli
+    from orchestrator.interrupts import unwind_on_signals
+
+    def stop(where):
+        print(where, flush=True)
+        os.kill(os.getpid(), signal.SIG{name})
+        time.sleep(0.2)  # the signal is handled here, or ignored
+        print("after " + where, flush=True)
+
+    class AtTeardown:
+        def __del__(self):
+            stop("teardown")
+
+    def command(argv=None):
+        unwind_on_signals()  # as `moe-autotune sweep` does
+        if "{when}" == "hook":
+            atexit.register(stop, "hook")
+        else:
+            sys.modules["__main__"].last = AtTeardown()
+        return 3
+
+    cli.main = command
+    {entry}
+""")
+
+
+def _exit_run(when: str, name: str, entry: str) -> subprocess.CompletedProcess:
+    script = EXIT_SCRIPT.replace("{when}", when).replace("{name}", name).replace("{entry}", entry)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+@pytest.mark.parametrize("when", ["hook", "teardown"])
+def test_a_stop_while_a_finished_command_exits_keeps_its_exit_code_and_prints_nothing(when, name):
+    done = _exit_run(when, name, "cli.console_main()")
+    assert done.stdout.startswith(when), (done.stdout, done.stderr)  # the stop was sent as the process exited
+    assert done.returncode == 3, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
+
+
+@pytest.mark.slow  # four interpreters: the full suite runs it, the fast lane does not (issue 33)
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+@pytest.mark.parametrize("when", ["hook", "teardown"])
+def test_without_console_main_a_stop_at_exit_kills_or_prints(when, name):
+    """What `console_main` exists for, reproduced with `sys.exit(main())` (the installed command before)."""
+    done = _exit_run(when, name, "sys.exit(cli.main())")
+    assert done.stdout.startswith(when), (done.stdout, done.stderr)
+    assert done.returncode != 3 or "Traceback" in done.stderr, (done.returncode, done.stdout, done.stderr)
