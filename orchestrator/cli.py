@@ -170,16 +170,16 @@ def _run(argv: list[str] | None) -> int:
 
 
 def console_main() -> None:
-    """The installed `moe-autotune` (pyproject's [project.scripts]): main(), then an exit that a late Ctrl-C or
-    SIGTERM cannot turn into a kill by signal or a traceback (orchestrator/interrupts.py)."""
-    from orchestrator import interrupts
+    """The installed `moe-autotune` (pyproject's [project.scripts]): main(), then an end that a late Ctrl-C or
+    SIGTERM cannot change, with a quick teardown (orchestrator/exiting.py)."""
+    from orchestrator import exiting
 
-    interrupts.ignore_stops_at_teardown()  # before main loads a library: its exit hook runs after theirs
+    exiting.arm()  # before main loads a library: its exit hook runs after theirs
     try:
         code = main()
     except KeyboardInterrupt:  # a stop in the instant between a command's own handling and here
         code = 130
-    interrupts.stop_exits_with(code)
+    exiting.finished(code)
     sys.exit(code)
 
 

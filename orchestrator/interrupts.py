@@ -9,14 +9,10 @@ a signal raised inside the hook would run its handler inside the hook), so that 
 sweep's own code. Once a stop is asked for, SQLAlchemy's log of the cursor the signal cut off is muted
 (below).
 
-Once a command has returned its exit code, its work is done: a stop that comes while the process exits (scancel as
-the sweep ends) must not turn that code into a kill by signal (CPython gives signals their default action again
-while it tears the interpreter down, which takes about a second after a sweep) nor print a traceback from an exit
-hook. `console_main` in orchestrator/cli.py asks for that with the two functions at the end."""
+Once the command has returned, a stop no longer unwinds anything: orchestrator/exiting.py."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
@@ -24,7 +20,8 @@ import sys
 import threading
 import time
 
-STOPS = (signal.SIGINT, signal.SIGTERM)
+from orchestrator.exiting import STOPS
+
 _last_signal: list[int] = []  # the signal the handler last raised for (re-delivered when it was swallowed)
 REDELIVERY_DELAY_S = 0.01  # long enough to leave the finalizer, short against a user's patience
 
@@ -62,29 +59,3 @@ def unwind_on_signals() -> None:
         _previous_hook = sys.unraisablehook
         sys.unraisablehook = _redeliver_swallowed
 
-
-def ignore_stops_at_teardown() -> None:
-    """Registered before the command loads a library, this exit hook runs after every other one: all that is left
-    then is the interpreter's teardown, which cannot wait on anything, so a stop is ignored rather than kill it."""
-    atexit.register(_ignore_stops)
-
-
-def _ignore_stops() -> None:
-    for signum in STOPS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
-def stop_exits_with(code: int) -> None:
-    """From the command's return on: a stop ends the process at once with the command's exit code (threads still
-    being joined, exit hooks still running are left, as a stop asks)."""
-    for signum in STOPS:
-        signal.signal(signum, lambda *_: _exit_now(code))
-
-
-def _exit_now(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: the exit code still says what happened
-            pass
-    os._exit(code)

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from orchestrator import study as studies
 from orchestrator.spec import SweepSpec, parse_spec
 from orchestrator.sweep import Prior
 
@@ -49,3 +52,16 @@ def direct_writes(monkeypatch) -> None:
     from orchestrator.sweep.writes import DirectWrites
 
     monkeypatch.setattr(session, "sweep_writes", lambda study, *args: DirectWrites(study))
+
+
+def measured_count(storage: str, name: str) -> int:
+    """The trials of study `name` that measured a result, read while its sweep runs in another process; 0 before
+    that sweep has made its storage or study. The reader never creates the storage: Optuna would make a missing
+    SQLite file itself, racing the sweep's own creation (CI saw both stamp the schema version: IntegrityError)."""
+    path = studies.sqlite_path(storage)
+    if path is not None and not path.exists():
+        return 0
+    try:
+        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
+    except KeyError:  # the storage is made, the study not yet
+        return 0

@@ -24,7 +24,7 @@ from orchestrator.check import check
 from orchestrator.cli import main
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
-from tests.sweep_helpers import direct_writes, spec_data, write_spec
+from tests.sweep_helpers import direct_writes, measured_count, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -48,11 +48,6 @@ def _consistent(data: dict) -> optuna.Study:
     return study
 
 
-def _measured(storage: str, name: str) -> int:
-    try:
-        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
-    except KeyError:
-        return 0
 
 
 # ---- 1. two drivers on one study ---------------------------------------------------------------------
@@ -68,7 +63,7 @@ def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_tak
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while _measured(data["storage"], data["name"]) < 1:
+        while measured_count(data["storage"], data["name"]) < 1:
             assert first.poll() is None and time.monotonic() < deadline, first.stdout.read().decode()[-2000:]
             time.sleep(0.5)
         second = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path, env=env,
@@ -157,7 +152,7 @@ def test_sigkill_then_resume_without_a_seed_keeps_every_run_with_its_own_trial(t
     proc = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 200
-    while _measured(data["storage"], data["name"]) < 20:
+    while measured_count(data["storage"], data["name"]) < 20:
         assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before it could be killed"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -259,7 +254,7 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         assert len(lines) == 1 and "tmpfs" in lines[0], lines
         assert lines[0].startswith("error: the Optuna storage's disk is full"), lines
         assert "Traceback" not in full.stderr and "max length" not in full.stderr
-        stored = _measured(data["storage"], data["name"])
+        stored = measured_count(data["storage"], data["name"])
         assert 0 < stored < 150
         # the disk may fill at a proposal (nothing measured in flight, an empty spool) or at a result (kept)
         kept = ResultSpool(tmp_path / "runs" / "integrity" / "results-spool.jsonl").records()

@@ -40,7 +40,7 @@ from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.loop import Sweep
 from orchestrator.sweep.record import Recorder
-from tests.sweep_helpers import direct_writes, make_spec, prior_for, spec_data, write_spec
+from tests.sweep_helpers import direct_writes, make_spec, measured_count, prior_for, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -235,8 +235,8 @@ def test_an_older_study_with_a_failed_trial_stored_as_ok_lists_it_as_interrupted
 # ---- across processes: SIGTERM at a random moment, then one or two drivers resume ----------------------------
 def _measured(storage: str, name: str) -> int:
     try:
-        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
-    except Exception:  # noqa: BLE001 -- not created yet, or locked for a moment
+        return measured_count(storage, name)
+    except Exception:  # noqa: BLE001 -- locked for a moment
         return 0
 
 

@@ -28,7 +28,7 @@ from orchestrator.errors import StorageError
 from orchestrator.records import StudyRecord
 from orchestrator.sweep import lease as leases
 from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
-from tests.sweep_helpers import spec_data
+from tests.sweep_helpers import measured_count, spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -133,11 +133,6 @@ def _env(host: str) -> dict:
             HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S)}
 
 
-def _measured(storage: str, name: str) -> int:
-    try:
-        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
-    except KeyError:
-        return 0
 
 
 def _snapshot(data: dict) -> dict:
@@ -199,7 +194,7 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while _measured(data["storage"], data["name"]) < 2:
+        while measured_count(data["storage"], data["name"]) < 2:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.2)
         # a live holder on another host, heartbeat fresh: never taken
@@ -209,7 +204,7 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
         assert first.poll() is None, "the first driver finished before it could be paused; give it more trials"
 
         _pause_while_waiting(first, data, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
-        paused_at = _measured(data["storage"], data["name"])
+        paused_at = measured_count(data["storage"], data["name"])
         study = optuna.load_study(study_name=data["name"], storage=data["storage"])
         while time.time() - Holder.of(study).heartbeat <= LEASE_S:
             time.sleep(0.2)
