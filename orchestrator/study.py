@@ -114,10 +114,20 @@ def sqlite_path(url: str) -> Path | None:
     return stores.sqlite_file(url)
 
 
+LEASE_CLAIM_MARK = ":lease-claim-"  # a study name never holds ':' (search_spaces/inputs.check_name)
+
+
+def lease_claim_name(study_name: str, epoch: int) -> str:
+    """The name of the study a driver creates to claim `epoch` of `study_name`'s lease (orchestrator/sweep/lease.py):
+    it never clashes with a study's name, and the stores' readers never show it."""
+    return f"{study_name}{LEASE_CLAIM_MARK}{epoch}"
+
+
 def stored_studies(storage: optuna.storages.BaseStorage) -> list[Any]:
     """The storage's studies (name and attributes), oldest first, without their trials: Optuna's study summaries
-    read and copy every trial of every study to count them (seconds for a storage of a few sweeps)."""
-    return list(storage.get_all_studies())
+    read and copy every trial of every study to count them (seconds for a storage of a few sweeps). A lease's claim
+    (lease_claim_name), alive while a driver takes the lease, is no study of ours."""
+    return [s for s in storage.get_all_studies() if LEASE_CLAIM_MARK not in s.study_name]
 
 
 def check_study(storage: optuna.storages.BaseStorage, storage_url: str, name: str, resume: bool):
@@ -141,7 +151,7 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
                      resume: bool) -> tuple[optuna.Study, bool]:
     """Returns (study, existed); refusals as check_study. A study whose setup never finished (created, then the
     storage failed before its spec was recorded: no spec, no trial) is set up again by --resume, as a new one (the
-    lease settles two drivers that find it)."""
+    lease's claim decides between two drivers that find it)."""
     found = check_study(storage, storage_url, name, resume)
     if found is not None:  # reading it writes nothing: a store that refuses writes says so at the first write
         set_up = bool(found.user_attrs.get("spec") or storage.get_n_trials(storage.get_study_id_from_name(name)))

@@ -1,5 +1,5 @@
 """Shared test setup: environment every real component needs on a CPU-only machine, and what makes the suite fast
-without changing what it checks (issue 33): Hypothesis profiles, template MLflow stores, the lease's settle wait.
+without changing what it checks (issue 33): Hypothesis profiles, template MLflow stores.
 
 Under pytest-xdist (scripts/test.sh passes -n): every worker has its own temp folders (tmp_path) and free ports
 (tests.mlflow_server.free_port); tests that share one resource carry `xdist_group` marks and run on one worker
@@ -26,10 +26,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-# A sweep's driver waits SETTLE_S after writing its lease before reading it back (orchestrator/sweep/lease.py):
-# only a rival driver writing at the same moment needs that wait. Tests with one driver skip it; tests marked
-# `real_timing` (rival drivers, split brain) get the real wait back (_real_timing below).
-os.environ.setdefault("MOE_AUTOTUNE_LEASE_SETTLE_S", "0")
 # A bug must fail its test, not hide behind the CLI's tidy `error: internal error: ...` line (orchestrator/
 # crashlog.py): in-process and in every CLI process a test starts, an unexpected exception is raised as it is.
 # Should the line still appear in a test's captured output, the test fails (pytest_runtest_makereport below).
@@ -38,8 +34,6 @@ INTERNAL_ERROR_LINE = "error: internal error:"
 from tests import store_templates  # noqa: E402
 from tests.mlflow_server import mlflow_server  # noqa: E402,F401  (a real `mlflow server` on 127.0.0.1)
 from tests.workers import run_temp_root  # noqa: E402
-
-_TEST_ONLY_TIMINGS = ("MOE_AUTOTUNE_LEASE_SETTLE_S",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -66,15 +60,6 @@ def postgres():
         pytest.skip(reason)
     with PostgresServer() as server:
         yield server
-
-
-@pytest.fixture(autouse=True)
-def _real_timing(request, monkeypatch):
-    """Tests marked `real_timing` are about the waits the suite shortens: they run with the product's own."""
-    if request.node.get_closest_marker("real_timing"):
-        for name in _TEST_ONLY_TIMINGS:
-            monkeypatch.delenv(name, raising=False)
-    yield
 
 
 _MLFLOW_URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")

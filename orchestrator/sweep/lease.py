@@ -17,19 +17,23 @@ before every single MLflow call that writes, orchestrator/tracking.py's _FencedC
 of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
 read per heartbeat there, not one per write.
 
-Taking a lease is write-then-verify: write our token and the next epoch, wait `SETTLE_S`, read it back. Two
-drivers that both found the lease free both write; the storage keeps the last write, so after the wait exactly
-one of them reads its own token back and the other refuses.
+Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own,
+named for the study and the epoch (`claim_name`). Creating a name is the one write every Optuna storage makes
+atomically: of two drivers creating it, one gets DuplicatedStudyError (a unique key in SQL). Only the driver that
+created the claim of epoch N writes the lease with epoch N, so a rival whose read of the lease has gone stale, by
+any delay, can never overwrite a lease another driver took: it finds the claim taken, or (once the winner has
+dropped it) the lease's epoch already at N. No wait is needed, and none is made. A claim lives only while its
+driver takes the lease; one left by a claimant that died is passed over (its epoch skipped) and dropped.
 
 Test-only settings (environment): MOE_AUTOTUNE_LEASE_TIMEOUT_S shortens the lease timeout (the heartbeat
 follows at a quarter of it); MOE_AUTOTUNE_LEASE_HOST names the host the driver claims to run on, so that two
-drivers on one machine can play two hosts; MOE_AUTOTUNE_LEASE_SETTLE_S shortens the settle wait (the test suite
-sets 0 for sweeps that have no rival driver; tests/conftest.py keeps the real wait for the tests about rivals).
+drivers on one machine can play two hosts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -41,13 +45,17 @@ import optuna
 
 from orchestrator.errors import LeaseLost, StorageError
 from orchestrator.records import StudyRecord
+from orchestrator.study import lease_claim_name
 
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
 HEARTBEAT_EVERY_S = 10.0
-SETTLE_S = 1.0
+CLAIMANT_WAIT_S = 10.0  # a claim's creator writes who it is right after creating it: a claim still silent after
+# this long was left by a claimant that died between the two writes
+MAX_PASSED_CLAIMS = 8  # dead claimants' epochs passed over in a row: more is a storage fought over, not a crash
 TIMEOUT_ENV = "MOE_AUTOTUNE_LEASE_TIMEOUT_S"  # tests only
 HOST_ENV = "MOE_AUTOTUNE_LEASE_HOST"  # tests only
-SETTLE_ENV = "MOE_AUTOTUNE_LEASE_SETTLE_S"  # tests only
+
+log = logging.getLogger(__name__)
 
 
 def stale_after_s() -> float:
@@ -57,15 +65,6 @@ def stale_after_s() -> float:
     except ValueError:
         return STALE_AFTER_S
     return value if 0 < value < STALE_AFTER_S else STALE_AFTER_S
-
-
-def settle_s() -> float:
-    """The wait between writing a lease and reading it back: SETTLE_S, or a test's shorter one (0 or more)."""
-    try:
-        value = float(os.environ.get(SETTLE_ENV, ""))
-    except ValueError:
-        return SETTLE_S
-    return value if 0 <= value < SETTLE_S else SETTLE_S
 
 
 def heartbeat_every_s() -> float:
@@ -91,11 +90,7 @@ class Holder:
     @classmethod
     def of(cls, study: Any) -> "Holder | None":
         """The study's lease holder, read from the storage now; None when released (or not a lease)."""
-        data = StudyRecord.lease_of(study)
-        try:
-            return cls(**{f: data[f] for f in cls.__dataclass_fields__}) if data else None
-        except (KeyError, TypeError):
-            return None
+        return _holder_of(StudyRecord.lease_of(study))
 
     def to_attr(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +124,8 @@ class Holder:
 @dataclass
 class Lease:
     study: optuna.Study
+    storage: optuna.storages.BaseStorage
+    """The study's storage: where the claims are created (orchestrator.study.lease_claim_name)."""
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     host: str = field(default_factory=this_host)
     pid: int = field(default_factory=os.getpid)
@@ -137,20 +134,87 @@ class Lease:
     _beat: float = 0.0
 
     def acquire(self) -> None:
+        """Take the lease, or refuse (StorageError, one line naming the driver that holds it or is taking it)."""
         holder = Holder.of(self.study)
         if holder and holder.token != self.token and holder.alive:
             raise StorageError(f"study {self.study.study_name!r} is being run by {holder}; wait for it to "
                                f"finish or stop it (a lease whose driver died is taken over after "
                                f"{stale_after_s():.0f} s without a heartbeat, at once on its own host)")
-        self.epoch = max(_epoch(holder), StudyRecord.of(self.study).driver_lease_epoch or 0) + 1
-        self._write()
-        time.sleep(settle_s())
-        now = Holder.of(self.study)
-        if not now or now.token != self.token:
-            # the same refusal as above, in the same words: another driver took the lease as this one did
-            raise StorageError(f"study {self.study.study_name!r} is being run by {now or 'another driver'}, which "
-                               f"took it at the same moment as this driver")
-        StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
+        passed: list[int] = []
+        self.epoch = self._claim(max(_epoch(holder), self._recorded_epoch()) + 1, passed)
+        try:
+            now = Holder.of(self.study)  # read after our claim was created: no later write can precede it
+            if max(_epoch(now), self._recorded_epoch()) >= self.epoch or (now and now.token != self.token
+                                                                             and now.alive):
+                raise self._taken_at_once(now)  # our first read was stale: another driver took this epoch
+            self._write()
+            if self._claim_id(self.epoch + 1) is not None:  # presumed dead while claiming: the next one is taken
+                raise self._taken_at_once(None)
+            StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
+        finally:
+            self._drop_claim(self.epoch)
+        for epoch in passed:  # dead claimants' claims: once the lease is ours nobody can take their epochs
+            self._drop_claim(epoch)
+
+    def _claim(self, epoch: int, passed: list[int]) -> int:
+        """Create the claim of `epoch`, or of a later one when `epoch`'s claimant died (appended to `passed`);
+        the epoch claimed. A live claimant (taking the lease at this moment) refuses this driver."""
+        while len(passed) <= MAX_PASSED_CLAIMS:
+            try:
+                claim = self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE],
+                                                      lease_claim_name(self.study.study_name, epoch))
+            except optuna.exceptions.DuplicatedStudyError:
+                claimant = self._claimant(epoch)
+                if claimant is not None and claimant.alive:
+                    raise self._taken_at_once(claimant) from None
+                passed.append(epoch)
+                epoch += 1
+                continue
+            try:
+                self.storage.set_study_user_attr(claim, "claimant", self._holder(epoch).to_attr())
+            except KeyError:  # dropped already: a rival found it silent past CLAIMANT_WAIT_S and passed over it
+                raise self._taken_at_once(None) from None
+            return epoch
+        raise StorageError(f"study {self.study.study_name!r}: {MAX_PASSED_CLAIMS} drivers in a row died while "
+                           f"taking its lease; run again once no other driver of it is starting")
+
+    def _claimant(self, epoch: int) -> Holder | None:
+        """Who created the claim of `epoch` (None: a claimant that died before saying so, or a claim dropped)."""
+        deadline = time.monotonic() + CLAIMANT_WAIT_S
+        while True:
+            claim = self._claim_id(epoch)
+            if claim is None:  # dropped: its driver took the lease (alive, refused by the read that follows)
+                return Holder.of(self.study)
+            try:
+                data = self.storage.get_study_user_attrs(claim).get("claimant")
+            except KeyError:  # dropped as it was read: asked again above
+                continue
+            if data or time.monotonic() > deadline:
+                return _holder_of(data)
+            time.sleep(0.05)
+
+    def _claim_id(self, epoch: int) -> int | None:
+        try:
+            return self.storage.get_study_id_from_name(lease_claim_name(self.study.study_name, epoch))
+        except KeyError:  # Optuna's answer for a name it does not hold
+            return None
+
+    def _drop_claim(self, epoch: int) -> None:
+        claim = self._claim_id(epoch)
+        if claim is None:
+            return
+        try:
+            self.storage.delete_study(claim)
+        except KeyError:
+            log.debug("the claim of epoch %d was dropped by another driver", epoch)
+
+    def _recorded_epoch(self) -> int:
+        return StudyRecord.of(self.study).driver_lease_epoch or 0
+
+    def _taken_at_once(self, other: Holder | None) -> StorageError:
+        # the same refusal as a lease found held, in the same words: another driver took it as this one did
+        return StorageError(f"study {self.study.study_name!r} is being run by {other or 'another driver'}, "
+                            f"which took it at the same moment as this driver")
 
     def fence(self) -> None:
         """Before a write: raise LeaseLost when this driver no longer holds the lease. Within half the lease
@@ -187,10 +251,20 @@ class Lease:
                          f"{self.epoch}) was paused or cut off for longer than the {stale_after_s():.0f} s lease; "
                          f"it stops without writing anything more")
 
+    def _holder(self, epoch: int) -> Holder:
+        return Holder(self.token, epoch, self.host, self.pid, time.time())
+
     def _write(self) -> None:
-        holder = Holder(self.token, self.epoch, self.host, self.pid, time.time())
-        StudyRecord.write(self.study, driver_lease=holder.to_attr())
+        StudyRecord.write(self.study, driver_lease=self._holder(self.epoch).to_attr())
         self._beat = time.monotonic()
+
+
+def _holder_of(data: Any) -> Holder | None:
+    """A Holder from its stored dict; None when released, or not a lease."""
+    try:
+        return Holder(**{f: data[f] for f in Holder.__dataclass_fields__}) if data else None
+    except (KeyError, TypeError):
+        return None
 
 
 def _epoch(holder: Holder | None) -> int:

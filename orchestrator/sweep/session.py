@@ -130,7 +130,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     except studies.STORAGE_WRITE_ERRORS as exc:  # refused or full before the study was made: nothing stored
         raise studies.storage_failure(exc, spec.storage, "cannot create the study in") from None
     try:
-        lease = Lease(study)
+        lease = Lease(study, storage)
         lease.acquire()
     except studies.STORAGE_WRITE_ERRORS as exc:  # a study its storage will not let us change
         raise studies.storage_failure(exc, spec.storage) from None

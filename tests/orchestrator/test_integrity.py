@@ -53,7 +53,6 @@ def _consistent(data: dict) -> optuna.Study:
 # ---- 1. two drivers on one study ---------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.real_timing  # rival drivers: the lease's own settle wait
 def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_taken_over(tmp_path):
     data = _spec(tmp_path, backend="local", launcher="python", trainer_module="tests.fake_trainer",
                  gpus_per_node=1, budget={"n_trials": 4}, free=["mbs", "recompute"])

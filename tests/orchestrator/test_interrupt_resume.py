@@ -277,7 +277,6 @@ def sigterm_then_resume(folder: Path, rng: random.Random, n_trials: int, drivers
 
 
 @pytest.mark.slow
-@pytest.mark.real_timing
 @pytest.mark.timeout(3000)
 def test_sigterm_then_resume_many_times_counts_each_layout_once(tmp_path):
     """Rounds (INTERRUPT_ROUNDS, else SIGTERM_ROUNDS: by the Hypothesis profile), the signal at random moments,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,16 +37,22 @@ CLI = str(Path(sys.executable).with_name("moe-autotune"))
 TABLE = ROOT / "tests" / "data" / "replay_small.csv"
 LEASE_S = 3.0
 REPLAY_DELAY_S = 1.0
-# rival drivers: the lease's own settle wait, not the suite's shortened one (tests/conftest.py)
-pytestmark = pytest.mark.real_timing
 
 
 # ---- the lease on its own: two drivers as two Lease objects on one study -------------------------------------
 @pytest.fixture
-def study(tmp_path, monkeypatch):
-    monkeypatch.setattr(leases, "SETTLE_S", 0.0)
+def storage(tmp_path, monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "0.5")
-    return optuna.create_study(study_name="lease", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    return optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+
+
+@pytest.fixture
+def study(storage):
+    return optuna.create_study(study_name="lease", storage=storage)
+
+
+def _names(storage) -> list[str]:
+    return [s.study_name for s in storage.get_all_studies()]
 
 
 def _stale(study: optuna.Study) -> None:
@@ -53,10 +61,10 @@ def _stale(study: optuna.Study) -> None:
         time.sleep(0.1)
 
 
-def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(study):
-    first = Lease(study, host="host-a")
+def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(study, storage):
+    first = Lease(study, storage, host="host-a")
     first.acquire()
-    second = Lease(study, host="host-b")
+    second = Lease(study, storage, host="host-b")
     with pytest.raises(StorageError, match="is being run by pid .* on host-a"):
         second.acquire()  # its heartbeat is fresh: alive as far as anyone can tell
     first.heartbeat(force=True)
@@ -75,27 +83,145 @@ def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(
     second.release()
     assert Holder.of(study) is None
     with pytest.raises(LeaseLost, match="released by another driver"):
-        Lease(study, host="host-a", token=first.token, epoch=1).fence()
+        Lease(study, storage, host="host-a", token=first.token, epoch=1).fence()
 
 
-def test_two_drivers_taking_the_lease_at_the_same_moment_one_runs_the_other_is_refused_in_the_same_words(study,
-                                                                                                         monkeypatch):
-    """Both read no holder and write their own; the settle wait shows the later write won: the earlier driver is
-    refused with the words of a lease held by another ("is being run by", naming it), as the CLI prints it."""
-    first, second = Lease(study, host="host-a"), Lease(study, host="host-b")
-    monkeypatch.setattr(leases.time, "sleep", lambda _s: second._write())  # host-b writes while host-a settles
+def test_a_driver_whose_read_of_the_lease_went_stale_is_refused_and_never_overwrites_the_holder(study, storage):
+    """CI, issue 33: two resumes started together both read the lease free; one then took it while the other stalled
+    past the old settle wait, and the late one's write replaced the holder's lease: both ran, both stopped. However
+    late the stale driver comes back, the claim of the epoch it read has been taken: it is refused in the words of
+    a lease held by another ("is being run by", naming it), and the holder's lease is untouched."""
+    first, second = Lease(study, storage, host="host-a"), Lease(study, storage, host="host-b")
+    claim = first._claim
+    first._claim = lambda epoch, passed: (second.acquire(), claim(epoch, passed))[1]  # host-b takes it meanwhile
     with pytest.raises(StorageError, match=r"is being run by pid \d+ on host-b.*at the same moment"):
         first.acquire()
-    assert Holder.of(study).host == "host-b"
+    assert (Holder.of(study).token, second.epoch) == (second.token, 1)
+    assert _names(storage) == ["lease"]  # both claims dropped
+    second.fence()
+    second.heartbeat(force=True)
 
 
+def test_two_drivers_claiming_one_epoch_at_once_one_runs_the_other_is_refused_naming_it(study, storage):
+    first, second = Lease(study, storage, host="host-a"), Lease(study, storage, host="host-b")
+    refusals = []
 
-def test_the_fence_reads_the_lease_once_half_the_timeout_has_passed_since_its_own_write(study, monkeypatch):
+    def first_tries_meanwhile():  # host-b has claimed epoch 1 and not yet written the lease
+        with pytest.raises(StorageError, match=r"is being run by pid \d+ on host-b.*at the same moment") as err:
+            first.acquire()
+        refusals.append(str(err.value))
+        Lease._write(second)
+
+    second._write = first_tries_meanwhile
+    second.acquire()
+    assert len(refusals) == 1 and Holder.of(study).host == "host-b" and _names(storage) == ["lease"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("claimant", ["dead", "silent", "alive"])
+def test_a_claim_whose_claimant_died_is_passed_over_and_dropped_a_live_one_refuses(study, storage, monkeypatch,
+                                                                                   claimant):
+    """A driver killed between creating its claim and writing the lease leaves the claim: the next driver passes
+    over that epoch (the claimant's process is gone, or it never said who it was within CLAIMANT_WAIT_S)."""
+    monkeypatch.setattr(leases, "CLAIMANT_WAIT_S", 0.2)
+    left = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], studies.lease_claim_name("lease", 1))
+    if claimant != "silent":
+        pid = _dead_pid() if claimant == "dead" else os.getpid()
+        storage.set_study_user_attr(left, "claimant", Holder("x", 1, leases.this_host(), pid, time.time()).to_attr())
+    assert [s.study_name for s in studies.stored_studies(storage)] == ["lease"]  # a claim is no study of ours
+    driver = Lease(study, storage)
+    if claimant == "alive":
+        with pytest.raises(StorageError, match=f"is being run by pid {os.getpid()} .*at the same moment"):
+            driver.acquire()
+        assert Holder.of(study) is None
+        return
+    driver.acquire()
+    assert (driver.epoch, Holder.of(study).epoch, _names(storage)) == (2, 2, ["lease"])
+
+
+def test_a_claimant_presumed_dead_is_refused_when_it_wakes(study, storage):
+    """A driver paused between its claim and its lease, past CLAIMANT_WAIT_S: a second driver passed over its epoch
+    and claimed the next. Whichever step it wakes at, it refuses and the second driver's lease stands."""
+    first = Lease(study, storage, host="host-a")
+    epoch_2 = studies.lease_claim_name("lease", 2)
+
+    def second_claims_the_next_epoch():  # first has written nothing of the lease yet
+        storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], epoch_2)
+        Lease._write(first)
+
+    first._write = second_claims_the_next_epoch
+    with pytest.raises(StorageError, match="at the same moment"):
+        first.acquire()
+    assert epoch_2 in _names(storage) and studies.lease_claim_name("lease", 1) not in _names(storage)
+    # its claim was dropped under it by the driver that passed over it: refused the same way
+    StudyRecord.write(study, driver_lease=None)
+    dropped = Lease(study, storage, host="host-a")
+    dropped.storage = _DroppingStorage(storage)
+    with pytest.raises(StorageError, match="at the same moment"):
+        Lease.acquire(dropped)
+
+
+class _DroppingStorage:
+    """The storage, but the claim it creates is dropped at once (a rival presumed its claimant dead)."""
+
+    def __init__(self, storage):
+        self._inner = storage
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def create_new_study(self, directions, study_name=None):
+        claim = self._inner.create_new_study(directions, study_name)
+        self._inner.delete_study(claim)
+        return claim
+
+
+def test_drivers_racing_for_the_lease_with_random_stalls_exactly_one_takes_it(tmp_path):
+    """Four drivers (threads, each with its own storage and connections, as processes have) start together, each
+    stalling a random while between reading the lease and claiming it: in every round exactly one holds it, the
+    rest refuse, and no claim is left behind."""
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    optuna.create_study(study_name="race", storage=url)
+    stores = [optuna.storages.RDBStorage(url) for _ in range(4)]
+    drivers = [optuna.load_study(study_name="race", storage=store) for store in stores]
+    rng = random.Random(0)
+
+    def drive(lease: Lease, stall: float, barrier: threading.Barrier, outcomes: list[str]) -> None:
+        claim = lease._claim
+        lease._claim = lambda epoch, passed: (time.sleep(stall), claim(epoch, passed))[1]
+        barrier.wait()
+        try:
+            lease.acquire()
+            outcomes.append(lease.token)
+        except StorageError:
+            outcomes.append("refused")
+
+    for round_ in range(8):
+        barrier, outcomes = threading.Barrier(4), []
+        threads = [threading.Thread(target=drive, args=(Lease(study, store), rng.uniform(0, 0.05), barrier,
+                                                        outcomes)) for study, store in zip(drivers, stores)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [o for o in outcomes if o != "refused"]
+        assert len(winners) == 1 and Holder.of(drivers[0]).token == winners[0], (round_, outcomes)
+        StudyRecord.write(drivers[0], driver_lease=None)  # released: the next round races again
+    assert [s.study_name for s in stores[0].get_all_studies()] == ["race"]
+
+
+def test_the_fence_reads_the_lease_once_half_the_timeout_has_passed_since_its_own_write(study, storage,
+                                                                                          monkeypatch):
     """Within half the timeout of its own write no rival can have taken the lease (a rival waits the whole
     timeout): the fence does not read the storage there; after it, it reads it and finds a takeover."""
     clock = [100.0]
     monkeypatch.setattr(leases.time, "monotonic", lambda: clock[0])
-    driver = Lease(study, host="host-a")
+    driver = Lease(study, storage, host="host-a")
     driver.acquire()
     reads = []
     real_of = Holder.of.__func__
@@ -113,18 +239,18 @@ def test_the_fence_reads_the_lease_once_half_the_timeout_has_passed_since_its_ow
     assert reads == [1]
 
 
-def test_a_paused_holder_on_its_own_host_is_never_taken(study, tmp_path):
+def test_a_paused_holder_on_its_own_host_is_never_taken(study, storage):
     paused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         os.kill(paused.pid, signal.SIGSTOP)
         StudyRecord.write(study, driver_lease=Holder("x", 1, leases.this_host(), paused.pid,
                                                      time.time() - 3600).to_attr())
         with pytest.raises(StorageError, match=f"being run by pid {paused.pid}"):
-            Lease(study).acquire()
+            Lease(study, storage).acquire()
     finally:
         paused.kill()
         paused.wait()
-    Lease(study).acquire()  # its process is gone: taken over at once
+    Lease(study, storage).acquire()  # its process is gone: taken over at once
 
 
 # ---- real drivers: SIGSTOP past the lease, a takeover, SIGCONT -----------------------------------------------
