@@ -291,10 +291,16 @@ def ready_mlflow(uri: str, create: bool) -> None:
 
 
 def _mlflow_schema(url: str) -> None:
-    """MLflow's own store creation (its migrations, then its Default experiment), as MlflowClient would do it."""
+    """MLflow's own store creation (its migrations, then its Default experiment), as MlflowClient would do it; the
+    migrated schema copied from a template when one is at hand (orchestrator/mlflow_template.py)."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
 
+    from orchestrator import mlflow_template
+
+    path = sqlite_file(url)
+    if path is not None:
+        mlflow_template.fill(path, create_sqlite)  # migrated once per MLflow version; else MLflow migrates below
     try:
         _get_sqlalchemy_store(url, None)
     finally:  # MLflow keeps one engine per URL: its pool would hold the file (made or failed) open

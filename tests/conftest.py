@@ -38,8 +38,13 @@ from tests.workers import run_temp_root  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def _mlflow_store_template(tmp_path_factory):
-    """Every fresh SQLite MLflow store of the session is a copy of one migrated template (tests/store_templates.py)."""
+    """Every fresh SQLite MLflow store of the session is a copy of one migrated template (tests/store_templates.py);
+    the commands a test starts keep their own template (orchestrator/mlflow_template.py) in the run's temp folder,
+    never in the user's cache."""
+    from orchestrator.mlflow_template import CACHE_ENV
+
     store_templates.install(run_temp_root(tmp_path_factory) / "store-templates")
+    os.environ.setdefault(CACHE_ENV, str(run_temp_root(tmp_path_factory) / "moe-autotune-cache"))
     yield
 
 
