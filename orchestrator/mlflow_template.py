@@ -99,9 +99,9 @@ def _migrate(url: str) -> None:
     @event.listens_for(engine, "connect")
     def _unsynced(dbapi_connection, _record) -> None:
         # the file is made in hidden and flushed to disk once done (stores.create_sqlite): a flush per migration
-        # would cost the disk's time for nothing
+        # would cost the disk's time for nothing. (Its journal mode is left alone: the migrations hold more than
+        # one connection, and a change of journal mode while another is open is refused as "locked".)
         dbapi_connection.execute("PRAGMA synchronous=OFF")
-        dbapi_connection.execute("PRAGMA journal_mode=MEMORY")
 
     try:
         _initialize_tables(engine)

@@ -17,6 +17,7 @@ migration: `table ... already exists` on every later opening) that holds nothing
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import sqlite3
@@ -301,9 +302,15 @@ def _mlflow_schema(url: str) -> None:
     path = sqlite_file(url)
     if path is not None:
         mlflow_template.fill(path, create_sqlite)  # migrated once per MLflow version; else MLflow migrates below
+    # a failure here (a disk that fills as MLflow makes the Default experiment) is one line from open_mlflow: MLflow
+    # would first log it with its traceback
+    mlflow_log = logging.getLogger("mlflow.store.db.utils")
+    level = mlflow_log.level
+    mlflow_log.setLevel(logging.CRITICAL)
     try:
         _get_sqlalchemy_store(url, None)
     finally:  # MLflow keeps one engine per URL: its pool would hold the file (made or failed) open
+        mlflow_log.setLevel(level)
         engine = SqlAlchemyStore._engine_map.pop(url, None)
         if engine is not None:
             engine.dispose()

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import json, os, sqlite3, sys
     import mlflow.store.db.utils as db_utils
-    from orchestrator import stores
+    from orchestrator import sqlite_tuning, stores
+
+    sqlite_tuning.install()  # every SQLite connection in WAL, as in a sweep's process
 
     runs = []
     real = db_utils._initialize_tables
