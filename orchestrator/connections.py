@@ -14,14 +14,16 @@ within a stated time naming it (its password redacted), never a hang and never a
 
 `mlflow_client(uri)` makes every MlflowClient of the orchestrator (through stores.open_mlflow, which readies a
 SQLite store first): bounded, and a call that cannot reach the store raises TrackingError naming it; an answer of
-the server (an error it gives) passes through unchanged. Optuna's storage and our own probes take `engine_kwargs`.
+the server (an error it gives) passes through unchanged, but for a failure the caller names (a full disk:
+TrackingFull). Optuna's storage and our own probes take `engine_kwargs`.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from orchestrator.errors import TrackingError
@@ -62,6 +64,9 @@ def bound_mlflow() -> None:
         os.environ.setdefault(name, value)
     os.environ.setdefault("PGCONNECT_TIMEOUT", str(DB_CONNECT_TIMEOUT_S))
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # MLflow's SQL store logs every database error with its traceback, then raises it to us: the commands say it
+    # in one line (a full disk, a locked file), so its log would only print the same failure again as 40 lines
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def scheme(url: str) -> str:
@@ -182,13 +187,15 @@ def _db_unusable(exc: BaseException) -> bool:
 
 class BoundedClient:
     """An MlflowClient under the bounds: a call that cannot reach the store raises TrackingError (one line naming
-    the store); whatever the store answers (including its errors) passes through."""
+    the store); a failure `known` names (e.g. a full disk: stores.open_mlflow) raises what it returns; whatever
+    else the store answers (including its errors) passes through."""
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, known: Callable[[BaseException], Exception | None] | None = None):
         from mlflow import MlflowClient
 
         bound_mlflow()
         self.uri = uri
+        self._known = known
         self._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     def __getattr__(self, name: str) -> Any:
@@ -202,19 +209,23 @@ class BoundedClient:
             except TrackingError:
                 raise
             except Exception as exc:
+                known = self._known(exc) if self._known else None
+                if known is not None:
+                    raise known from None
                 if no_answer(exc):
                     raise unreachable(self.uri, exc) from None
                 raise
         return bounded
 
 
-def mlflow_client(uri: str) -> BoundedClient:
+
+def mlflow_client(uri: str, known: Callable[[BaseException], Exception | None] | None = None) -> BoundedClient:
     """The orchestrator's MlflowClient of `uri` (tracking and registry), bounded. A database server behind the
     URI is probed first (MLflow would retry it for ~100 s); a SQLite file is left to stores.py."""
     bound_mlflow()
     probe_sql(uri, MLFLOW)
     try:
-        return BoundedClient(uri)
+        return BoundedClient(uri, known)
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001 -- e.g. an unknown scheme, an unusable file: the URI cannot be used

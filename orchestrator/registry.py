@@ -54,9 +54,9 @@ def use_tracking_uri(uri: str | None) -> str:
     """Point MLflow (tracking and registry) at one URI for this process and return it."""
     import mlflow
 
-    # a fresh SQLite store announces its schema migration on stderr: noise for a CLI user
-    for noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # a fresh SQLite store announces its schema migration on stderr: noise for a CLI user (MLflow's own store log
+    # is muted by connections.bound_mlflow)
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stdout is the export
     connections.bound_mlflow()  # also mlflow.artifacts' calls (download) are bounded
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI

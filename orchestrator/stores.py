@@ -17,7 +17,6 @@ migration: `table ... already exists` on every later opening) that holds nothing
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import secrets
 import sqlite3
@@ -302,15 +301,12 @@ def _mlflow_schema(url: str) -> None:
     path = sqlite_file(url)
     if path is not None:
         mlflow_template.fill(path, create_sqlite)  # migrated once per MLflow version; else MLflow migrates below
-    # a failure here (a disk that fills as MLflow makes the Default experiment) is one line from open_mlflow: MLflow
-    # would first log it with its traceback
-    mlflow_log = logging.getLogger("mlflow.store.db.utils")
-    level = mlflow_log.level
-    mlflow_log.setLevel(logging.CRITICAL)
+    # a failure here (a disk that fills as MLflow makes the Default experiment) is one line from open_mlflow (MLflow's
+    # own log of it is muted by connections.bound_mlflow)
+    connections.bound_mlflow()
     try:
         _get_sqlalchemy_store(url, None)
     finally:  # MLflow keeps one engine per URL: its pool would hold the file (made or failed) open
-        mlflow_log.setLevel(level)
         engine = SqlAlchemyStore._engine_map.pop(url, None)
         if engine is not None:
             engine.dispose()
@@ -399,7 +395,15 @@ def open_mlflow(uri: str, create: bool = False) -> "connections.BoundedClient":
             raise TrackingFull(f"the MLflow store's disk is full: {device(sqlite_file(uri), uri)}; nothing was "
                                "recorded; free space and rerun") from None
         raise connections.unreachable(uri, exc, connections.MLFLOW, TrackingError) from None
-    return connections.mlflow_client(uri)
+    return connections.mlflow_client(uri, known=lambda exc: _mlflow_full(uri) if disk_full(exc) else None)
+
+
+def _mlflow_full(uri: str) -> Exception:
+    """A store whose device filled under a write, once made: one line naming the device and what to do (exit 4)."""
+    from orchestrator.errors import TrackingFull
+
+    return TrackingFull(f"the MLflow store's disk is full: {device(sqlite_file(uri), uri)}; what it holds is kept; "
+                        "free space and rerun (a sweep with --resume)")
 
 
 # ---- a full disk -----------------------------------------------------------------------------------------
