@@ -58,4 +58,3 @@ def unwind_on_signals() -> None:
     if sys.unraisablehook is not _redeliver_swallowed:
         _previous_hook = sys.unraisablehook
         sys.unraisablehook = _redeliver_swallowed
-

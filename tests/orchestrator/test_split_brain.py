@@ -182,10 +182,20 @@ class _DroppingStorage:
 
 
 def test_drivers_racing_for_the_lease_with_random_stalls_exactly_one_takes_it(tmp_path):
+    _race(f"sqlite:///{tmp_path / 'race.db'}")
+
+
+@pytest.mark.slow  # a PostgreSQL cluster of the session: its tests share one xdist worker
+@pytest.mark.xdist_group("postgres")
+def test_drivers_racing_for_a_lease_kept_in_postgresql_exactly_one_takes_it(postgres):
+    """The claim is a unique key there too: a second creator waits on the first's transaction, then fails."""
+    _race(postgres.create_database("lease_race"))
+
+
+def _race(url: str) -> None:
     """Four drivers (threads, each with its own storage and connections, as processes have) start together, each
     stalling a random while between reading the lease and claiming it: in every round exactly one holds it, the
     rest refuse, and no claim is left behind."""
-    url = f"sqlite:///{tmp_path / 'race.db'}"
     optuna.create_study(study_name="race", storage=url)
     stores = [optuna.storages.RDBStorage(url) for _ in range(4)]
     drivers = [optuna.load_study(study_name="race", storage=store) for store in stores]
