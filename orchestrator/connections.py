@@ -218,7 +218,6 @@ class BoundedClient:
         return bounded
 
 
-
 def mlflow_client(uri: str, known: Callable[[BaseException], Exception | None] | None = None) -> BoundedClient:
     """The orchestrator's MlflowClient of `uri` (tracking and registry), bounded. A database server behind the
     URI is probed first (MLflow would retry it for ~100 s); a SQLite file is left to stores.py."""

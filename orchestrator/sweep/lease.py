@@ -17,12 +17,12 @@ before every single MLflow call that writes, orchestrator/tracking.py's _FencedC
 of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
 read per heartbeat there, not one per write.
 
-Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own,
-named for the study and the epoch (`claim_name`). Creating a name is the one write every Optuna storage makes
-atomically: of two drivers creating it, one gets DuplicatedStudyError (a unique key in SQL). Only the driver that
-created the claim of epoch N writes the lease with epoch N, so a rival whose read of the lease has gone stale, by
-any delay, can never overwrite a lease another driver took: it finds the claim taken, or (once the winner has
-dropped it) the lease's epoch already at N. No wait is needed, and none is made. A claim lives only while its
+Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own, named
+for the study and the epoch (`orchestrator.study.lease_claim_name`). Creating a name is the one write every Optuna
+storage makes atomically: of two drivers creating it, one gets DuplicatedStudyError (a unique key in SQL). Only the
+driver that created the claim of epoch N writes the lease with epoch N, so a rival whose read of the lease has gone
+stale, by any delay, can never overwrite a lease another driver took: it finds the claim taken, or (once the winner
+has dropped it) the lease's epoch already at N. No wait is needed, and none is made. A claim lives only while its
 driver takes the lease; one left by a claimant that died is passed over (its epoch skipped) and dropped.
 
 Test-only settings (environment): MOE_AUTOTUNE_LEASE_TIMEOUT_S shortens the lease timeout (the heartbeat
