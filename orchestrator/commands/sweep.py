@@ -48,22 +48,37 @@ def sweep(
                                  "calibration": calibration})
     _check_names(spec)  # a model or GPU the catalogs do not know: refused before the sweep's libraries load
     crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
-    from orchestrator.interrupts import unwind_on_signals
-    from orchestrator.slurm_job import job_tags
-    from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
-
-    unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
     if spec.lengths:
-        from orchestrator.sweep.family import run_family
+        return _family(spec, resume, quiet)
+    from orchestrator.sweep.prior import make_prior
 
-        family = run_family(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
-        for outcome in family.outcomes.values():
-            _print_outcome(outcome)
-        console().print(family_table(family.rows, spec.name))
-        return family.exit_code
-    outcome = run_sweep(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
+    prior = make_prior(spec)
+    ahead = prior.explore_ahead()  # a large space is explored in a forked child while the libraries below load
+    try:
+        from orchestrator.interrupts import unwind_on_signals
+        from orchestrator.slurm_job import job_tags
+        from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
+
+        unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
+        outcome = run_sweep(spec, resume=resume, prior=prior, show_progress=not quiet, run_tags=job_tags())
+    finally:
+        if ahead is not None:
+            ahead.stop()  # a sweep refused before it needed the ranking leaves no child computing it
     _print_outcome(outcome)
     return outcome.exit_code
+
+
+def _family(spec, resume: bool, quiet: bool) -> int:
+    from orchestrator.interrupts import unwind_on_signals
+    from orchestrator.slurm_job import job_tags
+    from orchestrator.sweep.family import run_family
+
+    unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
+    family = run_family(spec, resume=resume, show_progress=not quiet, run_tags=job_tags())
+    for outcome in family.outcomes.values():
+        _print_outcome(outcome)
+    console().print(family_table(family.rows, spec.name))
+    return family.exit_code
 
 
 def _check_names(spec) -> None:

@@ -17,6 +17,7 @@ from search_spaces.catalog.hardware import GPUSpec, load_gpu
 from search_spaces.catalog.models import ModelSpec, load_model
 from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
+from search_spaces.layouts.forked import Ahead
 from search_spaces.layouts.heuristics import seed_layouts
 from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout, distinct
 from search_spaces.layouts.space import candidate_layouts, default_gbs, dimensions, explore
@@ -45,6 +46,7 @@ class Prior:
     _cache: dict[Layout, Prediction] = field(default_factory=dict)
     # layouts carried over from elsewhere (a length family's previous length), tried before the rules of thumb
     carried: list[Layout] = field(default_factory=list)
+    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False)  # the exploration begun by explore_ahead
 
     # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
     SMALL_SPACE = 50_000
@@ -152,8 +154,21 @@ class Prior:
 
     EXPLORED = 512  # how many of a large space's fitting layouts the cost model ranks (explore's top)
 
+    def explore_ahead(self) -> Ahead[list[Layout]] | None:
+        """Begin a large space's exploration in a forked child, to be taken when the sweep first needs the ranking
+        (None for a small space, enumerated whole when needed): the caller loads the sweep's libraries meanwhile,
+        and stops the returned child when it leaves (Ahead.stop)."""
+        if self.small_space or "_explored" in self.__dict__:
+            return None
+        self._ahead = Ahead(self._explore)
+        return self._ahead
+
     @cached_property
     def _explored(self) -> list[Layout]:
+        ahead, self._ahead = self._ahead, None
+        return ahead.result() if ahead is not None else self._explore()
+
+    def _explore(self) -> list[Layout]:
         # no time budget (budget_s=None): how much is ranked is a count (explore's max_grids), so a seeded sweep
         # proposes the same layouts on a loaded machine as on a quiet one
         found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=self.pinned,

@@ -114,10 +114,12 @@ class WholeTrialWrites:
     def _create(self, trial: FrozenTrial) -> None:
         self.fence()
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
-        number = self.storage.get_trial_number_from_id(trial_id)
-        if number != trial.number:  # another writer created a trial: only a driver without the lease could
-            self._lost = (f"trial {trial.number} was stored as trial {number}: another driver is writing this study; "
-                          "this driver stops")
+        # the trial numbered as ours is ours: one indexed lookup (the trial's own number would be read through
+        # get_trial, every param and attribute of it)
+        if self.storage.get_trial_id_from_study_id_trial_number(self.study_id, trial.number) != trial_id:
+            # another writer created a trial: only a driver without the lease could
+            self._lost = (f"trial {trial.number} was stored by another writer, this driver's as a later one: another "
+                          "driver is writing this study; this driver stops")
             raise LeaseLost(self._lost)
 
 

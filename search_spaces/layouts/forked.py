@@ -7,6 +7,9 @@ whose child fails for any reason (a signal, memory, an error) is computed again 
 
 Forking is skipped where it is not safe or not worth it: no os.fork (Windows), another thread alive (a child of a
 threaded process can deadlock on a lock a thread held), one core, or one part.
+
+`Ahead` begins one piece of work in a forked child now and takes its result later: a sweep explores the space
+while it loads its libraries (Optuna, MLflow: seconds on one core that the exploration's children share).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import os
 import pickle
 import signal
 import threading
+import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar, cast
 
 Part = TypeVar("Part")
 Result = TypeVar("Result")
@@ -89,6 +93,38 @@ def _map_forked(work: Callable[[Part], Result], parts: Sequence[Part]) -> list[R
 _FAILED = object()
 
 
+class Ahead(Generic[Result]):
+    """`work()` begun in a forked child when made, its result taken by result(); computed in this process instead
+    where forking is skipped (available_workers) or the child fails. A child whose result is never taken is
+    stopped by stop(), by the garbage collector or at exit; killed with its parent, it ends when it finds no
+    reader for its result."""
+
+    def __init__(self, work: Callable[[], Result]):
+        self._work = work
+        self._child = _start(lambda _: work(), None) if available_workers() > 1 else None
+        self._reap = weakref.finalize(self, _stop, *self._child) if self._child else None
+
+    def result(self) -> Result:
+        child, self._child = self._child, None
+        if child is None:
+            return self._work()
+        assert self._reap is not None
+        self._reap.detach()
+        try:
+            got = _collect(child)
+        except BaseException:  # interrupted while waiting: the child is ended, not left computing
+            _stop(*child)
+            raise
+        return self._work() if got is _FAILED else cast(Result, got)  # unpickled: what work() returned
+
+    def stop(self) -> None:
+        """End the child if its result was not taken (nothing happens otherwise)."""
+        if self._reap is not None:
+            self._reap()
+        self._child = None
+
+
+
 def _start(work: Callable[[Part], Result], part: Part) -> tuple[int, int] | None:
     """(the child's pid, the pipe its result comes through); None where no child could start (a process or file
     limit): the part is then computed here."""
@@ -145,4 +181,4 @@ def _stop(pid: int, reader: int) -> None:
         pass
 
 
-__all__ = ["MAX_WORKERS", "available_workers", "map_forked"]
+__all__ = ["MAX_WORKERS", "Ahead", "available_workers", "map_forked"]

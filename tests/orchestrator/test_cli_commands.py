@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from orchestrator import cli
 
 
@@ -74,3 +76,36 @@ def test_status_reads_the_study_without_loading_mlflow(tmp_path):
                           cwd=Path(__file__).resolve().parents[2])
     rc, mlflow_loaded, shown = json.loads(done.stdout.strip().splitlines()[-1])
     assert rc == 0 and "fake" in shown and not mlflow_loaded
+
+
+def test_a_sweep_refused_before_it_needs_the_ranking_leaves_no_child_exploring(tmp_path, monkeypatch):
+    """`sweep` begins a large space's exploration in a forked child while it loads its libraries
+    (Prior.explore_ahead); a sweep refused before it takes that ranking (a --resume with nothing to resume) ends
+    the child and reaps it: no process is left computing for a command that has exited."""
+    import warnings
+
+    from search_spaces.layouts import forked
+
+    from orchestrator.sweep.prior import Prior
+    from tests.sweep_helpers import spec_data, write_spec
+
+    begun = []
+    explore_ahead = Prior.explore_ahead
+
+    def spy(prior):
+        ahead = explore_ahead(prior)
+        begun.append(ahead._child[0] if ahead is not None and ahead._child else None)
+        return ahead
+
+    monkeypatch.setattr(Prior, "explore_ahead", spy)
+    monkeypatch.setattr(forked, "available_workers", lambda: 2)  # fork even beside the suite's threads
+    data = spec_data(tmp_path, model="qwen3-30b-a3b", gpu="h200", gpus_per_node=8, nodes=8, seq_len=32768, gbs=None,
+                     fixed={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python's warning about fork() beside threads
+        assert cli.main(["sweep", str(write_spec(tmp_path / "spec.yaml", data)), "--resume"]) == 2
+    (pid,) = begun
+    assert pid is not None  # the exploration was begun in a child
+    with pytest.raises(ChildProcessError):  # killed and reaped by the command
+        os.waitpid(pid, os.WNOHANG)
+    assert not (tmp_path / "optuna.db").exists()

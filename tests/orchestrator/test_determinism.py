@@ -126,3 +126,20 @@ def test_space_says_when_its_budget_cut_the_ranking_short(monkeypatch):
         assert rc == 0 and "cut short" in text and "--budget 30 s" in text
     rc, text = _space()
     assert rc == 0 and "cut short" not in text
+
+
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
+def test_a_prior_explored_ahead_in_a_child_ranks_what_it_ranks_in_process(monkeypatch):
+    """`moe-autotune sweep` begins a large space's exploration in a forked child while it loads its libraries
+    (Prior.explore_ahead): the ranking it takes from the child is the one the prior computes itself."""
+    spec = parse_spec(SPEC)
+    here = Prior(spec)
+    assert not here.small_space
+    monkeypatch.setattr(forked, "available_workers", lambda: 2)  # fork even beside the suite's threads
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python's warning about fork() beside threads
+        ahead = Prior(spec)
+        child = ahead.explore_ahead()
+        assert child is not None and child._child is not None  # begun in a child process
+        assert ahead.ranked(limit=Prior.EXPLORED) == here.ranked(limit=Prior.EXPLORED)
+    assert ahead.explore_ahead() is None  # explored: nothing to begin again

@@ -136,7 +136,7 @@ def test_a_trial_another_writer_stored_meanwhile_stops_the_driver(stored):
     trial = writes.study.ask(SPACE)
     assert study.ask(SPACE).number == trial.number == 1  # a driver without the lease stored trial 1
     trial.study.tell(trial, [1.0])
-    with pytest.raises(LeaseLost, match="trial 1 was stored as trial 2: another driver"):
+    with pytest.raises(LeaseLost, match="trial 1 was stored by another writer, this driver's as a later one"):
         writes.told(trial)
 
 

@@ -94,3 +94,44 @@ def test_no_fork_beside_other_threads(monkeypatch):
 
 def test_threads_counts_this_one():
     assert forked._threads() >= 1
+
+
+# ---- Ahead: one piece of work begun now in a child, its result taken later -------------------------------------
+def test_ahead_computes_in_a_child_and_gives_its_result(cores):
+    ahead = forked.Ahead(lambda: ([n * n for n in range(4)], os.getpid()))
+    squares, pid = ahead.result()
+    assert squares == [0, 1, 4, 9] and pid != os.getpid()
+
+
+def test_ahead_whose_child_dies_computes_here(cores):
+    parent = os.getpid()
+
+    def dies_in_a_child() -> int:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return os.getpid()
+
+    assert forked.Ahead(dies_in_a_child).result() == parent
+
+
+def test_ahead_without_a_second_core_computes_when_asked(monkeypatch):
+    monkeypatch.setattr(forked, "available_workers", lambda: 1)
+    calls = []
+    ahead = forked.Ahead(lambda: calls.append(os.getpid()) or "done")
+    assert calls == []  # nothing computed until the result is taken
+    assert ahead.result() == "done" and calls == [os.getpid()]
+
+
+def test_an_ahead_never_taken_is_stopped_and_reaped(cores, tmp_path):
+    def never_finishes() -> None:
+        (tmp_path / str(os.getpid())).touch()
+        signal.pause()
+
+    ahead = forked.Ahead(never_finishes)
+    while not list(tmp_path.iterdir()):  # the child has started
+        os.sched_yield()
+    ahead.stop()
+    (pid,) = (int(f.name) for f in tmp_path.iterdir())
+    with pytest.raises(ChildProcessError):  # killed and reaped
+        os.waitpid(pid, os.WNOHANG)
+    ahead.stop()  # a second stop does nothing
