@@ -124,7 +124,6 @@ class Ahead(Generic[Result]):
         self._child = None
 
 
-
 def _start(work: Callable[[Part], Result], part: Part) -> tuple[int, int] | None:
     """(the child's pid, the pipe its result comes through); None where no child could start (a process or file
     limit): the part is then computed here."""
