@@ -46,7 +46,7 @@ class Prior:
     _cache: dict[Layout, Prediction] = field(default_factory=dict)
     # layouts carried over from elsewhere (a length family's previous length), tried before the rules of thumb
     carried: list[Layout] = field(default_factory=list)
-    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False)  # the exploration begun by explore_ahead
+    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)  # the exploration begun by explore_ahead
 
     # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
     SMALL_SPACE = 50_000
