@@ -46,7 +46,8 @@ class Prior:
     _cache: dict[Layout, Prediction] = field(default_factory=dict)
     # layouts carried over from elsewhere (a length family's previous length), tried before the rules of thumb
     carried: list[Layout] = field(default_factory=list)
-    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)  # the exploration begun by explore_ahead
+    # the exploration begun by explore_ahead (not part of what the prior is)
+    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)
 
     # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
     SMALL_SPACE = 50_000
