@@ -2,7 +2,8 @@
 
 - `moe-autotune space` over DeepSeek-V3 at 128K on 1,024 H100;
 - `moe-autotune sweep examples/deepseek-v3-128k-h100x1024.yaml`: 200 analytic trials of the same situation with
-  the default search, SQLite Optuna storage and MLflow store;
+  the default search and stores (the journal-file Optuna storage, the SQLite MLflow store); and the same sweep
+  with a SQLite Optuna storage (`--storage sqlite:///...`, the default before 2026-12-05) beside it;
 - `moe-autotune estimate` of one layout of it;
 
 each in seconds and as a ratio to BASELINE (the figures of 2026-12-02, before the cost model was memoised), and
@@ -77,13 +78,19 @@ def commands() -> dict:
     space_s, space_cpu, out = _timed(["space", *SITUATION, "--json"])
     found = json.loads(out)
     with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
-        sweep_s, sweep_cpu, _ = _timed(["sweep", str(SPEC), "--storage", f"sqlite:///{tmp}/optuna.db",
+        sweep_s, sweep_cpu, _ = _timed(["sweep", str(SPEC), "--storage", f"journal:///{tmp}/optuna.journal",
                                         "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--seed", "0", "--quiet"],
                                        cwd=Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
+        sqlite_s, sqlite_cpu, _ = _timed(["sweep", str(SPEC), "--storage", f"sqlite:///{tmp}/optuna.db",
+                                          "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--seed", "0", "--quiet"],
+                                         cwd=Path(tmp))
     runs = sorted(_timed(["estimate", *SITUATION, *LAYOUT, "--json"])[:2] for _ in range(3))
     estimate_s, estimate_cpu = runs[1]  # the median run by wall time
     return {"space": round(space_s, 2), "sweep": round(sweep_s, 2), "estimate": round(estimate_s, 2),
-            "cpu": {"space": round(space_cpu, 2), "sweep": round(sweep_cpu, 2), "estimate": round(estimate_cpu, 2)},
+            "sweep_sqlite": round(sqlite_s, 2),
+            "cpu": {"space": round(space_cpu, 2), "sweep": round(sweep_cpu, 2), "estimate": round(estimate_cpu, 2),
+                    "sweep_sqlite": round(sqlite_cpu, 2)},
             "load_average": round(load, 2), "cores": os.cpu_count(),
             "space_total": found["total"], "space_legal": found["legal_count"], "space_cut_short": found["cut_short"]}
 
@@ -96,7 +103,7 @@ def searches(names: tuple[str, ...] = ("calibrated", "tpe", "random", "grid")) -
     out = {}
     for search in names:
         with tempfile.TemporaryDirectory(prefix="sweep-speed-") as tmp:
-            spec = load_spec(SPEC, {"storage": f"sqlite:///{tmp}/optuna.db",
+            spec = load_spec(SPEC, {"storage": f"journal:///{tmp}/optuna.journal",
                                     "tracking_uri": f"sqlite:///{tmp}/mlflow.db", "search": search, "seed": 0})
             spec = spec.model_copy(update={"workdir": f"{tmp}/runs"})
             start = time.perf_counter()
@@ -125,8 +132,8 @@ def section(result: dict) -> list[str]:
     c = result["commands"]
     what = {"space": f"`space` DeepSeek-V3 131072 tokens on 1024 H100 ({c['space_total']:,} combinations, "
                      f"{c['space_legal']:,} legal{', cut short by --budget' if c['space_cut_short'] else ''})",
-            "sweep": "`sweep` examples/deepseek-v3-128k-h100x1024.yaml: 200 analytic trials, SQLite storage and "
-                     "MLflow store",
+            "sweep": "`sweep` examples/deepseek-v3-128k-h100x1024.yaml: 200 analytic trials, the default stores "
+                     "(a journal-file Optuna storage, a SQLite MLflow store)",
             "estimate": "`estimate` of one layout of it (median of 3)"}
     lines = [f"Each command's wall time, start-up and imports included; ratio to the figures of {BASELINE_DATE} "
              f"(a quiet 2-core machine, before the cost model was memoised). This run: {c['cores']} cores, load "
@@ -134,6 +141,10 @@ def section(result: dict) -> list[str]:
              "| command | seconds | CPU s | ratio to baseline | baseline s | goal s |", "|---|---|---|---|---|---|"]
     lines += [f"| {what[k]} | **{c[k]}** | {c['cpu'][k]} | {c[k] / BASELINE_S[k]:.2f} | {BASELINE_S[k]} | "
               f"{GOAL_S[k]} |" for k in BASELINE_S]
+    if "sweep_sqlite" in c:
+        lines += [f"| the same sweep with a SQLite Optuna storage (`--storage sqlite:///...`) | {c['sweep_sqlite']} | "
+                  f"{c['cpu']['sweep_sqlite']} | {c['sweep_sqlite'] / BASELINE_S['sweep']:.2f} | {BASELINE_S['sweep']} "
+                  f"| {GOAL_S['sweep']} |"]
     if result["sweeps"]:
         lines += ["", "An analytic sweep of the same situation with each search (in one process, seed 0):", "",
                   "| search | trials | rejected by the cost model | seconds | best tokens/s/GPU |",

@@ -45,6 +45,7 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.validation import problems
 
 from orchestrator.records import StudyRecord, TrialRecord
+from orchestrator.spec import DEFAULT_STORAGE
 
 log = logging.getLogger("moe_autotune")
 
@@ -162,7 +163,7 @@ def from_table(path: str, skipped: list[str] | None = None) -> list[Measurement]
             for row in table.rows.values() if row.status == "ok" and row.tokens_per_sec_per_gpu]
 
 
-def gather(studies: Iterable[str] = (), storage: str = "sqlite:///optuna.db", experiments: Iterable[str] = (),
+def gather(studies: Iterable[str] = (), storage: str = DEFAULT_STORAGE, experiments: Iterable[str] = (),
            tracking_uri: str = "sqlite:///mlflow.db", tables: Iterable[str] = ()) -> list[Measurement]:
     """Every measurement of the named sources that can be true, each (situation, layout) once (the first one
     read). Those that cannot be true are skipped, with a warning that counts them and names the first reason;

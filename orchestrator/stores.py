@@ -45,6 +45,10 @@ def require_existing(url: str, table: str, what: str, hint: str = "") -> None:
     hint = f" ({hint})" if hint else ""
     if scheme == "sqlite":
         _require_sqlite(url, table, what, shown, hint)
+    elif scheme == "journal":
+        from orchestrator import journal
+
+        journal.require_journal(journal.check_url(url), what, shown, hint)
     elif scheme in _SQL_SCHEMES:
         if not _server_has_table(url, table, what):
             raise SpecError(f"no {what} in {shown}: the database has no {table!r} table{hint}")
@@ -76,20 +80,26 @@ def _require_sqlite(url: str, table: str, what: str, shown: str, hint: str) -> N
     if not raw or raw.startswith(":memory:") or raw.startswith("file:"):
         return  # an in-memory database is the caller's own: nothing on disk can appear
     path = Path(raw.split("?", 1)[0])
+    head = read_head(path, len(SQLITE_HEADER), what, shown, hint)
+    if head != SQLITE_HEADER:
+        kind = "an empty file" if not head else "not an SQLite database"
+        raise SpecError(f"no {what} at {shown}: {str(path)!r} is {kind}{hint}")
+    if not _sqlite_has_table(path, table):
+        raise SpecError(f"no {what} at {shown}: {str(path)!r} has no {table!r} table{hint}")
+
+
+def read_head(path: Path, size: int, what: str, shown: str, hint: str) -> bytes:
+    """The first `size` bytes of a store file a read-only command names; a SpecError line when it is missing, not a
+    file, or unreadable."""
     if not path.exists():
         raise SpecError(f"no {what} at {shown}: {str(path)!r} does not exist{hint}")
     if not path.is_file():
         raise SpecError(f"no {what} at {shown}: {str(path)!r} is not a file")
     try:
         with open(path, "rb") as fh:
-            head = fh.read(len(SQLITE_HEADER))
+            return fh.read(size)
     except OSError as exc:
         raise SpecError(f"cannot read the {what} {shown}: {exc.strerror or exc}") from None
-    if head != SQLITE_HEADER:
-        kind = "an empty file" if not head else "not an SQLite database"
-        raise SpecError(f"no {what} at {shown}: {str(path)!r} is {kind}{hint}")
-    if not _sqlite_has_table(path, table):
-        raise SpecError(f"no {what} at {shown}: {str(path)!r} has no {table!r} table{hint}")
 
 
 def _sqlite_has_table(path: Path, table: str) -> bool:
@@ -130,13 +140,21 @@ def sqlite_file(url: str) -> Path | None:
     return Path(raw.split("?", 1)[0])
 
 
+def store_file(url: str) -> Path | None:
+    """The file of a SQLite or journal URL (orchestrator/journal.py); None for a database server."""
+    from orchestrator import journal
+
+    return journal.journal_file(url) if journal.is_journal_url(url) else sqlite_file(url)
+
+
 def require_writable(url: str, what: str) -> None:
-    """A SQLite store a sweep will write: its folder (for a new file, and SQLite's -wal/-shm files) and the file
-    itself must take writes, and the file must not be held locked past SQLITE_BUSY_S; one StorageError line
-    naming which, before anything is written. Other URLs are left to their server."""
+    """A SQLite or journal store a sweep will write: its folder (for a new file, SQLite's -wal/-shm files, the
+    journal's lock file) and the file itself must take writes, and a SQLite file must not be held locked past
+    SQLITE_BUSY_S; one StorageError line naming which, before anything is written. Other URLs are left to their
+    server."""
     from orchestrator.errors import StorageError
 
-    path = sqlite_file(url)
+    path = store_file(url)
     if path is None:
         return
     shown = redact_uri(url)
@@ -148,7 +166,7 @@ def require_writable(url: str, what: str) -> None:
         why = _why_not_writable(target) if not os.access(target, os.W_OK) else _refuses_a_file(folder, target)
         if why:
             raise StorageError(f"the {what} {shown} refuses writes: {why}")
-    if path.exists():
+    if path.exists() and sqlite_file(url) is not None:
         _require_unlocked(path, what, shown)
 
 

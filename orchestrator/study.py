@@ -18,7 +18,7 @@ import sqlalchemy.exc
 from search_spaces.errors import SpecError
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator import connections, economics, sqlite_tuning, stores
+from orchestrator import connections, economics, journal, sqlite_tuning, stores
 from orchestrator.errors import StorageError, StorageFull
 from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
 from orchestrator.redact import redact_uri
@@ -30,9 +30,15 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def open_storage(url: str, attempts: int = 10, create: bool = True) -> optuna.storages.BaseStorage:
     """The Optuna storage at `url`, every connection bounded (orchestrator/connections.py). A missing SQLite file
-    is created all at once (`create`; stores.create_sqlite): a failure leaves no file behind."""
+    is created all at once (`create`; stores.create_sqlite): a failure leaves no file behind. A `journal:///` URL
+    is Optuna's journal file (orchestrator/journal.py), opened for appending when `create`."""
+    if journal.is_journal_url(url):
+        try:
+            return journal.open_journal(journal.check_url(url), url, write=create)
+        except OSError as exc:  # a full disk or a refusing folder as the journal is made or its torn tail cut
+            raise storage_failure(exc, url, "cannot create" if create else "cannot read") from None
     sqlite_tuning.install()
-    path = sqlite_path(url)
+    path = store_path(url)
     if create and path is not None:
         try:
             stores.create_sqlite(path, _optuna_schema)
@@ -71,15 +77,18 @@ def check_storage(url: str, resume: bool = False) -> None:
     """The storage a sweep will write, checked before anything is created: a SQLite file (or its folder) that
     refuses writes or is held locked, a database server that cannot be reached (within the bounds) is one line;
     so is a --resume whose storage is not there."""
+    if journal.is_journal_url(url):
+        journal.check_url(url)
     connections.probe_sql(url, "Optuna storage", StorageError)
     if resume:
         stores.require_existing(url, stores.OPTUNA_TABLE, "Optuna storage", "nothing to resume")
     stores.require_writable(url, "Optuna storage")
 
 
-# what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors)
-STORAGE_WRITE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
-STORAGE_ERRORS = (*STORAGE_WRITE_ERRORS, OSError)
+# what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors; a journal's
+# append is a file write: OSError)
+STORAGE_WRITE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
+STORAGE_ERRORS = STORAGE_WRITE_ERRORS
 
 
 def storage_failure(exc: BaseException, url: str, doing: str = "") -> StorageError:
@@ -87,11 +96,11 @@ def storage_failure(exc: BaseException, url: str, doing: str = "") -> StorageErr
     max length", would mislead), a store that refuses writes or is locked says so, anything else its first
     line. `doing`: what failed ("cannot create": nothing was stored)."""
     shown = redact_uri(url)
-    if stores.disk_full(exc, sqlite_path(url)):
+    if stores.disk_full(exc, store_path(url)):
         kept = ("nothing was stored; free space and rerun" if doing else
                 "what was measured is kept (in the storage, or in the result spool); free space and rerun with "
                 "--resume")
-        return StorageFull(f"the Optuna storage's disk is full: {stores.device(sqlite_path(url), url)}; {kept}")
+        return StorageFull(f"the Optuna storage's disk is full: {stores.device(store_path(url), url)}; {kept}")
     line = _root_line(exc)
     low = line.lower()
     if "readonly" in low or "read-only" in low or "permission denied" in low:
@@ -110,8 +119,9 @@ def _root_line(exc: BaseException) -> str:
     return connections.root_line(exc)[:300]
 
 
-def sqlite_path(url: str) -> Path | None:
-    return stores.sqlite_file(url)
+def store_path(url: str) -> Path | None:
+    """The file a SQLite or journal storage URL names (None for a database server)."""
+    return stores.store_file(url)
 
 
 LEASE_CLAIM_MARK = ":lease-claim-"  # a study name never holds ':' (search_spaces/inputs.check_name)

@@ -58,10 +58,11 @@ def measured_count(storage: str, name: str) -> int:
     """The trials of study `name` that measured a result, read while its sweep runs in another process; 0 before
     that sweep has made its storage or study. The reader never creates the storage: Optuna would make a missing
     SQLite file itself, racing the sweep's own creation (CI saw both stamp the schema version: IntegrityError)."""
-    path = studies.sqlite_path(storage)
+    path = studies.store_path(storage)
     if path is not None and not path.exists():
         return 0
     try:
-        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=storage)))
+        store = studies.open_storage(storage, create=False)
+        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=store)))
     except KeyError:  # the storage is made, the study not yet
         return 0

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from orchestrator.spec import DEFAULT_STORAGE
+
 
 def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate)
@@ -16,7 +18,7 @@ def register(app: typer.Typer) -> None:
 def calibrate(
     out: Path = typer.Option(..., "--out", help="the calibration file to write (JSON)"),
     study: list[str] = typer.Option([], "--study", help="an Optuna study whose measured trials are data (repeatable)"),
-    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL of the studies"),
+    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL of the studies"),
     experiment: list[str] = typer.Option([], "--experiment",
                                          help="an MLflow experiment whose measured runs are data (repeatable)"),
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from orchestrator.spec import DEFAULT_STORAGE
+
 
 def register(app: typer.Typer) -> None:
     app.command("check")(check)
@@ -15,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 def check(
     study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
-    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL"),
+    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
                                                help="MLflow tracking URI (default: the one the study recorded)"),
 ) -> int:
@@ -39,7 +41,7 @@ def check(
 def confirm(
     study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
     top: int = typer.Option(3, "--top", min=1, help="how many of the best proxy-measured layouts to confirm"),
-    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL"),
+    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL"),
     trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="GPUs one trial may use now "
                                                                         "(at least the layout's full size)"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),

@@ -12,10 +12,10 @@ from search_spaces.errors import SpecError
 from search_spaces.inputs import check_name, check_optional_name
 
 from orchestrator.commands.output import echo, output_folder
+from orchestrator.spec import DEFAULT_STORAGE
 
 EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-overrides.yaml",
                   "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
-DEFAULT_STORAGE = "sqlite:///optuna.db"
 
 _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL of the sweep.")
 _TRACKING = typer.Option(None, "--tracking-uri",

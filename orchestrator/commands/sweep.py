@@ -11,6 +11,7 @@ import typer
 
 from orchestrator import backends, searches
 from orchestrator.commands.output import console, write_file
+from orchestrator.spec import DEFAULT_STORAGE
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,7 @@ def sweep(
     backend: Optional[str] = typer.Option(None, help=backends.choices_help()),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="trials to run (cost-model rejections are free)"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent"),
-    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default sqlite:///optuna.db)"),
+    storage: Optional[str] = typer.Option(None, help=f"Optuna storage URL (default {DEFAULT_STORAGE})"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI, or none"),
     study_name: Optional[str] = typer.Option(None, "--study-name"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted sweep of the same name"),
@@ -136,7 +137,7 @@ def family_table(rows: list[dict], name: str) -> rich.table.Table:
 
 def status(
     study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
-    storage: str = typer.Option("sqlite:///optuna.db", help="Optuna storage URL"),
+    storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL"),
     csv: Optional[Path] = typer.Option(None, "--csv", help="write the leaderboard (replay-table columns)"),
     top: int = typer.Option(20, help="rows to print"),
 ) -> int:

@@ -7,7 +7,10 @@ finished sweep) or in NOT_RUN (a reason). Which faults a command meets follows f
 
 - every command: standard output onto a full device (ENOSPC) or a pipe whose reader has gone (EPIPE);
 - a `--storage` option: the Optuna store missing, corrupted, truncated, read-only (immutable, as root), locked by
-  another process, or a PostgreSQL endpoint that accepts and never answers;
+  another process, or a PostgreSQL endpoint that accepts and never answers; and the same study in a journal file
+  (`journal:///`, orchestrator/journal.py) missing, corrupted, truncated or read-only (a truncated journal ends in
+  a torn line, as a crash leaves it: readers read its whole lines, a sweep cuts the torn one and resumes; its lock
+  is held only for one append, and Optuna breaks a stale one after 30 s);
 - a `--tracking-uri` option: the same for the MLflow store, and an MLflow server that never answers;
 - an `--out` or `--csv` option: that output onto a full device (/dev/full).
 
@@ -36,10 +39,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import optuna
 import pytest
 import typer
 
 from orchestrator import connections
+from orchestrator import study as studies
 from orchestrator.cli import app, main
 from tests.network_faults import SilentServer
 from tests.sweep_helpers import spec_data, write_spec
@@ -110,7 +115,11 @@ PASSES_STORES_ALONG = {"slurm render", "slurm submit"}
 REFUSES_ON_THE_WORLD = {"confirm"}
 
 STORE_FAULTS = ("missing", "corrupted", "truncated", "read-only", "locked", "never answers")
+JOURNAL_FAULTS = ("missing", "corrupted", "truncated", "read-only")
 UNUSABLE = {"missing", "corrupted", "truncated", "never answers"}
+UNUSABLE_JOURNAL = {"missing", "corrupted"}  # a torn last line is what a crash leaves: the journal is still whole
+STORE_FILES = {"optuna": "optuna.db", "mlflow": "mlflow.db", "journal": "optuna.journal"}
+STORE_KEYS = {"optuna": "storage", "mlflow": "tracking", "journal": "journal"}
 STDOUT_FAULTS = ("full device", "closed pipe")
 
 
@@ -119,6 +128,7 @@ def faults_of(command: str) -> list[str]:
     faults = [f"stdout: {f}" for f in STDOUT_FAULTS]
     if "--storage" in options:
         faults += [f"optuna store: {f}" for f in STORE_FAULTS]
+        faults += [f"journal store: {f}" for f in JOURNAL_FAULTS]
     if "--tracking-uri" in options and (command, "mlflow") not in UNUSED_STORES:
         faults += [f"mlflow store: {f}" for f in STORE_FAULTS]
     if "--out" in options or "--csv" in options:
@@ -168,6 +178,9 @@ def finished(tmp_path_factory) -> Path:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert main(["sweep", str(spec), "--quiet"]) == 0, err.getvalue()
+    # the same study in a journal file (its MLflow runs are the same)
+    optuna.copy_study(from_study_name=STUDY, from_storage=studies.open_storage(data["storage"], create=False),
+                      to_storage=studies.open_storage(f"journal:///{root / 'optuna.journal'}"))
     return root
 
 
@@ -179,6 +192,7 @@ def world(finished, tmp_path, monkeypatch) -> dict:
         with contextlib.closing(sqlite3.connect(finished / name)) as src, \
                 contextlib.closing(sqlite3.connect(root / name)) as dst:
             src.backup(dst)  # whole, WAL included
+    shutil.copyfile(finished / "optuna.journal", root / "optuna.journal")
     for folder in ("mlartifacts", "runs"):
         if (finished / folder).exists():
             shutil.copytree(finished / folder, root / folder)
@@ -197,6 +211,7 @@ def world(finished, tmp_path, monkeypatch) -> dict:
     monkeypatch.setattr(connections, "SQLITE_BUSY_S", 2)  # the wait for a lock, shortened; the lock is real
     monkeypatch.chdir(root)
     return {"root": str(root), "spec": str(spec), "storage": data["storage"], "tracking": data["tracking_uri"],
+            "journal": f"journal:///{root / 'optuna.journal'}",
             "out": str(root / "report-out"), "cal": str(root / "cal.json"), "path": root,
             "documents": str(root / "docs.jsonl"), "histogram": str(root / "lengths.json"), "port": _free_port()}
 
@@ -257,25 +272,27 @@ def _immutable(path: Path, on: bool) -> None:
 
 @contextlib.contextmanager
 def store_fault(w: dict, which: str, fault: str):
-    """Apply `fault` to the store `which` ("optuna" or "mlflow"); yields the argv changes (the URL to use)."""
-    key = "storage" if which == "optuna" else "tracking"
-    db = w["path"] / f"{which}.db"
+    """Apply `fault` to the store `which` ("optuna", "mlflow" or "journal"); yields the argv changes (the URL to
+    use)."""
+    key = STORE_KEYS[which]
+    db = w["path"] / STORE_FILES[which]
+    swap = {w["storage"]: w["journal"]} if which == "journal" else {}  # the row's command on the journal
     if fault == "missing":
         db.unlink()
-        yield {}
+        yield dict(swap)
     elif fault == "corrupted":
         db.write_bytes(b"this is not a database\n" * 200)
-        yield {}
+        yield dict(swap)
     elif fault == "truncated":
         db.write_bytes(db.read_bytes()[:len(db.read_bytes()) // 3])
-        yield {}
+        yield dict(swap)
     elif fault == "read-only":
         if not IS_ROOT:
             pytest.skip("making a file immutable needs root (chattr +i); CI runs as root")
         _immutable(db, True)
         _immutable(w["path"], True)
         try:
-            yield {}
+            yield dict(swap)
         finally:
             _immutable(w["path"], False)
             _immutable(db, False)
@@ -288,7 +305,7 @@ def store_fault(w: dict, which: str, fault: str):
             "sys.stdin.read()\n"), str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert holder.stdout.readline().strip() == "held"
-            yield {}
+            yield dict(swap)
         finally:
             holder.stdin.close()
             holder.wait(timeout=30)
@@ -311,9 +328,10 @@ def one_line(code: int, err: str) -> str:
     return lines[0]
 
 
-def assert_clean_afterwards(w: dict) -> None:
-    """The stores still open and agree: `check` exits 0."""
-    code, out, err = run(["check", STUDY, "--storage", w["storage"], "--tracking-uri", w["tracking"]])
+def assert_clean_afterwards(w: dict, storage: str | None = None) -> None:
+    """The stores still open and agree: `check` exits 0 (on the Optuna store the case used: SQLite's, or the
+    journal, a copy of the study that a sweep resumed on SQLite no longer matches)."""
+    code, out, err = run(["check", STUDY, "--storage", storage or w["storage"], "--tracking-uri", w["tracking"]])
     assert code == 0, out + err
 
 
@@ -367,34 +385,42 @@ def test_every_command_meets_every_fault_with_one_line(world, command, fault):
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
     else:
         which = target.split()[0]
-        assert world["storage" if which == "optuna" else "tracking"] in argv, "the row does not use this store"
+        assert world["tracking" if which == "mlflow" else "storage"] in argv, "the row does not use this store"
+        unusable = UNUSABLE_JOURNAL if which == "journal" else UNUSABLE
         before = tree(root)
         with store_fault(world, which, kind) as changes:
             silent = changes.pop("silent", None)
             faulty = [changes.get(a, a) for a in argv]
             after_fault = tree(root)
-            code, _, err = run(faulty, CtrlCOnceServing() if command == "ui" else None)
+            code, out, err = run(faulty, CtrlCOnceServing() if command == "ui" else None)
             if code == 0:
-                assert kind not in UNUSABLE or command in PASSES_STORES_ALONG or (
+                assert kind not in unusable or command in PASSES_STORES_ALONG or (
                     (command, which) in CREATES and kind == "missing"), f"exit 0 on an unusable store: {err[-2000:]}"
+            elif (command, which, kind) == ("check", "journal", "truncated"):  # check's answer: what was lost
+                assert code == 1 and "which the study does not have" in out, (code, out[-2000:], err[-2000:])
             else:
                 one_line(code, err)
             if silent is not None and code != 0 and command not in REFUSES_ON_THE_WORLD:
                 # the line names the endpoint that did not answer
                 assert f"127.0.0.1:{silent.port}" in err, err
-            if kind in UNUSABLE and code != 0:
+            if kind in unusable and code != 0:
                 assert tree(root) == after_fault, "an unusable store was changed, or a file left behind"
-        if kind == "missing" and code == 0:  # the command made the store (CREATES): a whole one
+        if which == "journal" and code == 0 and command == "sweep":  # it cut the torn line and resumed: still whole
+            assert (root / "optuna.journal").read_bytes().endswith(b"\n")
+            code, out, err = run(["check", STUDY, "--storage", world["journal"], "--tracking-uri", world["tracking"]])
+            assert code == 0, out + err
+            return
+        if kind == "missing" and code == 0 and which != "journal":  # the command made the store (CREATES): whole
             with contextlib.closing(sqlite3.connect(root / f"{which}.db")) as made:
                 assert made.execute("PRAGMA quick_check").fetchone() == ("ok",)
             assert temporaries(root) == []
             return  # this process's MLflow engine holds the made store open: the old one is not put back under it
         if kind in ("missing", "corrupted", "truncated"):  # lift the fault: the stores as they were
-            db = root / f"{which}.db"
+            db = root / STORE_FILES[which]
             for side in ("-wal", "-shm", "-journal"):  # of a store the command made meanwhile: not the old one's
                 db.with_name(db.name + side).unlink(missing_ok=True)
-            db.write_bytes(before[f"{which}.db"])
+            db.write_bytes(before[STORE_FILES[which]])
         if kind in ("read-only", "locked") and code != 0 and command != "sweep":
             assert tree(root) == before, "a refused command changed the store"
     assert temporaries(root) == []
-    assert_clean_afterwards(world)
+    assert_clean_afterwards(world, world["journal"] if target == "journal store" else None)

@@ -47,7 +47,7 @@ def test_defaults_and_overrides():
     spec = parse_spec({"study_name": "s1", "budget": {"n_trials": 5}},
                       {"n_trials": 3, "max_concurrent": 2, "backend": "analytic", "storage": None})
     assert spec.name == "s1" and spec.budget.n_trials == 3 and spec.budget.max_concurrent == 2
-    assert spec.backend == "analytic" and spec.storage == "sqlite:///optuna.db"
+    assert spec.backend == "analytic" and spec.storage == "journal:///optuna.journal"
     assert spec.tracking_uri == "sqlite:///mlflow.db"
     assert parse_spec({}, {"study_name": "other"}).name == "other"
 

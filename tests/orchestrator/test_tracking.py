@@ -80,7 +80,7 @@ def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, mon
     with pytest.raises(TrackingError, match="cannot use the MLflow tracking URI"):
         run_sweep(spec, prior=prior_for(spec), show_progress=False)
     # nothing was created that a corrected rerun would trip over ("already exists")
-    assert not studies.sqlite_path(spec.storage).exists() or not optuna.get_all_study_summaries(spec.storage)
+    assert not studies.store_path(spec.storage).exists() or not optuna.get_all_study_summaries(spec.storage)
     fixed = spec.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert run_sweep(fixed, prior=prior_for(fixed), show_progress=False).exit_code == 0
 
