@@ -45,10 +45,6 @@ def require_existing(url: str, table: str, what: str, hint: str = "") -> None:
     hint = f" ({hint})" if hint else ""
     if scheme == "sqlite":
         _require_sqlite(url, table, what, shown, hint)
-    elif scheme == "journal":
-        from orchestrator import journal
-
-        journal.require_journal(journal.check_url(url), what, shown, hint)
     elif scheme in _SQL_SCHEMES:
         if not _server_has_table(url, table, what):
             raise SpecError(f"no {what} in {shown}: the database has no {table!r} table{hint}")
@@ -140,21 +136,14 @@ def sqlite_file(url: str) -> Path | None:
     return Path(raw.split("?", 1)[0])
 
 
-def store_file(url: str) -> Path | None:
-    """The file of a SQLite or journal URL (orchestrator/journal.py); None for a database server."""
-    from orchestrator import journal
-
-    return journal.journal_file(url) if journal.is_journal_url(url) else sqlite_file(url)
-
-
-def require_writable(url: str, what: str) -> None:
-    """A SQLite or journal store a sweep will write: its folder (for a new file, SQLite's -wal/-shm files, the
-    journal's lock file) and the file itself must take writes, and a SQLite file must not be held locked past
-    SQLITE_BUSY_S; one StorageError line naming which, before anything is written. Other URLs are left to their
-    server."""
+def require_writable(url: str, what: str, path: Path | None = None) -> None:
+    """A SQLite store a sweep will write, or the store file `path` of another URL (a journal: orchestrator/journal.py):
+    its folder (for a new file, SQLite's -wal/-shm files, the journal's lock file) and the file itself must take
+    writes, and a SQLite file must not be held locked past SQLITE_BUSY_S; one StorageError line naming which, before
+    anything is written. Other URLs are left to their server."""
     from orchestrator.errors import StorageError
 
-    path = store_file(url)
+    path = path or sqlite_file(url)
     if path is None:
         return
     shown = redact_uri(url)

@@ -77,12 +77,10 @@ def check_storage(url: str, resume: bool = False) -> None:
     """The storage a sweep will write, checked before anything is created: a SQLite file (or its folder) that
     refuses writes or is held locked, a database server that cannot be reached (within the bounds) is one line;
     so is a --resume whose storage is not there."""
-    if journal.is_journal_url(url):
-        journal.check_url(url)
     connections.probe_sql(url, "Optuna storage", StorageError)
     if resume:
-        stores.require_existing(url, stores.OPTUNA_TABLE, "Optuna storage", "nothing to resume")
-    stores.require_writable(url, "Optuna storage")
+        _require_existing(url, "nothing to resume")
+    stores.require_writable(url, "Optuna storage", store_path(url))
 
 
 # what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors; a journal's
@@ -120,8 +118,17 @@ def _root_line(exc: BaseException) -> str:
 
 
 def store_path(url: str) -> Path | None:
-    """The file a SQLite or journal storage URL names (None for a database server)."""
-    return stores.store_file(url)
+    """The file a SQLite or journal storage URL names (None for a database server; a journal URL of another form:
+    one SpecError line)."""
+    return journal.check_url(url) if journal.is_journal_url(url) else stores.sqlite_file(url)
+
+
+def _require_existing(url: str, hint: str) -> None:
+    """The storage holds Optuna's tables, or is a journal (a SpecError line when it is not, or is missing)."""
+    if journal.is_journal_url(url):
+        journal.require_journal(journal.check_url(url), "Optuna storage", redact_uri(url), f" ({hint})")
+    else:
+        stores.require_existing(url, stores.OPTUNA_TABLE, "Optuna storage", hint)
 
 
 LEASE_CLAIM_MARK = ":lease-claim-"  # a study name never holds ':' (search_spaces/inputs.check_name)
@@ -176,9 +183,7 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
 def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
     """The storage a read-only command names (status, check, export, report, promote, calibrate): it must
     already hold Optuna's tables; a missing sqlite file or an empty database is one line, and none is created."""
-    from orchestrator.stores import OPTUNA_TABLE, require_existing
-
-    require_existing(url, OPTUNA_TABLE, "Optuna storage", "run a sweep first, or pass --storage")
+    _require_existing(url, "run a sweep first, or pass --storage")
     return open_storage(url, create=False)
 
 
