@@ -43,7 +43,7 @@ def journal_file(url: str) -> Path | None:
     """The file of a `journal:///path` URL; None for other URLs."""
     if not url.startswith(PREFIX) or not url[len(PREFIX):]:
         return None
-    return Path(url[len(PREFIX):])
+    return stores.usable_path(url[len(PREFIX):], url)
 
 
 def check_url(url: str) -> Path:

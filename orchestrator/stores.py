@@ -133,7 +133,26 @@ def sqlite_file(url: str) -> Path | None:
     raw = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
     if not raw or raw.startswith(":memory:") or raw.startswith("file:"):
         return None
-    return Path(raw.split("?", 1)[0])
+    return usable_path(raw.split("?", 1)[0], url)
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux file systems allow
+
+
+def usable_path(raw: str, url: str) -> Path:
+    """The file a store URL names (SQLite's, a journal's); a SpecError line for a path no file can have: a folder's
+    name, a NUL byte, a name longer than a file system allows (os.stat would raise, not answer)."""
+    path = Path(raw)
+    why = None
+    if "\x00" in raw:
+        why = "it holds a NUL byte"
+    elif path.name in ("", ".", ".."):
+        why = "it names a folder, not a file"
+    elif len(os.fsencode(raw)) >= PATH_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in path.parts):
+        why = f"a name in it is longer than a file system allows ({NAME_MAX} bytes a name, {PATH_MAX} in all)"
+    if why:
+        raise SpecError(f"the store {redact_uri(url)[:200]} names no usable file: {why}")
+    return path
 
 
 def require_writable(url: str, what: str, path: Path | None = None) -> None:

@@ -83,10 +83,9 @@ def check_storage(url: str, resume: bool = False) -> None:
     stores.require_writable(url, "Optuna storage", store_path(url))
 
 
-# what a storage write raises when the database cannot take it (Optuna wraps SQLAlchemy's errors; a journal's
+# what a storage raises when it cannot take a write or answer a read (Optuna wraps SQLAlchemy's errors; a journal's
 # append is a file write: OSError)
-STORAGE_WRITE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
-STORAGE_ERRORS = STORAGE_WRITE_ERRORS
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError)
 
 
 def storage_failure(exc: BaseException, url: str, doing: str = "") -> StorageError:
@@ -128,6 +127,7 @@ def _require_existing(url: str, hint: str) -> None:
     if journal.is_journal_url(url):
         journal.require_journal(journal.check_url(url), "Optuna storage", redact_uri(url), f" ({hint})")
     else:
+        store_path(url)  # a path no file can have: one line before the file system is asked
         stores.require_existing(url, stores.OPTUNA_TABLE, "Optuna storage", hint)
 
 

@@ -127,12 +127,12 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
                            runnable=lambda lay: trial_size(spec, prior.model, prior.gpu, lay).refusal is None)
     try:
         study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
-    except studies.STORAGE_WRITE_ERRORS as exc:  # refused or full before the study was made: nothing stored
+    except studies.STORAGE_ERRORS as exc:  # refused or full before the study was made: nothing stored
         raise studies.storage_failure(exc, spec.storage, "cannot create the study in") from None
     try:
         lease = Lease(study, storage)
         lease.acquire()
-    except studies.STORAGE_WRITE_ERRORS as exc:  # a study its storage will not let us change
+    except studies.STORAGE_ERRORS as exc:  # a study its storage will not let us change
         raise studies.storage_failure(exc, spec.storage) from None
     if tracker:
         tracker.fence = lease.fence
@@ -141,7 +141,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     try:
         _start(session, storage, existed, run_tags or {})
         session.writes = sweep_writes(study, storage, spec.backend, lease.fence)
-    except studies.STORAGE_WRITE_ERRORS as exc:  # e.g. the disk filled while the study was set up
+    except studies.STORAGE_ERRORS as exc:  # e.g. the disk filled while the study was set up
         session.close()
         raise studies.storage_failure(exc, spec.storage) from None
     except BaseException:

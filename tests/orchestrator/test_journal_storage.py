@@ -203,3 +203,27 @@ def test_a_sweep_on_a_journal_sigkilled_again_and_again_resumes_to_a_whole_consi
     study = _consistent(url, "journal")
     assert len(studies.measured_trials(study)) == 120
     assert (tmp_path / "optuna.journal").read_bytes().endswith(b"\n")
+
+
+# a path from pieces that make the file system's refusals: folders' names, NUL bytes, overlong names, non-ASCII
+_PIECES = st.sampled_from(["a", "/", ".", "..", "\x00", "é", ":", "?", "x" * 100, "y" * 300])
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 8), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scheme=st.sampled_from(["journal:///", "sqlite:///"]), raw=st.lists(_PIECES, max_size=40).map("".join))
+def test_any_store_path_is_read_or_one_line_and_creates_nothing(tmp_path, monkeypatch, scheme, raw):
+    """Every path a storage URL can name, for a reader and for a sweep that resumes (so must find it): exit 2 and one
+    line (nothing there, or no file can have that path), never a traceback; nothing is created."""
+    work = tmp_path / "w"
+    work.mkdir(exist_ok=True)
+    monkeypatch.chdir(work)
+    url = scheme + raw
+    data, spec = _sweep(tmp_path, url, tracking_uri="none", workdir=str(work / "runs"))
+    for argv in (["status", "--storage", url], ["sweep", str(spec), "--quiet", "--resume"]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, err.getvalue())
+        assert list(work.iterdir()) == [], (argv, list(work.iterdir()))
