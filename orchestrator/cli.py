@@ -120,8 +120,11 @@ _ABORTS = (typer.Abort,)
 # jemalloc (loaded with MLflow). Without them the cost model's exploration forks its workers in a sweep as it does
 # in `space` (search_spaces/layouts/forked.py does not fork a process with another thread alive). Set before the
 # commands import those libraries; a user's own setting wins; trainer processes do not inherit them (the local
-# backend passes a short list of variables).
-LIBRARY_THREADS_OFF = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+# backend passes a short list of variables). MLflow 3's telemetry is one more such thread, and it sends usage events
+# to MLflow's servers, which nobody asked this tool to do: off unless MLFLOW_DISABLE_TELEMETRY=false is set (the
+# sweep's MLflow writer, orchestrator/writer_process.py, is forked only in a process without another thread).
+LIBRARY_THREADS_OFF = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false",
+                       "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from orchestrator.environment import recorded_environment
 from orchestrator.errors import LeaseLost, StorageError, TrackingError
 from orchestrator.records import TRIAL_TAG, VIEW_METRICS, TrialRecord
 from orchestrator.redact import redact_mapping, redact_text, redact_uri
+from orchestrator.writer_process import WriterProcess
 
 log = logging.getLogger("moe_autotune")
 
@@ -74,6 +75,13 @@ def check_sqlite_store(tracking_uri: str, must_exist: bool = False) -> None:
         raise TrackingError(str(exc)) from None
 
 
+def preload_store(tracking_uri: str) -> None:
+    """Load MLflow's SQL store now (about a second): a sweep does it while its child explores the space, instead of
+    when it opens the store. Nothing is opened or created."""
+    if connections.is_sql(tracking_uri):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 -- loaded, not used here
+
+
 # a read-only command's check that its MLflow store exists lives with the other store checks (no MLflow import)
 require_existing_store = stores.require_mlflow_store
 
@@ -115,6 +123,8 @@ class Tracker:
         self.pending = 0  # records in the spool
         self.spool_torn = 0  # torn last records skipped
         self.spool_set_aside = 0  # damaged records moved to mlflow-spool.corrupt.jsonl
+        self._writer: WriterProcess | None = None  # makes the records behind the sweep (write_behind)
+        self._quiet_until: Callable[[], float] = lambda: 0.0
 
     @property
     def client(self) -> "_FencedClient":
@@ -206,6 +216,7 @@ class Tracker:
                 return
 
     def finish(self, summary: dict[str, Any], pareto_csv: str | None, status: str = "FINISHED") -> None:
+        self.settle()
         run_id = self.parent_run_id
         best = summary.get("best") or {}
         metrics = [Metric(f"best_{k}", float(v), _now(), 0) for k, v in (best.get("measured") or {}).items()
@@ -307,20 +318,41 @@ class Tracker:
             self.client.set_terminated(child.run_id, "KILLED")
 
     def is_finished(self, number: int) -> bool:
+        self.settle()
         child = self._children.get(number)
         return child is not None and child.status in ("FINISHED", "FAILED", "KILLED")
 
     def record(self, run: "RunRecord") -> bool:
-        """Log a finished trial; on failure keep it in the spool. True when MLflow has it."""
+        """Log a finished trial (its run begun here, the rest by the writer when one makes the records behind the
+        sweep); on failure keep it in the spool. True when MLflow has it, or the writer will make it."""
+        if self._writer is None:
+            return self._record_or_spool(run)
+        record = run.record
+        try:  # begun here: this process holds the runs' ids, and a trial's record goes to the run it names
+            child = self._child(record.number, record.layout, record.backend or "", params_now=False)
+        except LeaseLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- MLflow down/misbehaving: keep the record, say why later
+            self._spool_failed(run, exc)
+            return False
+        self._answered(self._writer.send((child, run, self._quiet_until())))
+        if not self._writer.alive:  # gone: what it left is made here now
+            self.settle()
+        return True
+
+    def _record_or_spool(self, run: "RunRecord") -> bool:
         try:
             self._record(run)
             return True
         except LeaseLost:  # taken over: the record is the new driver's to make, not the spool's
             raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down/misbehaving: keep the record, say why later
-            self._spool({"trial_number": run.record.number, "payload": run.payload(),
-                         "error": redact_text(f"{type(exc).__name__}: {exc}")})
+            self._spool_failed(run, exc)
             return False
+
+    def _spool_failed(self, run: "RunRecord", exc: Exception) -> None:
+        self._spool({"trial_number": run.record.number, "payload": run.payload(),
+                     "error": redact_text(f"{type(exc).__name__}: {exc}")})
 
     def _record(self, run: "RunRecord") -> None:
         record = run.record
@@ -372,6 +404,7 @@ class Tracker:
         return [m for m in metrics if (m.key, m.step) not in have]
 
     def mark_failed(self, number: int, reason: str) -> None:
+        self.settle()  # a record still with the writer closes its run first
         child = self._children.get(number)
         if child is None and number in self._uncertain:  # a stop in its run's creation: the run may exist
             child = self._created_unanswered(number, {})
@@ -380,6 +413,76 @@ class Tracker:
             self.client.set_tag(child.run_id, "reason", redact_text(reason))
             self.client.set_terminated(child.run_id, "FAILED")
             child.status = "FAILED"
+
+    # ---- records made behind the sweep ---------------------------------------------------------------
+    def write_behind(self, quiet_until: Callable[[], float]) -> bool:
+        """From now on, finished trials' records (their log_batch and set_terminated) are made by a forked writer
+        (orchestrator/writer_process.py) on another core while the sweep goes on: half of an analytic sweep's time
+        is MLflow's. False where no writer could be forked, or the store is not a database (an HTTP server: a fork
+        cannot share the client's pooled sockets): the records are made here, as before.
+
+        Each run is still begun here (its id is stored with the trial). Nothing is doubled or lost:
+        - the fence: `quiet_until` is the lease's (Lease.quiet_until). The writer writes a record only before it
+          (no rival can have taken the study then) and hands it back after it, for this process's fence to judge;
+        - every record is answered before the sweep reads what MLflow holds (flush, finish, mark_failed,
+          is_finished: `settle`); a record the writer could not deliver is in the spool, as here;
+        - a writer that died hands back what it had not answered; such a record, and one handed back, is made here
+          as a resumed one is: what its run already holds is not logged again;
+        - the writer dies with this process: the records it had not made are made from the storage by the resume,
+          like those of a driver killed before it sent them."""
+        if not connections.is_sql(self.tracking_uri):  # an HTTP client's pooled sockets cannot be shared by a fork
+            return False
+        self._quiet_until = quiet_until
+        self._writer = WriterProcess.start(self._write_behind)
+        return self._writer is not None
+
+    def settle(self) -> None:
+        """Wait until the writer has answered every record sent to it (or is gone: the rest are made here)."""
+        writer = self._writer
+        if writer is None:
+            return
+        self._answered(writer.answers(wait=True))
+        if not writer.alive:
+            self._writer = None
+            writer.kill()
+            for _, run, _ in writer.unanswered:
+                self._children[run.record.number].inherited = True  # it may hold part of the record
+                self._record_or_spool(run)
+
+    def close(self) -> None:
+        """End the writer, its records answered first; killed when that fails (a lease lost: the new driver makes
+        them from the storage)."""
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            self.settle()
+        except BaseException:
+            writer.kill()
+            raise
+        finally:
+            self._writer = None
+        writer.close()
+
+    def _answered(self, answers: list[tuple[Any, Any]]) -> None:
+        """The writer's answers: each trial's run as the writer left it, and what became of its record."""
+        for (_, run, _), (outcome, child) in answers:
+            self._children[run.record.number] = child
+            if outcome == _SPOOLED:
+                self.pending += 1
+            elif outcome == _HANDED_BACK:
+                child.inherited = True  # it may hold part of the record: what it holds is not logged again
+                self._record_or_spool(run)
+
+    def _write_behind(self, request: tuple["_Child", "RunRecord", float]) -> tuple[str, "_Child"]:
+        """In the writer: make one record while the lease is quiet, else hand it back."""
+        child, run, quiet_until = request
+        self.fence = lambda: _before(quiet_until)
+        self._children[run.record.number] = child
+        try:
+            return (_RECORDED if self._record_or_spool(run) else _SPOOLED), child
+        except LeaseLost:
+            return _HANDED_BACK, child
 
     # ---- spool -------------------------------------------------------------------------------------
     def _spool(self, record: dict[str, Any]) -> None:
@@ -397,6 +500,7 @@ class Tracker:
 
         A torn last line (a crash mid-write) is skipped; a damaged line anywhere else is moved to
         mlflow-spool.corrupt.jsonl. Both are logged and counted (spool_torn, spool_set_aside)."""
+        self.settle()  # the writer's records first: a record it could not deliver is in the spool
         if not self.spool_path.is_file():
             self.pending = 0
             return 0
@@ -468,6 +572,15 @@ class _Child:
     params: dict[str, str]
     inherited: bool = False  # begun by an earlier driver of the study (found on resume), not by this one
     params_logged: bool = True  # False: made for a finished trial's record, whose batch logs its params
+
+
+_RECORDED, _SPOOLED, _HANDED_BACK = "recorded", "spooled", "handed back"  # the writer's answers
+
+
+def _before(deadline: float) -> None:
+    """The writer's fence: the lease's quiet time is over (a rival may hold it now): the sweep's own fence judges."""
+    if time.monotonic() >= deadline:
+        raise LeaseLost("the lease's quiet time is over: the record is handed back to the sweep")
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -59,6 +59,10 @@ def sweep(
         from orchestrator.interrupts import unwind_on_signals
         from orchestrator.slurm_job import job_tags
         from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
+        from orchestrator.tracking import preload_store
+
+        if ahead is not None:
+            preload_store(spec.tracking_uri)  # while the child explores
 
         unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
         outcome = run_sweep(spec, resume=resume, prior=prior, show_progress=not quiet, run_tags=job_tags())

@@ -231,6 +231,14 @@ class Lease:
             self.lost = True
             raise self._lost(now)
 
+    def quiet_until(self) -> float:
+        """The monotonic time (the host's clock, shared by its processes) before which no rival can have taken
+        the lease: where `fence` reads nothing. 0 once it is lost or before it is held. The sweep's MLflow writer,
+        another process of this host, writes only before it (orchestrator/tracking.py, Tracker.write_behind)."""
+        if self.lost or not self._beat:
+            return 0.0
+        return self._beat + stale_after_s() / 2
+
     def heartbeat(self, force: bool = False) -> None:
         """Renew the lease (at most every heartbeat_every_s()); a lease taken over stops this driver."""
         if not force and time.monotonic() - self._beat < heartbeat_every_s():

@@ -23,6 +23,7 @@ from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
 from orchestrator.backends import TrialRequest, canonical_backend
+from orchestrator.errors import LeaseLost
 from orchestrator.records import StudyRecord, TrialRecord, enqueue
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
@@ -92,7 +93,18 @@ class Session:
         logs = sorted(str(p) for p in (self.workdir / f"trial-{record.number:04d}").glob("*.log"))
         return RunRecord(record, tuple(logs))
 
+    def _close_tracker(self) -> None:
+        """The MLflow writer ended, every record it was sent made; at once when the lease was lost (the driver that
+        took the study makes them from the storage)."""
+        assert self.tracker is not None
+        try:
+            self.tracker.close()
+        except LeaseLost:
+            log.info("the study was taken over: its last MLflow records are the new driver's to make")
+
     def close(self) -> None:
+        if self.tracker:
+            self._close_tracker()  # before the lease is released: the writer writes under it
         try:
             self.lease.release()
         except studies.STORAGE_ERRORS as exc:  # a full disk (its own error line says so): the lease expires
@@ -141,6 +153,8 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     try:
         _start(session, storage, existed, run_tags or {})
         session.writes = sweep_writes(study, storage, spec.backend, lease.fence)
+        if tracker and spec.backend == "analytic":  # trials of microseconds: their MLflow records are most of it
+            tracker.write_behind(lease.quiet_until)
     except studies.STORAGE_ERRORS as exc:  # e.g. the disk filled while the study was set up
         session.close()
         raise studies.storage_failure(exc, spec.storage) from None

@@ -30,9 +30,15 @@ Result = TypeVar("Result")
 MAX_WORKERS = 4
 
 
+def can_fork() -> bool:
+    """Is forking safe here: os.fork exists and no other thread is alive (a child of a threaded process can
+    deadlock on a lock a thread held)?"""
+    return hasattr(os, "fork") and _threads() == 1
+
+
 def available_workers() -> int:
     """How many processes may share the work here (1: run it in this process)."""
-    if not hasattr(os, "fork") or _threads() > 1:
+    if not can_fork():
         return 1
     try:
         cores = len(os.sched_getaffinity(0))
@@ -180,4 +186,4 @@ def _stop(pid: int, reader: int) -> None:
         pass
 
 
-__all__ = ["MAX_WORKERS", "Ahead", "available_workers", "map_forked"]
+__all__ = ["MAX_WORKERS", "Ahead", "available_workers", "can_fork", "map_forked"]

@@ -38,19 +38,26 @@ def test_a_command_runs_without_importing_the_other_commands():
     assert command_modules & set(loaded) == {"orchestrator.commands.lengths"}, loaded
 
 
-def test_the_cli_starts_no_library_threads_so_a_sweeps_exploration_may_fork():
-    """numpy's OpenBLAS pool and pyarrow's jemalloc purger (loaded with MLflow) are threads: beside them the cost
-    model's exploration would run in one process (search_spaces/layouts/forked.py). The CLI turns them off
-    before a command imports those libraries."""
+def test_the_cli_starts_no_library_threads_so_a_sweeps_exploration_may_fork(tmp_path):
+    """numpy's OpenBLAS pool, pyarrow's jemalloc purger (loaded with MLflow) and MLflow's telemetry are threads:
+    beside them the cost model's exploration would run in one process (search_spaces/layouts/forked.py), and no
+    MLflow writer would be forked (orchestrator/writer_process.py). The CLI turns them off before a command imports
+    those libraries. Run as a user runs it: MLflow keeps its telemetry off by itself under pytest or on CI."""
     script = ("from orchestrator import cli\n"
               "cli.main(['--help'])\n"
               "import numpy, optuna, mlflow, orchestrator.tracking, orchestrator.sweep.session\n"
               "from search_spaces.layouts.forked import _threads\n"
+              f"mlflow.MlflowClient('sqlite:///{tmp_path}/mlflow.db').create_experiment('threads')\n"
               "print(_threads())\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", *cli.LIBRARY_THREADS_OFF)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", *cli.LIBRARY_THREADS_OFF, *CI_MARKERS)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.split()[-1] == "1"
+
+
+# what MLflow takes for a test or CI run (mlflow/telemetry/utils.py), where its telemetry is off whatever we set
+CI_MARKERS = ("PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE")
 
 
 def test_a_users_own_setting_of_the_library_threads_wins(monkeypatch):

@@ -1,0 +1,97 @@
+"""Runs what the write-behind tests need in a process of its own: a single-threaded one, where a writer can be
+forked (a pytest-xdist worker has a second thread, so no writer is ever forked there).
+
+    python -m tests.write_behind_driver sweep SPEC_JSON MODE   # an in-process sweep; prints {"exit_code", "writers"}
+    python -m tests.write_behind_driver echo COUNT SIZE        # a writer echoing COUNT requests of SIZE bytes
+    python -m tests.write_behind_driver orphan                 # prints a writer's pid, then this process dies
+
+The sweep's MODEs (each a fault the sweep must absorb without losing or doubling a record):
+    plain          the writer makes every record
+    dies           the writer dies right after making its third record, before answering it
+    quiet-over     the lease's quiet time is over for every record: the writer hands each one back untouched
+    half-made      the writer's fence passes a record's first write and refuses its second: each comes back
+                   half made (its figures logged, its run not closed)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def _sweep(spec_json: str, mode: str) -> None:
+    from orchestrator import tracking
+    from orchestrator.errors import LeaseLost
+    from orchestrator.spec import parse_spec
+    from orchestrator.sweep import Prior, run_sweep
+    from orchestrator.sweep.lease import Lease
+
+    started: list[bool] = []
+    write_behind = tracking.Tracker.write_behind
+
+    def counted(self, quiet_until):
+        started.append(write_behind(self, quiet_until))
+        return started[-1]
+
+    tracking.Tracker.write_behind = counted  # type: ignore[method-assign]
+    if mode == "dies":
+        serve = tracking.Tracker._write_behind
+        made: list[int] = []
+
+        def dying(self, request):
+            answer = serve(self, request)
+            made.append(1)
+            if len(made) == 3:
+                os._exit(9)
+            return answer
+
+        tracking.Tracker._write_behind = dying  # type: ignore[method-assign]
+    elif mode == "quiet-over":
+        Lease.quiet_until = lambda self: 0.0  # type: ignore[method-assign]
+    elif mode == "half-made":
+        calls: list[int] = []
+
+        def every_second_write(deadline: float) -> None:
+            calls.append(1)
+            if len(calls) % 2 == 0:
+                raise LeaseLost("the quiet time ran out between two writes")
+
+        tracking._before = every_second_write
+    spec = parse_spec(json.loads(spec_json))
+    outcome = run_sweep(spec, prior=Prior(spec), show_progress=False)
+    print(json.dumps({"exit_code": outcome.exit_code, "writers": started}))
+
+
+def _echo(count: int, size: int) -> None:
+    from orchestrator.writer_process import WriterProcess
+
+    writer = WriterProcess.start(lambda request: (request[0], b"a" * size))
+    assert writer is not None, "no writer forked"
+    early = []
+    for i in range(count):
+        early += writer.send((i, b"r" * size))
+    late = writer.close()
+    numbers = [request[0] for request, _ in early + late]
+    ok = all(request[0] == answer[0] and len(answer[1]) == size for request, answer in early + late)
+    print(json.dumps({"numbers": numbers, "answers_match": ok, "alive": writer.alive}))
+
+
+def _orphan() -> None:
+    from orchestrator.writer_process import WriterProcess
+
+    writer = WriterProcess.start(lambda request: request)
+    assert writer is not None, "no writer forked"
+    print(writer.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "sweep":
+        _sweep(args[0], args[1])
+    elif command == "echo":
+        _echo(int(args[0]), int(args[1]))
+    else:
+        _orphan()
