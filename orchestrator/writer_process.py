@@ -46,6 +46,8 @@ class WriterProcess:
         self._out = bytearray()  # framed requests not yet written to the pipe
         self._in = bytearray()  # answer bytes not yet a whole frame
         self._sent: deque[Any] = deque()  # requests not yet answered, oldest first
+        # answers read and not yet returned: kept here, so a call stopped by a signal (Ctrl-C) loses none of them
+        self._ready: list[tuple[Any, Any]] = []
         self.alive = True
 
     @classmethod
@@ -125,26 +127,27 @@ class WriterProcess:
         self.alive = False
 
     def _pump(self, wait: bool) -> list[tuple[Any, Any]]:
-        got: list[tuple[Any, Any]] = []
         while self.alive and (self._out or (wait and self._sent)):
             writable = [self._requests] if self._out else []
             readable, can_write, _ = select.select([self._answers], writable, [], None if wait or self._out else 0)
             if can_write:
                 try:
                     del self._out[:os.write(self._requests, self._out)]
-                except BrokenPipeError:  # the writer is gone: its requests are unanswered
-                    self.alive = False
+                except BrokenPipeError:  # the writer is gone: what it answered is still read, the rest unanswered
+                    self._out.clear()
+                    wait = True
             if readable:
-                self._read(got)
+                self._read()
             elif not wait and not can_write:
                 break
         if self.alive and not wait:
             ready, _, _ = select.select([self._answers], [], [], 0)
             if ready:
-                self._read(got)
+                self._read()
+        got, self._ready = self._ready, []
         return got
 
-    def _read(self, got: list[tuple[Any, Any]]) -> None:
+    def _read(self) -> None:
         try:
             chunk = os.read(self._answers, 1 << 16)
         except BlockingIOError:
@@ -159,7 +162,7 @@ class WriterProcess:
                 return
             answer = pickle.loads(bytes(self._in[_LENGTH.size:_LENGTH.size + size]))
             del self._in[:_LENGTH.size + size]
-            got.append((self._sent.popleft(), answer))
+            self._ready.append((self._sent.popleft(), answer))
 
 
 def _serve(serve: Callable[[Any], Any], parent: int, requests: int, answers: int) -> int:

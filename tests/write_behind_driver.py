@@ -2,7 +2,8 @@
 forked (a pytest-xdist worker has a second thread, so no writer is ever forked there).
 
     python -m tests.write_behind_driver sweep SPEC_JSON MODE   # an in-process sweep; prints {"exit_code", "writers"}
-    python -m tests.write_behind_driver echo COUNT SIZE        # a writer echoing COUNT requests of SIZE bytes
+    python -m tests.write_behind_driver echo COUNT SIZE [DIE]  # a writer echoing COUNT requests of SIZE bytes
+                                                               # (dying as it reads request DIE)
     python -m tests.write_behind_driver orphan                 # prints a writer's pid, then this process dies
 
 The sweep's MODEs (each a fault the sweep must absorb without losing or doubling a record):
@@ -64,10 +65,15 @@ def _sweep(spec_json: str, mode: str) -> None:
     print(json.dumps({"exit_code": outcome.exit_code, "writers": started}))
 
 
-def _echo(count: int, size: int) -> None:
+def _echo(count: int, size: int, die: int | None) -> None:
     from orchestrator.writer_process import WriterProcess
 
-    writer = WriterProcess.start(lambda request: (request[0], b"a" * size))
+    def serve(request):
+        if request[0] == die:
+            os._exit(3)
+        return request[0], b"a" * size
+
+    writer = WriterProcess.start(serve)
     assert writer is not None, "no writer forked"
     early = []
     for i in range(count):
@@ -75,7 +81,8 @@ def _echo(count: int, size: int) -> None:
     late = writer.close()
     numbers = [request[0] for request, _ in early + late]
     ok = all(request[0] == answer[0] and len(answer[1]) == size for request, answer in early + late)
-    print(json.dumps({"numbers": numbers, "answers_match": ok, "alive": writer.alive}))
+    print(json.dumps({"numbers": numbers, "answers_match": ok, "alive": writer.alive,
+                      "unanswered": [request[0] for request in writer.unanswered]}))
 
 
 def _orphan() -> None:
@@ -92,6 +99,6 @@ if __name__ == "__main__":
     if command == "sweep":
         _sweep(args[0], args[1])
     elif command == "echo":
-        _echo(int(args[0]), int(args[1]))
+        _echo(int(args[0]), int(args[1]), int(args[2]) if len(args) > 2 else None)
     else:
         _orphan()

@@ -104,7 +104,16 @@ def test_a_writer_makes_the_records_the_sweep_would_have_made_whatever_befalls_i
 def test_requests_and_answers_larger_than_a_pipe_come_back_whole_and_in_order():
     """50 requests and answers of 200 KB each, sent without reading: no deadlock, every answer in order."""
     got = _driver("echo", "50", str(200_000))
-    assert got == {"numbers": list(range(50)), "answers_match": True, "alive": False}
+    assert got == {"numbers": list(range(50)), "answers_match": True, "alive": False, "unanswered": []}
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_that_dies_leaves_every_answer_it_gave_and_the_rest_unanswered_in_order():
+    """It dies as it reads request 20 of 50 (the parent's later writes meet a closed pipe): answers 0-19 come back,
+    and 20-49 are the parent's to make, in order."""
+    got = _driver("echo", "50", str(100_000), "20")
+    assert got == {"numbers": list(range(20)), "answers_match": True, "alive": False,
+                   "unanswered": list(range(20, 50))}
 
 
 @pytest.mark.timeout(60)
