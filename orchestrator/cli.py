@@ -156,20 +156,29 @@ def _run(argv: list[str] | None) -> int:
     except MoeAutotuneError as exc:  # a storage/tracking URI in the message never shows its password
         from orchestrator.redact import redact_uri  # the redaction rules: only when an error line is printed
 
-        typer.echo(f"error: {redact_uri(str(exc))}", err=True)
+        _say(f"error: {redact_uri(str(exc))}")
         return exc.exit_code
     except (*_EXITS, *_click("Exit")) as exc:
         return getattr(exc, "exit_code", 0)
     except (*_ABORTS, *_click("Abort")):
-        typer.echo("aborted", err=True)
+        _say("aborted")
         return 130
     except (*_USAGE_ERRORS, *_click("ClickException")) as exc:
         # usage errors: one line, not Click's three-line box (no-args help has already been printed)
         if exc.format_message():
             from orchestrator.redact import redact_uri
 
-            typer.echo(f"error: {redact_uri(exc.format_message())}", err=True)
+            _say(f"error: {redact_uri(exc.format_message())}")
         return 2
+
+
+def _say(line: str) -> None:
+    """One line on standard error. A standard error that takes nothing (`2>&1 | head -0`: the pipe that refused the
+    output refuses the line too) leaves it to the exit code, which still says what happened."""
+    try:
+        typer.echo(line, err=True)
+    except OSError:
+        return
 
 
 def console_main() -> None:

@@ -121,6 +121,21 @@ def test_standard_output_onto_a_full_device_or_a_closed_pipe_is_one_line_exit_6(
     one_error_line(err, "standard output", "pipe was closed" if fault == "closed pipe" else "No space left")
 
 
+@pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("command", ["status", "export", "check"])
+def test_output_and_its_error_line_onto_one_closed_pipe_is_exit_6_not_an_internal_error(world, command, tmp_path):
+    """`moe-autotune status 2>&1 | head -0`: the pipe that refuses the output refuses the error line too. The exit
+    code says it (6), and it is not taken for a bug of ours (exit 70, an internal-error log): before, it was."""
+    argvs = {**_cli_argvs(world), "check": ["check", STUDY, "--storage", world["storage"]]}
+    env = {**os.environ, "COLUMNS": "200", "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.Popen([CLI, *argvs[command]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    assert proc.wait(timeout=240) == OUTPUT_FAILED
+    assert not (tmp_path / "state").exists()  # no internal-error log was written
+
+
 # ---- a disk that fills: a forked copy of this process under RLIMIT_FSIZE -------------------------------------
 def run_filling(argv: list[str], limit: int, cwd: Path) -> tuple[int, str, str]:
     """main(argv) in a forked child whose files cannot grow past `limit` bytes (writes past it fail with EFBIG,
