@@ -88,6 +88,15 @@ def _mlflow_uri_per_test():
             os.environ[k] = v
 
 
+@pytest.fixture(autouse=True)
+def _records_made_in_process(monkeypatch):
+    """An in-process sweep makes its MLflow records in the test's process, as it does on a pytest-xdist worker
+    (whose second thread keeps any writer from being forked), with TEST_WORKERS=0 too: a test's patches of the
+    tracker then reach every record. The forked writer is tested in processes of its own
+    (tests/orchestrator/test_write_behind.py), and every CLI sweep a test starts runs with it."""
+    monkeypatch.setattr("orchestrator.writer_process.WriterProcess.start", classmethod(lambda cls, serve: None))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "internal_error_expected: the test itself makes the CLI report an internal "
                                        "error (tests/orchestrator/test_internal_errors.py); any other test that "

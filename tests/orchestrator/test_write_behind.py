@@ -61,7 +61,7 @@ def _children(uri: str, experiment: str) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[int, dict]:
     """The records of the sweep below made by the sweep itself (no writer: a pytest-xdist worker cannot fork one,
-    and WriterProcess.start is refused here in case this runs without xdist)."""
+    and WriterProcess.start is refused here, a module fixture running outside tests/conftest.py's refusal)."""
     tmp = tmp_path_factory.mktemp("reference")
     spec = make_spec(tmp, "behind", **_changes(tmp))
     mp = pytest.MonkeyPatch()
