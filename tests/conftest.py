@@ -9,6 +9,7 @@ fixture), "wheel" (one built wheel and its venvs).
 
 import os
 import sys
+import time
 
 import pytest
 from hypothesis import settings
@@ -86,6 +87,19 @@ def _mlflow_uri_per_test():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+_CLOCKS = ("perf_counter", "monotonic", "time", "sleep")
+
+
+@pytest.fixture(autouse=True)
+def _clocks_left_as_found():
+    """A test that patches the clock leaves it as it found it: a clock left patched would stand still, or race, for
+    every later test of its worker (a budget never running out, a deadline always past)."""
+    before = {name: getattr(time, name) for name in _CLOCKS}
+    yield
+    left = [name for name in _CLOCKS if getattr(time, name) is not before[name]]
+    assert not left, f"the test left time.{', time.'.join(left)} patched"
 
 
 @pytest.fixture(autouse=True)

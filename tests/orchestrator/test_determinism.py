@@ -13,6 +13,7 @@ import io
 import json
 import time
 import warnings
+from typing import Iterator
 
 import pytest
 
@@ -30,7 +31,7 @@ SITUATION = ("qwen3-30b-a3b", "h200", 64, 32768)
 
 
 @contextlib.contextmanager
-def racing_clock(monkeypatch: pytest.MonkeyPatch, step_s: float = 60.0):
+def racing_clock(monkeypatch: pytest.MonkeyPatch, step_s: float = 60.0) -> Iterator[pytest.MonkeyPatch]:
     """time.perf_counter, monotonic and time advance by `step_s` at every reading."""
     now = [time.time()]
 
@@ -41,7 +42,7 @@ def racing_clock(monkeypatch: pytest.MonkeyPatch, step_s: float = 60.0):
     with monkeypatch.context() as patch:
         for name in ("perf_counter", "monotonic", "time"):
             patch.setattr(time, name, reading)
-        yield
+        yield patch  # a further patch of the clock goes through it: undone with the racing clock, in order
 
 
 def _proposals(prior: Prior) -> tuple[list[str], list[str]]:
@@ -89,7 +90,7 @@ def test_a_budget_cuts_the_split_ranking_at_one_grid(monkeypatch):
     """Where --budget stops the ranking early, every worker's grids before the first one stopped are ranked and
     none after: `grids_ranked` is a prefix of the ranking order, as in one process."""
     monkeypatch.setattr(forked, "available_workers", lambda: 2)
-    with racing_clock(monkeypatch, step_s=0.0), warnings.catch_warnings():
+    with racing_clock(monkeypatch, step_s=0.0) as clock, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         # a clock that stands still, then jumps past the budget after some readings
         readings = [0]
@@ -98,7 +99,9 @@ def test_a_budget_cuts_the_split_ranking_at_one_grid(monkeypatch):
             readings[0] += 1
             return 0.0 if readings[0] < 40 else 1e6
 
-        monkeypatch.setattr(time, "perf_counter", late)
+        # through the racing clock's own patch: on the test's, its undo at teardown would restore the racing
+        # clock (what it replaced) and leave it standing for every later test of this worker
+        clock.setattr(time, "perf_counter", late)
         cut = explore(*SITUATION, top=20, budget_s=30, workers=2)
     assert cut.cut_short and 0 < cut.grids_ranked
     whole = explore(*SITUATION, top=20, workers=1, max_grids=cut.grids_ranked)
