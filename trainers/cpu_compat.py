@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import sys
 
 import torch
 
@@ -75,6 +76,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
+    compile_eagerly()
     check_version()
     check_symbols()
     _stub_cuda_runtime()
@@ -83,6 +85,25 @@ def apply() -> None:
     _patch_gloo_uneven_collectives()
     _patch_gated_delta_net()
     _applied = True
+
+
+def compile_eagerly() -> None:
+    """`torch.compile` hands back the function it is given (idempotent). Call before Megatron-Core is imported.
+
+    Megatron's jit_fuser is torch.compile: on CPU every new shape would compile C++ with inductor (minutes on a
+    few cores, again whenever the tokens per expert change); eager runs the same functions. Decorating them
+    also imports dynamo and inductor at Megatron's import, 2 of a rank's 5 seconds of start-up. A function
+    compiled before this call runs eagerly through dynamo's switch instead."""
+    if getattr(torch.compile, "_moe_autotune_eager", False):
+        return
+
+    def eager(model=None, **_options):
+        return model if model is not None else (lambda fn: fn)
+
+    eager._moe_autotune_eager = True  # type: ignore[attr-defined]
+    torch.compile = eager
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].config.disable = True
 
 
 # --- CUDA runtime stand-ins ---------------------------------------------------------------------------
@@ -423,10 +444,7 @@ def _patch_gated_delta_net() -> None:
         for name, kernel in kernels.items():
             if hasattr(module, name):
                 setattr(module, name, kernel)
-    gdn_common.HAVE_FLA = True
-    # Megatron's jit_fuser is torch.compile: on CPU every new shape would compile C++ with inductor (minutes on
-    # a few cores, again whenever the tokens per expert change); eager runs the same functions.
-    torch._dynamo.config.disable = True
+    gdn_common.HAVE_FLA = True  # its jit_fuser helpers run eagerly: compile_eagerly
     variant_specs._get_backend_spec_provider = lambda config: cpu_linear_attention.CPUSpecProvider()
     variant_specs._get_self_attention_module_spec = cpu_linear_attention.local_self_attention_spec
     cpu_linear_attention.make_gdn_init_tp_invariant(gdn_common._GDNBase)

@@ -168,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        from trainers.cpu_compat import compile_eagerly
+
+        compile_eagerly()  # before anything imports Megatron-Core
     try:
         layout = layout_from_args(args, on_cpu)
         model = load_model_spec(args)

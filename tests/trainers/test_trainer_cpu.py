@@ -152,3 +152,32 @@ def test_each_routing_mode_runs_on_cpu_and_is_reported_in_effect(tmp_path, routi
     predicted = estimate("tiny-moe", "cpu", 2, result.seq_len, layout, with_time=False).memory.to_gib()
     measured = result.memory_gib["activations_per_microbatch"]
     assert predicted["activations_per_microbatch"] == pytest.approx(measured, rel=0.05)
+
+
+EAGER_PROBE = """
+import json, sys
+from trainers.megatron_moe import main
+code = main(sys.argv[1:])
+import megatron.core.fusions.fused_bias_geglu as geglu
+print(json.dumps({"code": code, "inductor": "torch._inductor.compile_fx" in sys.modules,
+                  "plain": type(geglu.quick_gelu).__name__ == "function"
+                  and not hasattr(geglu.quick_gelu, "_torchdynamo_orig_callable")}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_on_cpu_megatron_jit_helpers_are_the_plain_functions_and_inductor_is_never_imported(tmp_path):
+    """cpu_compat.compile_eagerly runs before Megatron-Core is imported: its torch.compile'd helpers are the functions
+    themselves (run eagerly, as on CPU they must) and dynamo's inductor, 2 s of every rank's start-up, is not
+    loaded."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.trainer_helpers import FAST, REPO
+
+    argv = [sys.executable, "-c", EAGER_PROBE, "--model", "tiny-gpt-oss", *FAST, "--mbs", "2", "--gbs", "2",
+            "--result", str(tmp_path / "result.json")]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"code": 0, "inductor": False, "plain": True}
