@@ -92,7 +92,7 @@ def compile_eagerly() -> None:
 
     Megatron's jit_fuser is torch.compile: on CPU every new shape would compile C++ with inductor (minutes on a
     few cores, again whenever the tokens per expert change); eager runs the same functions. Decorating them
-    also imports dynamo and inductor at Megatron's import, 2 of a rank's 5 seconds of start-up. A function
+    also imports dynamo and inductor at Megatron's import: about 1.2 of a CPU rank's 5 s of start-up. A function
     compiled before this call runs eagerly through dynamo's switch instead."""
     if getattr(torch.compile, "_moe_autotune_eager", False):
         return

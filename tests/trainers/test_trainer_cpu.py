@@ -168,7 +168,7 @@ print(json.dumps({"code": code, "inductor": "torch._inductor.compile_fx" in sys.
 @pytest.mark.timeout(300)
 def test_on_cpu_megatron_jit_helpers_are_the_plain_functions_and_inductor_is_never_imported(tmp_path):
     """cpu_compat.compile_eagerly runs before Megatron-Core is imported: its torch.compile'd helpers are the functions
-    themselves (run eagerly, as on CPU they must) and dynamo's inductor, 2 s of every rank's start-up, is not
+    themselves (run eagerly, as on CPU they must) and dynamo's inductor, about 1.2 s of every rank's start-up, is not
     loaded."""
     import json
     import subprocess
