@@ -210,7 +210,7 @@ class Tracker:
                 number = parse_count(run.data.tags.get(TRIAL_TAG) or "")  # a value read back: bounded
                 if number is not None:
                     self._children[number] = _Child(run.info.run_id, run.info.status, dict(run.data.params),
-                                                         inherited=True)
+                                                    may_hold_record=True)
             token = page.token
             if not token:
                 return
@@ -305,7 +305,7 @@ class Tracker:
             elif number in self._uncertain:
                 if not run.data.params and params:
                     self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
-                self._children[number] = _Child(run.info.run_id, run.info.status, params, inherited=True)
+                self._children[number] = _Child(run.info.run_id, run.info.status, params, may_hold_record=True)
                 self._uncertain.discard(number)
         return self._children.get(number)
 
@@ -360,13 +360,16 @@ class Tracker:
         run_id = child.run_id
         t = _now()
         metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
-        if child.inherited:
+        if child.may_hold_record:
             metrics = self._not_yet_logged(run_id, metrics)
         # a reason may quote a trainer's error: what is recorded is redacted (orchestrator/redact.py)
         tags = [RunTag(k, redact_text(v)) for k, v in {**record.mlflow_tags(), TRIAL_TAG: str(record.number)}.items()]
         params = [Param(f"{PROXY_PARAM}{k}", redact_text(v)) for k, v in record.proxy_params().items()]
         if not child.params_logged:  # a run made just now, for this record (see _child)
             params = [Param(k, v) for k, v in sorted(child.params.items())] + params
+        # from its first write on, the run may hold part of this record: a retry of it (the spool's flush, a
+        # writer's record handed back) logs only the figures the run does not have yet
+        child.may_hold_record = True
         self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         child.params_logged = True
         if record.composed:  # the full-scale figures of a proxy trial, measured and modelled parts side by side
@@ -446,7 +449,7 @@ class Tracker:
             self._writer = None
             writer.kill()
             for _, run, _ in writer.unanswered:
-                self._children[run.record.number].inherited = True  # it may hold part of the record
+                self._children[run.record.number].may_hold_record = True
                 self._record_or_spool(run)
 
     def close(self) -> None:
@@ -471,7 +474,7 @@ class Tracker:
             if outcome == _SPOOLED:
                 self.pending += 1
             elif outcome == _HANDED_BACK:
-                child.inherited = True  # it may hold part of the record: what it holds is not logged again
+                child.may_hold_record = True  # what it holds is not logged again
                 self._record_or_spool(run)
 
     def _write_behind(self, request: tuple["_Child", "RunRecord", float]) -> tuple[str, "_Child"]:
@@ -570,7 +573,9 @@ class _Child:
     run_id: str
     status: str  # RUNNING | FINISHED | FAILED | KILLED
     params: dict[str, str]
-    inherited: bool = False  # begun by an earlier driver of the study (found on resume), not by this one
+    # the run may hold part of its trial's record, whose figures are then not logged again: begun by an earlier
+    # driver of the study (found on resume), or a record of it begun here that did not finish (spooled, handed back)
+    may_hold_record: bool = False
     params_logged: bool = True  # False: made for a finished trial's record, whose batch logs its params
 
 

@@ -7,6 +7,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 
 from orchestrator import study as studies
 from orchestrator.errors import LeaseLost, TrackingError
@@ -295,6 +296,41 @@ def test_a_resume_records_a_trial_whose_run_a_killed_driver_left_open_without_lo
         steps = [m.step for m in client.get_metric_history(child.run_id, key)]
         assert len(steps) == len(set(steps)) >= 1, (key, steps)
     assert len(client.get_metric_history(child.run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
+
+
+@pytest.mark.parametrize("failing", ["set_terminated", "log_dict", "log_artifact"])
+def test_a_record_that_failed_after_its_figures_is_delivered_from_the_spool_without_logging_them_twice(
+        tmp_path, monkeypatch, failing):
+    """The same driver's retry, not only a resume's: a record whose figures went (log_batch) before a later write
+    of it failed (MLflow's SQLite store "database is locked" under load) is spooled; the flush that delivers it
+    must not log the figures again (`check`: "logged more than once"; seen once in the full suite on 3 workers)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "retried", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "retried"}, "retried", resume=False)
+    log = tmp_path / "trainer.log"
+    log.write_text("step 1\n")
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok", "command": {"argv": ["python"]},
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9], "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}, "logs": [str(log)]}
+    real = getattr(MlflowClient, failing)
+
+    def locked(self, *args, **kwargs):
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    monkeypatch.setattr(MlflowClient, failing, locked)
+    assert not tracker.record(RunRecord.from_payload(0, payload))  # its figures went, the rest did not: spooled
+    run_id = tracker._children[0].run_id
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).data.metrics["tokens_per_sec_per_gpu"] == 100.0
+    monkeypatch.setattr(MlflowClient, failing, real)
+    assert tracker.flush() == 0
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for key in ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "step_time_s", "loss"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)) >= 1, (key, steps)
+    assert len(client.get_metric_history(run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
 
 
 def test_a_run_a_killed_driver_began_without_its_params_gets_them_with_the_record(tmp_path, monkeypatch):
