@@ -9,23 +9,29 @@
 # Every lane runs on pytest-xdist workers (--dist loadgroup: tests marked xdist_group share one worker) and
 # prints the 15 slowest tests, its wall time and its processes' CPU time. Further arguments go to pytest.
 # Settings (env): PYTHON, the interpreter (default: the repository's .venv); TEST_WORKERS, the xdist workers
-# (default logical: one per logical CPU; 0 runs all tests in this one process). TEST_WORKERS=3 on 2 cores ran the
-# whole suite no faster on a quiet machine (25 min 48 s against 26 min 1 s) and its extra load has broken
-# timing-sensitive end-to-end tests on a shared one (docs/development.md): not the default.
+# (0 runs all tests in this one process). Default: one per logical CPU for --fast and --deep (their tests keep a
+# core busy); one more for the whole suite, whose end-to-end tests spend much of their time waiting on MLflow
+# servers, Ray, Slurm jobs and deliberate time bounds: on 2 cores 3 workers took 21 min 19 s and 21 min 48 s,
+# 2 workers 23 min 26 s (docs/development.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Python's default: each process that imports a module reuses its cached bytecode. With PYTHONDONTWRITEBYTECODE set
+# (as on our CI machines) every CLI command, trainer rank and Ray worker compiled the project again, and every
+# command in the wheel's clean venvs (installed --no-compile) compiled MLflow, Ray and Optuna again.
+unset PYTHONDONTWRITEBYTECODE
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE=(--hypothesis-profile=full)
+WORKERS=$(($(nproc) + 1))
 case "${1:-}" in
-  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast) ;;
-  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep) ;;
+  --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast); WORKERS=logical ;;
+  --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep); WORKERS=logical ;;
   *)
     if command -v slurmctld >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && [ -x slurm/ci-cluster.sh ]; then
       bash slurm/ci-cluster.sh start
     fi ;;
 esac
-XDIST=(-n "${TEST_WORKERS:-logical}" --dist loadgroup)
+XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)
 start=$(date +%s)
 rc=0
 "$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?
