@@ -22,7 +22,7 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=${OMP_NU
 unset PYTHONDONTWRITEBYTECODE
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE=(--hypothesis-profile=full)
-WORKERS=$(($(nproc) + 1))
+WORKERS=$(($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) + 1))  # nproc counts OMP_NUM_THREADS (1 above)
 case "${1:-}" in
   --fast) shift; LANE=(-m "not slow" --hypothesis-profile=fast); WORKERS=logical ;;
   --deep) shift; LANE=(-m "not slow" --hypothesis-profile=deep); WORKERS=logical ;;

@@ -55,8 +55,17 @@ def _xdist_arguments() -> list[str]:
     """The xdist arguments of scripts/test.sh, read from it (three workers: the whole suite's on two cores)."""
     script = (Path(__file__).resolve().parents[2] / "scripts" / "test.sh").read_text()
     assert 'XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)' in script
-    assert "WORKERS=$(($(nproc) + 1))" in script
     return ["-n", "3", "--dist", "loadgroup"]
+
+
+def test_the_whole_suite_runs_one_worker_more_than_the_cpus():
+    """The count as the script computes it, after it has exported OMP_NUM_THREADS=1 (which nproc obeys: the first
+    version of this line gave 1 + 1 workers on 2 cores)."""
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "test.sh").read_text()
+    (line,) = [x for x in script.splitlines() if x.startswith("WORKERS=$((")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(["bash", "-c", f"{line}\necho $WORKERS"], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout) == len(os.sched_getaffinity(0)) + 1, out.stdout
 
 
 def test_each_xdist_group_runs_on_one_worker(tmp_path):
