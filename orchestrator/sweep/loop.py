@@ -20,9 +20,11 @@ Opening and resuming (stores checked first, the lease, the situation, recovery) 
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import io
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +146,8 @@ class Sweep:
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise studies.storage_failure(exc, self.spec.storage) from None
-        except BaseException:  # Ctrl-C, scancel, a crash: say what happened to the running trials
+        except BaseException as exc:  # Ctrl-C, scancel, a crash: say what happened to the running trials
+            _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise
         finally:
@@ -296,3 +299,13 @@ def run_sweep(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,
 
 
 __all__ = ["INTERRUPTED", "Sweep", "SweepOutcome", "run_sweep"]
+
+
+def _release_what_the_stop_cut_off(exc: BaseException) -> None:
+    """A stop can land while a storage write is half done: the frames it unwound may still hold that write's
+    SQLite cursor, whose connection SQLAlchemy has closed. SQLite keeps such a connection, and its write lock,
+    until the cursor's statement is finalized, and the stop's own writes below would wait SQLITE_BUSY_S each for
+    this process's own lock. Clearing the frames' locals (the traceback itself is kept) and collecting finalizes
+    it."""
+    traceback.clear_frames(exc.__traceback__)
+    gc.collect()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from orchestrator import study as studies
 from orchestrator.check import check
 from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.sweep import run_sweep
-from orchestrator.sweep.loop import Sweep
+from orchestrator.sweep.loop import Sweep, _release_what_the_stop_cut_off
 from orchestrator.sweep.record import Recorder
 from tests.sweep_helpers import direct_writes, make_spec, measured_count, prior_for, spec_data, write_spec
 
@@ -230,6 +231,37 @@ def test_an_older_study_with_a_failed_trial_stored_as_ok_lists_it_as_interrupted
     record = TrialRecord.of(optuna.load_study(study_name="old", storage=storage).trials[0])
     assert record.status == "interrupted" and record.reason
     assert not studies.measured_records(study)
+
+
+def test_a_write_the_stop_cut_off_does_not_keep_its_lock_from_the_stops_own_writes(tmp_path):
+    """Seen under load: a SIGTERMed sweep waited minutes on its own SQLite write lock. The stop landed while a
+    write's statement was active; its connection was closed, but SQLite keeps a connection whose statement is not
+    finalized (and its lock) while the unwound frames still hold the cursor. The stop path releases it."""
+    path = tmp_path / "study.db"
+    with sqlite3.connect(path) as setup:
+        setup.execute("PRAGMA journal_mode=WAL")
+        setup.execute("CREATE TABLE trials (number INTEGER)")
+
+    def write_cut_off_by_a_stop():
+        conn = sqlite3.connect(path, isolation_level=None)
+        cursor = conn.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute("INSERT INTO trials VALUES (1) RETURNING number")  # its statement still active
+        conn.close()  # as SQLAlchemy closes a connection an error cut off
+        raise KeyboardInterrupt("signal 15")
+
+    other = sqlite3.connect(path, timeout=0.2)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            write_cut_off_by_a_stop()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # the precondition: the lock is still held
+            other.execute("INSERT INTO trials VALUES (2)")
+        _release_what_the_stop_cut_off(stopped.value)
+        other.execute("INSERT INTO trials VALUES (3)")
+        other.commit()
+        assert [n for (n,) in other.execute("SELECT number FROM trials")] == [3]
+    finally:
+        other.close()
 
 
 # ---- across processes: SIGTERM at a random moment, then one or two drivers resume ----------------------------
