@@ -31,7 +31,9 @@ case "${1:-}" in
       bash slurm/ci-cluster.sh start
     fi ;;
 esac
-XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)
+# a crashed worker ends the run naming its test: pytest-xdist 3.8's loadgroup can hang after replacing one
+# (pytest-xdist issues 1323, 1327, 1378), and a hung CI run says nothing until its time limit
+XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup --max-worker-restart=0)
 start=$(date +%s)
 rc=0
 "$PYTHON" -m pytest "${LANE[@]}" "${XDIST[@]}" --durations=15 "$@" || rc=$?

@@ -144,6 +144,7 @@ class Sweep:
             self.session.lease.fence()
             raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
+            _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise studies.storage_failure(exc, self.spec.storage) from None
         except BaseException as exc:  # Ctrl-C, scancel, a crash: say what happened to the running trials
@@ -298,14 +299,14 @@ def run_sweep(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,
         session.close()
 
 
-__all__ = ["INTERRUPTED", "Sweep", "SweepOutcome", "run_sweep"]
-
-
 def _release_what_the_stop_cut_off(exc: BaseException) -> None:
-    """A stop can land while a storage write is half done: the frames it unwound may still hold that write's
-    SQLite cursor, whose connection SQLAlchemy has closed. SQLite keeps such a connection, and its write lock,
-    until the cursor's statement is finalized, and the stop's own writes below would wait SQLITE_BUSY_S each for
-    this process's own lock. Clearing the frames' locals (the traceback itself is kept) and collecting finalizes
-    it."""
+    """A stop (or a storage error) can land while a storage write is half done: the frames it unwound may still
+    hold that write's SQLite cursor, whose connection SQLAlchemy has closed. SQLite keeps such a connection, and
+    its write lock, until the cursor's statement is finalized, and the stop's own writes below would wait
+    SQLITE_BUSY_S each for this process's own lock. Clearing the frames' locals (the traceback itself is kept) and
+    collecting finalizes it."""
     traceback.clear_frames(exc.__traceback__)
     gc.collect()
+
+
+__all__ = ["INTERRUPTED", "Sweep", "SweepOutcome", "run_sweep"]

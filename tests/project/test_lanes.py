@@ -9,11 +9,15 @@ session the way scripts/test.sh does and checks the grouping itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+import pytest
 
 MODULE = '''
 import os
@@ -54,8 +58,8 @@ def test_ungrouped(i):
 def _xdist_arguments() -> list[str]:
     """The xdist arguments of scripts/test.sh, read from it (three workers: the whole suite's on two cores)."""
     script = (Path(__file__).resolve().parents[2] / "scripts" / "test.sh").read_text()
-    assert 'XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup)' in script
-    return ["-n", "3", "--dist", "loadgroup"]
+    assert 'XDIST=(-n "${TEST_WORKERS:-$WORKERS}" --dist loadgroup --max-worker-restart=0)' in script
+    return ["-n", "3", "--dist", "loadgroup", "--max-worker-restart=0"]
 
 
 def test_the_whole_suite_runs_one_worker_more_than_the_cpus():
@@ -73,10 +77,11 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
     (tmp_path / "test_mixed.py").write_text(UNGROUPED)
     where = tmp_path / "where.txt"
     env = {**os.environ, "WHERE_TESTS_RAN": str(where)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", *_xdist_arguments(), "-q", "-p", "no:cacheprovider",
-                           "-p", "no:hydra_pytest", "-p", "no:anyio", "--rootdir", str(tmp_path), str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    argv = [sys.executable, "-m", "pytest", *_xdist_arguments(), "-q",
+            "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "-p", "no:anyio",
+            "--rootdir", str(tmp_path), str(tmp_path)]
+    out, err, returncode = _run_or_dump_stacks(argv, cwd=tmp_path, env=env)
+    assert returncode == 0, out[-3000:] + err[-3000:]
     workers: dict[str, set[str]] = defaultdict(set)
     for line in where.read_text().splitlines():
         nodeid, worker = line.rsplit(" ", 1)
@@ -84,3 +89,51 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
         workers[nodeid.rsplit("@", 1)[1]].add(worker)
     assert set(workers) == {"wheel_like", "by_decorator"}
     assert all(len(ran_on) == 1 for ran_on in workers.values()), dict(workers)
+
+
+def _run_or_dump_stacks(argv: list[str], cwd: Path, env: dict[str, str], bound_s: int = 300) -> tuple[str, str, int]:
+    """The session takes about 3 s (3 s under four busy loops too). Once, in a CI run, it had not finished after
+    120 s, with no output telling where it stood: past the bound, every process of the session is sent SIGABRT,
+    on which pytest's faulthandler (controller and workers) writes each thread's stack to stderr, and the test
+    fails with those stacks."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the session had not finished after {bound_s} s; its output and stacks:\n"
+                    f"{out[-3000:]}\n{err[-12000:]}")
+    return out, err, proc.returncode
+
+
+CRASHING = '''
+import os
+import pytest
+
+pytestmark = pytest.mark.xdist_group("crashing")
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_in_a_group(i):
+    if i == 1:
+        os._exit(1)
+'''
+
+
+def test_a_crashed_worker_ends_the_run_naming_its_test(tmp_path):
+    """With the script's arguments a worker that dies fails the run at once, with the test it was running named,
+    instead of being replaced (after which loadgroup can wait forever)."""
+    (tmp_path / "test_crashing.py").write_text(CRASHING)
+    (tmp_path / "test_mixed.py").write_text(UNGROUPED)
+    argv = [sys.executable, "-m", "pytest", *_xdist_arguments(), "-q", "-p", "no:cacheprovider",
+            "-p", "no:hydra_pytest", "-p", "no:anyio", "--rootdir", str(tmp_path), str(tmp_path)]
+    out, err, returncode = _run_or_dump_stacks(argv, cwd=tmp_path, env={**os.environ, "WHERE_TESTS_RAN": os.devnull})
+    assert returncode != 0, out[-3000:]
+    assert "crashed while running 'test_crashing.py::test_in_a_group[1]" in out, out[-3000:]
+    assert "replacing crashed worker" not in out, out[-3000:]
