@@ -4,7 +4,8 @@ Tests that share one resource (the built wheel and its venvs, the emulated Slurm
 cluster, the Megatron dataset) carry `xdist_group` marks, and scripts/test.sh runs pytest-xdist with
 `--dist loadgroup` so that each group runs on one worker. pytest 9.2 with pytest-xdist 3.8 dropped the marks
 silently (the wheel was built twice and two Slurm tests shared the cluster at once): this runs a small
-session the way scripts/test.sh does and checks the grouping itself.
+session the way scripts/test.sh does and checks the grouping itself, and that a crashed worker ends such a session
+(pytest-xdist 3.8's loadgroup waits forever after replacing one).
 """
 
 from __future__ import annotations
@@ -77,10 +78,7 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
     (tmp_path / "test_mixed.py").write_text(UNGROUPED)
     where = tmp_path / "where.txt"
     env = {**os.environ, "WHERE_TESTS_RAN": str(where)}
-    argv = [sys.executable, "-m", "pytest", *_xdist_arguments(), "-q",
-            "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "-p", "no:anyio",
-            "--rootdir", str(tmp_path), str(tmp_path)]
-    out, err, returncode = _run_or_dump_stacks(argv, cwd=tmp_path, env=env)
+    out, err, returncode = _run_session(tmp_path, env)
     assert returncode == 0, out[-3000:] + err[-3000:]
     workers: dict[str, set[str]] = defaultdict(set)
     for line in where.read_text().splitlines():
@@ -91,12 +89,15 @@ def test_each_xdist_group_runs_on_one_worker(tmp_path):
     assert all(len(ran_on) == 1 for ran_on in workers.values()), dict(workers)
 
 
-def _run_or_dump_stacks(argv: list[str], cwd: Path, env: dict[str, str], bound_s: int = 300) -> tuple[str, str, int]:
-    """The session takes about 3 s (3 s under four busy loops too). Once, in a CI run, it had not finished after
-    120 s, with no output telling where it stood: past the bound, every process of the session is sent SIGABRT,
-    on which pytest's faulthandler (controller and workers) writes each thread's stack to stderr, and the test
-    fails with those stacks."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def _run_session(folder: Path, env: dict[str, str], bound_s: int = 300) -> tuple[str, str, int]:
+    """A pytest session of the test files in `folder` with scripts/test.sh's xdist arguments: (stdout, stderr,
+    exit code). It takes about 3 s (under four busy loops too); once, in a CI run, it had not finished after 120 s,
+    with no output telling where it stood. Past the bound every process of the session is sent SIGABRT, on which
+    pytest's faulthandler (controller and workers) writes each thread's stack to stderr, and the test fails with
+    those stacks."""
+    argv = [sys.executable, "-m", "pytest", *_xdist_arguments(), "-q", "-p", "no:cacheprovider",
+            "-p", "no:hydra_pytest", "-p", "no:anyio", "--rootdir", str(folder), str(folder)]
+    proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=bound_s)
@@ -131,9 +132,7 @@ def test_a_crashed_worker_ends_the_run_naming_its_test(tmp_path):
     instead of being replaced (after which loadgroup can wait forever)."""
     (tmp_path / "test_crashing.py").write_text(CRASHING)
     (tmp_path / "test_mixed.py").write_text(UNGROUPED)
-    argv = [sys.executable, "-m", "pytest", *_xdist_arguments(), "-q", "-p", "no:cacheprovider",
-            "-p", "no:hydra_pytest", "-p", "no:anyio", "--rootdir", str(tmp_path), str(tmp_path)]
-    out, err, returncode = _run_or_dump_stacks(argv, cwd=tmp_path, env={**os.environ, "WHERE_TESTS_RAN": os.devnull})
+    out, err, returncode = _run_session(tmp_path, {**os.environ, "WHERE_TESTS_RAN": os.devnull})
     assert returncode != 0, out[-3000:]
     assert "crashed while running 'test_crashing.py::test_in_a_group[1]" in out, out[-3000:]
     assert "replacing crashed worker" not in out, out[-3000:]
