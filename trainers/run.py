@@ -321,8 +321,9 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         reduced = schedule(
             forward_step_func=forward_step, data_iterator=iterators if len(wrapped) > 1 else iterators[0],
             model=wrapped if len(wrapped) > 1 else wrapped[0], num_microbatches=microbatches,
-            # a THD pack holds the microbatch's sequences back to back, batch dimension 1
-            seq_length=(layout.mbs if packed else 1) * args.seq_len // layout.cp,
+            # a THD pack holds the microbatch's sequences back to back, batch dimension 1. The full length:
+            # the pipeline schedules divide it by CP (and by TP under SP) for the stage-to-stage tensors
+            seq_length=(layout.mbs if packed else 1) * args.seq_len,
             micro_batch_size=1 if packed else layout.mbs, forward_only=False)
         _sync(built.device)
         schedule_done = time.perf_counter()
