@@ -245,6 +245,20 @@ def rules_reference() -> str:
                 table(["rule", "why", "level", "reads"], rows))
 
 
+def failures_reference() -> str:
+    from search_spaces.failures import FAILURE_CLASSES
+
+    rows = [[code(c.name), cell(c.meaning), "yes" if c.symptom else ""] for c in FAILURE_CLASSES]
+    return page("Failure classes", "`search_spaces.failures.FAILURE_CLASSES`",
+                "Why a failed trial failed: the class of its root cause, the earliest failure across its ranks that "
+                "is not a symptom (every failing rank records its own failure; the backend also reads the node "
+                "logs: gloo and NCCL aborts, torchrun's summary of the ranks that ended by a signal). The class is "
+                "detail beside the trial's status, which keeps its meaning; `status` shows it with the rank and "
+                "one line, as do `status --csv` (`failure_class`, `failure_rank`, `failure_reason`) and the MLflow "
+                "child run's tags of the same names. A *symptom* is chosen only when every failure is one.",
+                table(["class", "meaning", "symptom"], rows))
+
+
 # ---- catalogs ---------------------------------------------------------------------------------------------------
 
 def _billions(n: int) -> str:
@@ -289,6 +303,25 @@ def gpus_reference() -> str:
                        "scale-out GB/s", "host link GB/s", "SMs"], rows),
                 "## Dense peak TF/s by precision",
                 table(["GPU", *(code(p) for p in precisions)], peaks))
+
+
+def trainer_coverage_reference() -> str:
+    from trainers import coverage
+
+    return page("Trainer layout coverage", "`trainers.coverage.MATRIX`",
+                f"Every cell runs in CI on {coverage.RANKS} CPU ranks (gloo) in one set of processes "
+                "(`python -m trainers.cells`), the real trainer at each cell's layout: "
+                "`tests/trainers/test_layout_matrix.py`. Each must end `ok`, its loss must fall and what Megatron-Core "
+                "applied (TP, CP, EP, ETP, PP, VPP, DP, sequence parallelism) must equal the layout. A cell that "
+                "differs from another layout only by TP and CP (they split the same full-size weights, so the "
+                "model is the same) must give that layout's loss, to 2e-4 relative: the reference layouts that are "
+                "not cells run beside them. "
+                f"tiny-moe at {coverage.SEQ_LEN['tiny-moe']} tokens, the other families at "
+                f"{coverage.SEQ_LEN['tiny-gpt-oss']}; MBS {coverage.BATCH['mbs']}, GBS {coverage.BATCH['gbs']}, fp32. "
+                "The same test also runs layouts drawn from the sweep's own space for each tiny model (a seed of "
+                "one's own: `MOE_AUTOTUNE_LAYOUT_SEED`); each must run, or be refused for one of the trainer's "
+                "declared capability gaps.",
+                coverage.markdown_table())
 
 
 # ---- the cost model's parts -------------------------------------------------------------------------------------
@@ -477,9 +510,11 @@ def pages() -> dict[str, str]:
         "reference/spec.md": spec_reference(),
         "reference/dimensions.md": dimensions_reference(),
         "reference/rules.md": rules_reference(),
+        "reference/failures.md": failures_reference(),
         "reference/models.md": models_reference(),
         "reference/gpus.md": gpus_reference(),
         "reference/accuracy.md": accuracy_reference(),
         "reference/example.md": example_reference(),
+        "reference/trainer-coverage.md": trainer_coverage_reference(),
         **cost_parts(),
     }

@@ -3,11 +3,11 @@
 The Optuna storage is the source of truth; MLflow is a view of it that must not lose, double or mix
 anything. Checked: no more measured trials than the budget, no layout measured twice; one live child run
 per finished trial (rejected proposals too when the sweep tracks them), whose layout params equal the
-trial's layout, whose status tag and metrics equal the stored result (one point per summary metric); no
-child run that belongs to no trial (a run still running, of a trial numbered after the study's last, is one in
-flight: an analytic sweep stores a trial once told), none left running by a trial that is not running, none
-finished for a trial that failed (an interrupted trial is closed FAILED), and no layout counted by two finished
-child runs.
+trial's layout, whose status tag, failure tags (class, rank, line) and metrics equal the stored result (one
+point per summary metric); no child run that belongs to no trial (a run still running, of a trial numbered after
+the study's last, is one in flight: an analytic sweep stores a trial once told), none left running by a trial
+that is not running, none finished for a trial that failed (an interrupted trial is closed FAILED), and no layout
+counted by two finished child runs.
 """
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ from orchestrator import stores
 from orchestrator import study as studies
 from orchestrator.connections import BoundedClient
 from orchestrator.records import HEADLINE, PROMOTION_TAG, StudyRecord, TrialRecord, metrics
+from orchestrator.redact import redact_text
 from orchestrator.spec import tracks_rejections
 from orchestrator.tracking import PROXY_PARAM, SUPERSEDED_TAG, TRIAL_TAG, layout_params, require_existing_store
 
 # the figures logged as one MLflow metric of the same name that must equal the study's (records.HEADLINE)
 CHECKED_METRICS = tuple(m.name for m in metrics(HEADLINE))
+# a failed trial's root cause, stored and tagged (search_spaces/failures.py): the child run's tags must equal it
+FAILURE_TAGS = ("failure_class", "failure_rank", "failure_reason")
 
 
 def storage_problems(study: optuna.Study) -> list[str]:
@@ -102,9 +105,17 @@ def _trial_problems(client: MlflowClient | BoundedClient, trial: TrialRecord, ru
         out.append(f"trial {trial.number}: child run's layout params differ in {', '.join(diff)}")
     if run.data.tags.get("status") != status:
         out.append(f"trial {trial.number}: child run says status {run.data.tags.get('status')!r}, the study {status!r}")
+    out += _failure_problems(trial, run)
     if status in MEASURED_STATUSES:
         out += _metric_problems(client, trial, run)
     return out
+
+
+def _failure_problems(trial: TrialRecord, run) -> list[str]:
+    """The root cause the child run's tags name (class, rank, line) must be the one the study stored."""
+    expected = {k: redact_text(v) for k, v in trial.mlflow_tags().items() if k in FAILURE_TAGS}
+    return [f"trial {trial.number}: child run's {name} tag is {run.data.tags.get(name)!r}, the study's "
+            f"{expected.get(name)!r}" for name in FAILURE_TAGS if run.data.tags.get(name) != expected.get(name)]
 
 
 def _measured_twice(runs: list[Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Errors of the orchestrator's stores: the Optuna storage and the MLflow tracking store.
+"""Errors of the orchestrator's stores (the Optuna storage and the MLflow tracking store) and of its cluster.
 
 Both are `MoeAutotuneError`s (one line on the command line). A store that cannot be used at the start
 is bad input (exit 2, nothing created); a store that fails in the middle of a sweep (a full disk) exits
@@ -23,6 +23,17 @@ class LeaseLost(StorageError):
     """Another driver took this study over (this one was presumed dead); this one writes nothing more
     (orchestrator/sweep/lease.py fences every write with it)."""
     exit_code = 5
+
+
+class ClusterError(MoeAutotuneError):
+    """The cluster cannot place even the smallest trial the sweep asks for (a GPU spec on a Ray cluster without
+    GPUs, fewer nodes than every trial spans): one line naming both, exit 2, before anything is stored."""
+
+    @classmethod
+    def no_trial(cls, study: str, reason: str) -> "ClusterError":
+        """`reason`: what a trial asks for and what the cluster has (orchestrator/backends/local.py)."""
+        return cls(f"no trial of sweep {study!r} can run on this Ray cluster: {reason} (run on nodes that have "
+                   f"them, join another cluster with --ray-address, or change gpu, nodes or gpus_per_node)")
 
 
 class TrackingError(MoeAutotuneError):

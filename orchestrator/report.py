@@ -33,7 +33,8 @@ from orchestrator.winner import TrialView, throughput, views
 
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
-                  "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b"}
+                  "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b",
+                  "unschedulable": "#17becf"}
 PNG_SIZE = (1000, 500)  # width, height in pixels
 # plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
 _HOVER_FORMAT = ",.4~r"

@@ -140,6 +140,10 @@ class SweepSpec(_Strict):
     """Steps not timed."""
     trial_timeout_s: float = Field(default=900.0, gt=0, strict=True, allow_inf_nan=False)
     """A trial still running after this many seconds is killed with its process tree (status timeout)."""
+    placement_timeout_s: float = Field(default=300.0, gt=0, strict=True, allow_inf_nan=False)
+    """backend ray: a trial whose GPUs (CPU ranks on cpu) the Ray cluster has not given it after this many seconds
+    is given up, never started (status unschedulable, free like a rejection); time spent queued behind the sweep's
+    own running trials does not count. A trial that asks for more than the cluster has is refused at once."""
     backend: BackendName = cast(BackendName, DEFAULT_BACKEND)
     """Where trials run (orchestrator.backends.BACKENDS): ray, the real trainer through Ray (`local` is accepted
     for it); analytic, the cost model; replay, a recorded table."""
@@ -300,6 +304,15 @@ class SweepSpec(_Strict):
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def smallest_trial(self) -> tuple[int, int]:
+        """(nodes, GPUs per node) of the smallest trial a sweep of this spec can ask a cluster for: the full size when
+        every trial runs at full size (orchestrator/sweep/fidelity.py: trial_size), else one GPU (a proxy's size is
+        known only with its layout)."""
+        if self.fidelity == "full" or (self.fidelity == "auto" and self.num_gpus <= (self.trial_gpus or self.num_gpus)):
+            return self.nodes, self.gpus_per_node
+        return 1, 1
 
     @property
     def experiment_name(self) -> str:

@@ -14,11 +14,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from search_spaces.failures import CLASS_NAMES
+
 # ok: measured; oom: ran out of memory; error: crashed; invalid: ran but the numbers cannot be trusted
 # (CP/EP/dispatcher not in effect, TF/s above peak, non-finite loss); timeout: killed by the orchestrator;
-# infeasible: the cost model rejected it, never run; interrupted: the job/node went away.
-STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted")
-# the statuses of trials that ran (they count against a sweep's budget); infeasible proposals are free
+# infeasible: the cost model rejected it, never run; interrupted: the job/node went away; unschedulable: the
+# cluster could not place it (it asks for more than any node set has, or waited placement_timeout_s), never run.
+STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted", "unschedulable")
+# the statuses of trials that ran (they count against a sweep's budget); infeasible and unschedulable are free
 MEASURED_STATUSES = ("ok", "oom", "error", "invalid", "timeout", "interrupted")
 
 
@@ -47,10 +50,17 @@ class TrialResult:
     seq_len: int | None = None
     wall_time_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # a failed trial's root cause (search_spaces/failures.py): its class (FAILURE_CLASSES), the rank that failed
+    # first (None when unknown) and one line; None for a trial that did not fail (and in older result files)
+    failure_class: str | None = None
+    failure_rank: int | None = None
+    failure_reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown trial status {self.status!r}; allowed: {', '.join(STATUSES)}")
+        if self.failure_class is not None and self.failure_class not in CLASS_NAMES:
+            raise ValueError(f"unknown failure class {self.failure_class!r}; allowed: {', '.join(CLASS_NAMES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

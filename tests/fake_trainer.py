@@ -1,6 +1,9 @@
 """A stand-in trainer for orchestration tests: parses the trainer's flags, writes a TrialResult at once.
 
-Honours the trainer's test fault hook MOE_AUTOTUNE_FAULT (oom@K, hang@K, crash@K, slow@K:S) coarsely.
+Honours the trainer's test fault hook MOE_AUTOTUNE_FAULT (oom@K, raise@K, hang@K, crash@K, slow@K:S) coarsely.
+raise@K with MOE_AUTOTUNE_FAULT_RANK=R (R > 0) plays the race the backend settles: rank R raises first and
+writes its failure record, then rank 0's connection reset claims the result (search_spaces/failures.py);
+MOE_AUTOTUNE_FAULT_NOTE is appended to the injected message (a secret there must never be recorded).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import signal
 import sys
 import time
 
+from search_spaces import failures
 from search_spaces.result import TrialResult
 
 
@@ -30,6 +34,9 @@ def main(argv=None) -> int:
     if fault.startswith("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
     layout = {k: getattr(args, k) for k in ("tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "gbs")}
+    if fault.startswith("raise"):
+        _raise(args.result, layout)
+        return 0
     if fault.startswith("oom"):
         TrialResult(status="oom", error="fake OOM", layout=layout, peak_memory_gib=99.0).write(args.result)
         return 0
@@ -42,6 +49,21 @@ def main(argv=None) -> int:
                 peak_memory_gib=1.0 + args.mbs / args.tp, layout=layout).write(args.result)
     print("fake trainer done", file=sys.stderr)
     return 0
+
+
+def _raise(result_path: str, layout: dict) -> None:
+    """The records and the result a two-rank trainer leaves when rank R raises and rank 0's reset claims."""
+    rank = int(os.environ.get("MOE_AUTOTUNE_FAULT_RANK") or 0)
+    note = os.environ.get("MOE_AUTOTUNE_FAULT_NOTE", "")
+    cause = failures.from_exception("RuntimeError", f"injected on rank {rank} {note}".strip(), rank, time.time(),
+                                    "Traceback (most recent call last):\n  ...\nRuntimeError: injected", "train")
+    failures.write_record(result_path, cause)
+    claimed = cause
+    if rank != 0:
+        claimed = failures.from_exception("RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:1",
+                                          0, time.time() + 0.5, "Traceback ...", "train")
+        failures.write_record(result_path, claimed)
+    failures.apply(TrialResult(status="error", layout=layout), claimed, [claimed]).write(result_path)
 
 
 if __name__ == "__main__":

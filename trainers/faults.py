@@ -1,8 +1,9 @@
-"""Test-only fault injection: MOE_AUTOTUNE_FAULT = oom@K | hang@K | crash@K | slow@K:SECONDS.
+"""Test-only fault injection: MOE_AUTOTUNE_FAULT = oom@K | raise@K | hang@K | crash@K | slow@K:SECONDS.
 
 K is the 0-based step, warm-up steps included. oom raises a real torch.OutOfMemoryError inside the step
-(reported as status oom), hang sleeps forever, crash SIGKILLs the process, slow sleeps SECONDS in every
-step >= K. MOE_AUTOTUNE_FAULT_RANK=R limits the fault to global rank R (default: every rank).
+(reported as status oom), raise a RuntimeError (status error, failure class error), hang sleeps forever, crash
+SIGKILLs the process, slow sleeps SECONDS in every step >= K. MOE_AUTOTUNE_FAULT_RANK=R limits the fault to
+global rank R (default: every rank).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 ENV = "MOE_AUTOTUNE_FAULT"
 RANK_ENV = "MOE_AUTOTUNE_FAULT_RANK"
-KINDS = ("oom", "hang", "crash", "slow")
+KINDS = ("oom", "raise", "hang", "crash", "slow")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class Fault:
             import torch
 
             raise torch.OutOfMemoryError(f"injected by {ENV}={self.kind}@{self.step} on rank {rank}")
+        if self.kind == "raise":
+            raise RuntimeError(f"injected by {ENV}={self.kind}@{self.step} on rank {rank}")
         if self.kind == "hang":
             while True:
                 time.sleep(3600)
@@ -49,7 +52,7 @@ def parse(text: str | None, rank_text: str | None = None) -> Fault | None:
     kind, sep, rest = text.partition("@")
     step_text, _, seconds_text = rest.partition(":")
     if not sep or kind not in KINDS or not step_text.isdigit() or (kind == "slow") != bool(seconds_text):
-        raise ValueError(f"{ENV}={text!r}: expected oom@K, hang@K, crash@K or slow@K:SECONDS")
+        raise ValueError(f"{ENV}={text!r}: expected oom@K, raise@K, hang@K, crash@K or slow@K:SECONDS")
     return Fault(kind, int(step_text), float(seconds_text or 0), int(rank_text) if rank_text else None)
 
 

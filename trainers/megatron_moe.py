@@ -4,14 +4,20 @@ Builds Megatron-Core's GPTModel (MoE layers, token dispatcher, pipeline schedule
 layout applied, runs warm-up steps then measured steps on synthetic tokens of fixed shape, and rank 0 writes
 one TrialResult JSON. Exit code 0 whenever the result was written, whatever its status.
 
-Failure protocol (no rank may hang): the first rank that fails claims `<result>.claim` (O_EXCL), writes
-the result (oom / error) and exits; its exit closes its gloo connections, so peers blocked on it fail too,
-find the claim taken and exit quietly. On NCCL the peers fall out at the process-group timeout at worst.
+Failure protocol (no rank may hang): every rank that fails writes its own failure record beside the result
+(`<result>.rank<R>.failure.json`: when, its class, one line, the traceback's tail; search_spaces/failures.py); the
+first one claims `<result>.claim` (O_EXCL), writes the result (oom / error) naming the root cause among the records
+then written (the earliest failure that is not a symptom such as a peer's connection reset) and exits; its exit
+closes its gloo connections, so peers blocked on it fail too, write their records, find the claim taken and exit
+quietly. On NCCL the peers fall out at the process-group timeout at worst. The backend, once the process tree has
+ended, picks the root cause again from every record and the node logs (a rank SIGKILLed or aborted in C++ writes no
+record).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -21,6 +27,7 @@ from pathlib import Path
 
 T_START = time.time()
 
+from search_spaces import failures  # noqa: E402
 from search_spaces.catalog.hardware import load_gpu  # noqa: E402
 from search_spaces.errors import SpecError  # noqa: E402
 from search_spaces.layouts.layout import DIMENSIONS, Layout  # noqa: E402
@@ -151,7 +158,10 @@ def _emit(result: TrialResult, path: str | None) -> None:
 
 # --- main ----------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, shared: bool = False) -> int:
+    """One trial. `shared` (trainers.cells: several trials in one set of processes): the process group stays up
+    for the next trial, and a failure is raised after its result is written instead of ending the process."""
+    start = time.time() if shared else T_START
     args = build_parser().parse_args(argv)
     if not os.environ.get("MOE_AUTOTUNE_TRAINER_WARNINGS"):
         # Megatron-Core warns about every missing optional kernel on each rank; keep logs readable.
@@ -161,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.result:  # `--result out/r.json` in a folder not there yet: every rank may need it (claim, result)
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     if rank == 0 and args.result:
-        # A previous run's result or failure claim must not be mistaken for this run's.
-        for stale in (Path(args.result), Path(f"{args.result}.claim")):
-            stale.unlink(missing_ok=True)
+        _clear_stale(args.result)
 
     import torch
 
@@ -182,7 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = TrialResult(layout=layout.to_dict(), model=model.name, gpu=gpu.name, num_gpus=world,
                          seq_len=args.seq_len, versions=_versions())
+    reason = _refusal(args, layout, model, gpu, world, on_cpu)
+    if reason:
+        result.status, result.error = "invalid", reason
+        result.wall_time_s = time.time() - start
+        if rank == 0:
+            _emit(result, args.result)
+        return 0
+    return _run(args, layout, model, gpu, result, rank, world, on_cpu, start, shared)
 
+
+def _refusal(args, layout: Layout, model, gpu, world: int, on_cpu: bool) -> str | None:
+    """Why this trainer cannot run the trial (the rules, its capability gaps, packed documents), or None."""
     from trainers import config as trainer_config
 
     reason = trainer_config.refusal(model, gpu, layout, world, args.seq_len)
@@ -190,42 +209,85 @@ def main(argv: list[str] | None = None) -> int:
         from trainers.packed_batches import packed_capability_gap
 
         reason = packed_capability_gap(model, on_cpu)
-    if reason:
-        result.status, result.error = "invalid", reason
-        result.wall_time_s = time.time() - T_START
-        if rank == 0:
-            _emit(result, args.result)
-        return 0
+    return reason
+
+
+def _run(args, layout: Layout, model, gpu, result: TrialResult, rank: int, world: int, on_cpu: bool, start: float,
+         shared: bool) -> int:
+    """Train and measure; every failure becomes a result (never a hang), written by the rank that claims it."""
     try:
         from trainers.run import run_trial
 
         run_trial(args, layout, model, gpu, result, rank, world, on_cpu)
-        result.wall_time_s = time.time() - T_START
+        result.wall_time_s = time.time() - start
+        if shared:
+            result.extra["shared_process"] = True  # ranks that ran trials before: peak RSS and start-up are theirs too
         if rank == 0 and _claim(args.result):
             _emit(result, args.result)
-        _finish()
+        if not shared:
+            _finish()
         return 0
     except BaseException as exc:  # every failure must become a result, never a hang
         if isinstance(exc, KeyboardInterrupt):
             raise
+        mine = _rank_failure(exc, rank, args.result)
         if _claim(args.result):
-            _emit(_failure(result, exc, rank), args.result)
+            _emit(_failure(result, exc, rank, mine, args.result), args.result)
+        if shared:
+            raise
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown: destructors of process groups can block on dead peers.
         os._exit(0)
 
 
-def _failure(result: TrialResult, exc: BaseException, rank: int) -> TrialResult:
-    """The result of a failed run: oom or error, the reason and traceback tail, and the memory the failing
-    rank had reached (an OOM's "how far it got")."""
+def _clear_stale(result_path: str) -> None:
+    """A previous run's result, failure claim or failure records must not be mistaken for this run's."""
+    for stale in (Path(result_path), Path(f"{result_path}.claim")):
+        stale.unlink(missing_ok=True)
+    failures.clear_records(result_path)
+
+
+def _rank_failure(exc: BaseException, rank: int, result_path: str | None) -> failures.RankFailure:
+    """This rank's failure (its time, class, line and traceback's tail), recorded beside the result."""
+    mine = failures.from_exception(_type_name(exc), str(exc), rank, time.time(), traceback.format_exc(),
+                                   _phase(exc))
+    if _is_oom(exc) and mine.failure_class != "oom":
+        mine = dataclasses.replace(mine, failure_class="oom")
+    if result_path:
+        try:
+            failures.write_record(result_path, mine)
+        except OSError as writing:  # the claim's result still names this rank's failure
+            print(f"rank {rank}: cannot write its failure record: {writing}", file=sys.stderr)
+    return mine
+
+
+def _type_name(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__name__ if kind.__module__ in ("builtins", "torch") else f"{kind.__module__}.{kind.__name__}"
+
+
+def _phase(exc: BaseException) -> str | None:
+    """build: raised while the parallel state, config or model were built (trainers/run.py's _build); train:
+    in the steps; None elsewhere."""
+    names = {frame.name for frame in traceback.extract_tb(exc.__traceback__)
+             if frame.filename.endswith(os.path.join("trainers", "run.py"))}
+    return "train" if "_train" in names else "build" if "_build" in names else None
+
+
+def _failure(result: TrialResult, exc: BaseException, rank: int, mine: failures.RankFailure,
+             result_path: str | None) -> TrialResult:
+    """The result of a failed run: oom or error, the root cause among the ranks' records written so far (this
+    rank's, unless another failed earlier: a peer's reset is a symptom), the reason and traceback tail, and the
+    memory the failing rank had reached (an OOM's "how far it got")."""
     import torch
 
     from trainers.measure import peak_memory_gib
 
     result.status = "oom" if _is_oom(exc) else "error"
-    tail = traceback.format_exc()[-3000:]
-    result.error = f"rank {rank}: {type(exc).__name__}: {exc}\n{tail}"
+    result.error = None  # written by apply: the root cause's rank and line, the other failures, its traceback
+    everyone = [mine, *(f for f in failures.read_records(result_path) if f.rank != rank)] if result_path else [mine]
+    failures.apply(result, failures.root_cause(everyone) or mine, everyone)
     try:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")

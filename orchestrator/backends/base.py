@@ -48,7 +48,21 @@ class Backend(Protocol):
         """Start the trial; the future resolves to its TrialResult (never raises for trial failures)."""
 
     def close(self) -> None:
-        """Release what the backend holds (Ray, threads)."""
+        """Release what the backend holds (Ray, threads); running trials are stopped. Called again, nothing."""
+
+
+def unplaceable(backend: Backend | None, nodes: int, gpus_per_node: int) -> str | None:
+    """Why `backend` can never place a trial of `nodes` x `gpus_per_node` (a backend that places trials on a
+    cluster has `unplaceable(nodes, gpus_per_node)`: LocalRayBackend), or None."""
+    check = getattr(backend, "unplaceable", None)
+    return check(nodes, gpus_per_node) if check is not None else None
+
+
+def stop(backend: Backend) -> None:
+    """Ask `backend` to stop its running trials now (one with `stop()`); `close` waits for them."""
+    halt = getattr(backend, "stop", None)
+    if halt is not None:
+        halt()
 
 
 def completed(result: TrialResult) -> "concurrent.futures.Future[TrialResult]":

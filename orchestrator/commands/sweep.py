@@ -13,6 +13,8 @@ from orchestrator import backends, searches
 from orchestrator.commands.output import console, write_file
 from orchestrator.spec import DEFAULT_STORAGE
 
+REASON_WIDTH = 80  # the characters of a failure's line `status` prints (the CSV has it whole)
+
 
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep)
@@ -182,10 +184,12 @@ def status(
     cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
             "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
     cols += [c for c in ("train_days", "train_usd") if not frame.empty and frame[c].notna().any()]
+    # failed trials: the root cause's class (and rank) and its line (`--csv`: failure_class, _rank, _reason)
+    cols += [c for c in ("failure", "failure_reason") if not frame.empty and frame["failure_class"].notna().any()]
     for col in cols:
         table.add_column(col.replace("_per_", "/").replace("tokens", "tok"))
     for _, row in frame.head(top).iterrows():
-        table.add_row(*[_cell(row[c]) for c in cols])
+        table.add_row(*[_failure_cell(row, c) if c.startswith("failure") else _cell(row[c]) for c in cols])
     out.print(table)
     best = studies.best_fitting_trial(study)
     if best is not None:
@@ -225,6 +229,18 @@ def _train_line(study, trial) -> str:
     usd = f", {money(found.usd)}" if found.usd is not None else ""
     return (f"; trains {context.cost.train_tokens:.3g} tokens on {context.num_gpus} GPUs in "
             f"{found.days:,.1f} days{usd}")
+
+
+def _failure_cell(row, col: str) -> str:
+    """`failure`: the class and the rank that failed first (`killed (rank 1)`); `failure_reason`: its line, cut
+    to what a terminal shows (the CSV has it whole)."""
+    if _cell(row["failure_class"]) == "-":
+        return "-"
+    if col == "failure_reason":
+        reason = _cell(row["failure_reason"])
+        return reason if len(reason) <= REASON_WIDTH else reason[:REASON_WIDTH - 3] + "..."
+    rank = row["failure_rank"]
+    return f"{row['failure_class']} (rank {int(rank)})" if _cell(rank) != "-" else str(row["failure_class"])
 
 
 def _cell(value) -> str:

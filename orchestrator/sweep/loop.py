@@ -31,10 +31,11 @@ from typing import Any
 import optuna
 
 from search_spaces.errors import SpecError
-from search_spaces.result import TrialResult
+from search_spaces.result import MEASURED_STATUSES, TrialResult
 
 from orchestrator import study as studies
 from orchestrator.backends import make_backend
+from orchestrator.backends.base import stop, unplaceable
 from orchestrator.progress import SweepProgress
 from orchestrator.records import HEADLINE, TrialRecord, metrics
 from orchestrator.spec import SweepSpec
@@ -72,7 +73,7 @@ class Dispatcher:
     def __init__(self, session: Session, limit: int):
         self.session = session
         self.limit = limit
-        self.backend = make_backend(session.spec, session.prior)
+        self.backend = session.backend if session.backend is not None else make_backend(session.spec, session.prior)
         self.running: dict[concurrent.futures.Future, Proposal] = {}
 
     def submit(self, proposal: Proposal) -> None:
@@ -105,6 +106,10 @@ class Dispatcher:
     @property
     def busy(self) -> set[tuple[str, str]]:
         return {(p.layout.key(), p.size.fidelity) for p in self.running.values()}
+
+    def stop(self) -> None:
+        """The sweep stops: the running trials' process trees are killed now, while they are recorded."""
+        stop(self.backend)
 
     def close(self) -> None:
         self.backend.close()
@@ -144,10 +149,12 @@ class Sweep:
             self.session.lease.fence()
             raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4
+            dispatcher.stop()
             _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise studies.storage_failure(exc, self.spec.storage) from None
         except BaseException as exc:  # Ctrl-C, scancel, a crash: say what happened to the running trials
+            dispatcher.stop()
             _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise
@@ -180,7 +187,8 @@ class Sweep:
             for future, proposal, result in dispatcher.done(timeout=1.0):
                 row = self.recorder.finish(proposal, result)
                 dispatcher.settle(future)
-                self.measured += 1
+                if row["status"] in MEASURED_STATUSES:  # an unschedulable trial never ran: free, as a rejection
+                    self.measured += 1
                 view.advance(row, len(dispatcher.running), self.measured)
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
@@ -208,6 +216,13 @@ class Sweep:
         reason = self.screen(prediction) or size.refusal
         if reason:
             self.recorder.infeasible(trial, layout, prediction, reason)
+            return None
+        request = self.session.request(trial.number, size)
+        reason = unplaceable(self.session.backend, request.nodes, request.gpus_per_node)
+        if reason:  # larger than any set of the cluster's nodes: refused, never run (free, as a rejection)
+            self.recorder.infeasible(trial, layout, prediction, f"never placeable on this Ray cluster: {reason}",
+                                     status="unschedulable")
+            self.taken.add(taken)  # recorded once: a repeat of it is discarded
             return None
         proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(queued))
         self.recorder.start(proposal)
@@ -246,6 +261,10 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
             messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
                             f"storage and {session.tracker.spool_path}; rerun with --resume to deliver them")
     n_infeasible = sum(1 for r in studies.finished_records(study) if r.status == "infeasible")
+    unplaced = sum(1 for r in studies.finished_records(study) if r.status == "unschedulable")
+    if unplaced:
+        messages.append(f"{unplaced} trial(s) could not be placed on the Ray cluster: status unschedulable, never run "
+                        f"(the reason of each: moe-autotune status)")
     return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
                         wall_time_s=time.monotonic() - start, mlflow_pending=pending, messages=messages)
 

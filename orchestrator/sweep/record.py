@@ -84,8 +84,9 @@ class Recorder:
             TrialRecord.write(p.trial, mlflow_run_id=run_id)
 
     def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
-                   reason: str) -> None:
-        """A proposal the cost model (or the Layout itself) refuses: told for free, never run."""
+                   reason: str, status: str = "infeasible") -> None:
+        """A proposal the cost model (or the Layout itself) refuses: told for free, never run. `status`
+        unschedulable: one the cluster can never place (always tracked: it is no cost-model rejection)."""
         self.session.lease.fence()
         memory = (prediction.peak_memory_gib if prediction else None) or 0.0
         if layout is not None:
@@ -94,11 +95,11 @@ class Recorder:
             TrialRecord.write(trial, layout=dict(trial.params))
         if prediction is not None:
             TrialRecord.write(trial, prediction=prediction.data)
-        TrialRecord.write(trial, backend=self.session.spec.backend, status="infeasible", reason=redact_text(reason))
+        TrialRecord.write(trial, backend=self.session.spec.backend, status=status, reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
         trial.study.tell(trial, [0.0, _finite(memory)])
-        tracked = self.tracker and self.session.track_rejected and layout is not None
+        tracked = self.tracker and (self.session.track_rejected or status != "infeasible") and layout is not None
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial)) if tracked else None)
 
     def discard(self, trial: optuna.Trial, reason: str) -> None:
@@ -125,6 +126,7 @@ class Recorder:
         attrs: dict[str, Any] = {"status": result.status, "result": result}
         if result.error:
             attrs["reason"] = result.error[:2000]
+        attrs.update(failure_attrs(result))
         if result.extra.get("command"):
             attrs["command"] = result.extra["command"]
         self.session.lease.fence()
@@ -243,8 +245,18 @@ class Recorder:
 def _redact_result(result: TrialResult) -> None:
     """The free text of a result (its error, the command it ran) with every credential shape masked."""
     result.error = redact_text(result.error)
+    result.failure_reason = redact_text(result.failure_reason)
     if isinstance(result.extra, dict) and result.extra.get("command"):
         result.extra["command"] = redact_mapping(result.extra["command"])
+    if isinstance(result.extra, dict) and result.extra.get("failures"):
+        result.extra["failures"] = redact_mapping(result.extra["failures"])
+
+
+def failure_attrs(result: TrialResult) -> dict[str, Any]:
+    """A failed trial's root cause as stored fields (what the leaderboard and the child run's tags show)."""
+    values = {"failure_class": result.failure_class, "failure_rank": result.failure_rank,
+              "failure_reason": result.failure_reason}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def short_label(layout: Layout) -> str:

@@ -18,12 +18,14 @@ import optuna
 from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
+from search_spaces.failures import RECORD_SUFFIX
 from search_spaces.layouts.space import explore
 from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator import study as studies
-from orchestrator.backends import TrialRequest, canonical_backend
-from orchestrator.errors import LeaseLost
+from orchestrator.backends import Backend, TrialRequest, canonical_backend, make_backend
+from orchestrator.backends.base import unplaceable
+from orchestrator.errors import ClusterError, LeaseLost
 from orchestrator.records import StudyRecord, TrialRecord, enqueue
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
@@ -56,6 +58,9 @@ class Session:
     workdir: Path
     resumed: bool
     messages: list[str] = field(default_factory=list)
+    backend: Backend | None = None
+    """What runs the trials, started (Ray) and asked whether it can place a trial at all before anything was
+    stored (open_session); closed with the session."""
     writes: SweepWrites = field(init=False)
     """Where the loop asks and tells (writes.py): the study itself until the session has started."""
 
@@ -87,10 +92,12 @@ class Session:
                             lengths=str(Path(lengths).resolve()) if lengths is not None else None)
 
     def mlflow_record(self, record: TrialRecord) -> RunRecord:
-        """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs."""
+        """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs: every
+        node's log and every rank's failure record (search_spaces.failures), redacted as they are logged."""
         if record.backend is None:
             record = record.with_attrs(backend=self.spec.backend)
-        logs = sorted(str(p) for p in (self.workdir / f"trial-{record.number:04d}").glob("*.log"))
+        folder = self.workdir / f"trial-{record.number:04d}"
+        logs = sorted(str(p) for pattern in ("*.log", f"*{RECORD_SUFFIX}") for p in folder.glob(pattern))
         return RunRecord(record, tuple(logs))
 
     def _close_tracker(self) -> None:
@@ -103,6 +110,8 @@ class Session:
             log.info("the study was taken over: its last MLflow records are the new driver's to make")
 
     def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()  # the sweep closed it when it stopped; a session refused while it opened, here
         if self.tracker:
             self._close_tracker()  # before the lease is released: the writer writes under it
         try:
@@ -131,6 +140,17 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     _check_workdir(workdir)
     storage = studies.open_storage(spec.storage)
     studies.check_study(storage, spec.storage, spec.name, resume)  # already there, or nothing to resume
+    backend = start_backend(spec, prior)  # a cluster that cannot place a trial at all: refused before anything exists
+    try:
+        return _create(spec, resume, prior, run_tags, tracker, storage, workdir, backend)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str] | None, tracker: Tracker | None,
+            storage: optuna.storages.BaseStorage, workdir: Path, backend: Backend) -> Session:
+    """The session's study, lease, MLflow run and work directory made (or resumed), once every check passed."""
     _check_workdir(workdir, create=True)
     if tracker:
         tracker.open()
@@ -149,7 +169,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     if tracker:
         tracker.fence = lease.fence
     session = Session(spec, prior, space, sampler, study, lease, tracker,
-                      ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed)
+                      ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed, backend=backend)
     try:
         _start(session, storage, existed, run_tags or {})
         session.writes = sweep_writes(study, storage, spec.backend, lease.fence)
@@ -162,6 +182,18 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
         session.close()
         raise
     return session
+
+
+def start_backend(spec: SweepSpec, prior: Prior) -> Backend:
+    """The sweep's backend (Ray started for `ray`), refused when it cannot place even the smallest trial the sweep
+    can ask for (a GPU spec on a Ray cluster without GPUs): one line naming what a trial asks for and what the
+    cluster has, exit 2. Larger trials that it cannot place are refused one by one (the sweep loop)."""
+    backend = make_backend(spec, prior)  # a local Ray cluster is checked before it starts (LocalRayBackend)
+    reason = unplaceable(backend, *spec.smallest_trial)
+    if reason:
+        backend.close()
+        raise ClusterError.no_trial(spec.name, reason)
+    return backend
 
 
 def _start(session: Session, storage: optuna.storages.BaseStorage, existed: bool, run_tags: dict[str, str]) -> None:

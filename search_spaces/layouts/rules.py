@@ -199,13 +199,36 @@ def _cp_a2a_heads(s: Situation) -> str | None:
     return None
 
 
+def microbatch_rule(gbs: int, mbs: int, dp: int, pp: int, vpp: int) -> str | None:
+    """The mbs-level rule that (GBS, MBS) breaks on DP data-parallel ranks of a PP x VPP pipeline, or None (the
+    enumeration of the space checks these inline, with no Layout built)."""
+    if dp and gbs % (mbs * dp):
+        return "global_batch"
+    if vpp > 1 and dp and (gbs // (mbs * dp)) % pp:
+        return "interleaved_microbatches"
+    return None
+
+
 @rule("global_batch", level="mbs", reads=("gbs", "mbs", "tp", "cp", "pp"),
       why="the global batch splits into whole microbatches on every data-parallel rank")
 def _global_batch(s: Situation) -> str | None:
     L = s.layout
     dp = L.dp(s.num_gpus)
-    if dp and L.gbs % (L.mbs * dp):
+    if microbatch_rule(L.gbs, L.mbs, dp, L.pp, 1) == "global_batch":
         return f"GBS={L.gbs} is not a multiple of MBS*DP = {L.mbs}*{dp} = {L.mbs * dp}"
+    return None
+
+
+@rule("interleaved_microbatches", level="mbs", reads=("gbs", "mbs", "tp", "cp", "pp", "vpp"),
+      why="Megatron-Core's interleaved schedule runs microbatches in groups of PP per virtual stage: their number "
+          "must be a multiple of PP (megatron/core/pipeline_parallel/schedules.py, "
+          "forward_backward_pipelining_with_interleaving: microbatch_group_size_per_vp_stage defaults to PP)")
+def _interleaved_microbatches(s: Situation) -> str | None:
+    L = s.layout
+    dp = L.dp(s.num_gpus)
+    if microbatch_rule(L.gbs, L.mbs, dp, L.pp, L.vpp) == "interleaved_microbatches":
+        return (f"VPP={L.vpp} runs {L.gbs // (L.mbs * dp)} microbatches (GBS/(MBS*DP)), not a multiple of "
+                f"PP={L.pp}")
     return None
 
 

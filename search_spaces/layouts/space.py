@@ -43,6 +43,7 @@ from search_spaces.layouts.rules import (
     hierarchical_cp_violation,
     level_reads,
     level_rules,
+    microbatch_rule,
 )
 
 TARGET_TOKENS_PER_STEP = 1 << 24
@@ -277,9 +278,10 @@ def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims
                     dp = num_gpus // (tp * cp * pp)
                     for mbs in v["mbs"]:
                         gbs = v["gbs"][0]
-                        if gbs % (mbs * dp):
+                        rule = microbatch_rule(gbs, mbs, dp, pp, vpp)
+                        if rule:
                             if count:
-                                count.reject("global_batch", feat_size)
+                                count.reject(rule, feat_size)
                             continue
                         yield {"pp": pp, "vpp": vpp, "tp": tp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs,
                                "gbs": gbs}

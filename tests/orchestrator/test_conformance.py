@@ -32,7 +32,7 @@ from orchestrator.sweep.searches import MAKERS, make_sampler
 from orchestrator.sweep.space import SweepSpace
 from tests.sweep_helpers import FAKE_TRAINER, make_spec
 
-STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted"}
+STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted", "unschedulable"}
 
 
 def _spec(tmp_path, name: str, **extra):

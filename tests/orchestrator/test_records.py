@@ -59,6 +59,9 @@ def rebuild(data: dict, storage: str) -> optuna.Study:
     return study
 
 
+FAILURE_COLUMNS = {"failure_class", "failure_rank", "failure_reason"}  # the leaderboard's since issue 53
+
+
 def _same(new, old) -> bool:
     if isinstance(old, float) and isinstance(new, (int, float)):
         return math.isclose(new, old, rel_tol=1e-12)
@@ -79,14 +82,16 @@ def test_a_study_written_before_the_records_reads_as_it_did(tmp_path, data):
     assert len(board) == len(expected["leaderboard"])
     for new, old in zip(board, expected["leaderboard"]):
         # the same columns (in the declarations' order now), and a layout dimension declared since (routing)
-        # at its default: the old study's layouts were made before it
+        # at its default: the old study's layouts were made before it; a trial's failure columns, declared since
+        # too, are empty
         added = set(new) - set(old)
-        assert set(old) <= set(new) and added <= set(records.LAYOUT_COLUMNS)
-        assert all(new[k] == Layout().params([k])[k] for k in added)
+        assert set(old) <= set(new) and added <= set(records.LAYOUT_COLUMNS) | FAILURE_COLUMNS
+        assert all(new[k] == Layout().params([k])[k] for k in added - FAILURE_COLUMNS)
+        assert all(_same(new[k], None) for k in added & FAILURE_COLUMNS)
         assert all(_same(new[k], old[k]) for k in old), {k: (new[k], old[k]) for k in old if not _same(new[k], old[k])}
     table = pd.read_csv(io.StringIO(studies.replay_table(study).to_csv(index=False)))
     old_table = pd.read_csv(io.StringIO(expected["replay_table"]))
-    assert set(table.columns) - set(old_table.columns) == added
+    assert set(table.columns) - set(old_table.columns) == added - FAILURE_COLUMNS
     pd.testing.assert_frame_equal(table[list(old_table.columns)], old_table)
 
     views = winner.views(study)

@@ -165,7 +165,7 @@ def test_a_store_cut_short_is_stored_once_whether_it_landed_or_not(stored, monke
 
 
 def test_a_sweep_whose_trials_run_writes_directly(tmp_path):
-    spec = make_spec(Path(tmp_path), "replayed", backend="replay",
+    spec = make_spec(Path(tmp_path), "replayed", backend="replay", seq_len=128,  # the table's situation
                      replay_table=str(Path(__file__).parents[1] / "data" / "replay_small.csv"), budget={"n_trials": 2})
     session = sessions.open_session(spec, prior=prior_for(spec))
     try:

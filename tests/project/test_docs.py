@@ -138,6 +138,15 @@ def test_the_rules_page_lists_every_rule_with_its_reason():
         assert refgen.cell(rule.why) in row, rule.name
 
 
+def test_the_failures_page_lists_every_failure_class_with_its_meaning():
+    from search_spaces.failures import FAILURE_CLASSES
+
+    text = refgen.failures_reference()
+    for failure in FAILURE_CLASSES:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{failure.name}` |"))
+        assert refgen.cell(failure.meaning) in row, failure.name
+
+
 def test_the_dimensions_page_lists_every_dimension_with_its_values_and_doc():
     from search_spaces import Layout, dimensions_of
 

@@ -113,7 +113,7 @@ def test_the_paged_stash_holds_the_average_not_the_busiest_rank():
 
 def test_pinned_host_memory_is_a_budget_per_node():
     # 256K tokens, every module offloaded: more than a Grace tray's pinned half of 960 GB for 4 GPUs
-    est = _mem(seq_len=262144, cp=8, gbs=64, mbs=1, activation_offload="attn_norm,qkv_linear,core_attn,attn_proj,"
+    est = _mem(seq_len=262144, cp=8, gbs=128, mbs=1, activation_offload="attn_norm,qkv_linear,core_attn,attn_proj,"
                "mlp_norm,expert_fc1,moe_act", num_gpus=1024)
     assert est.legal and not est.fits and "pinned host memory" in est.host_memory_refusal
     assert "GB200 NVL72" in est.host_memory_refusal

@@ -28,6 +28,9 @@ CASES = [
     ("sequence_cp", ("tiny-moe", "cpu", 2, 102), dict(cp=2), dict(cp=1)),
     ("cp_a2a_heads", ("tiny-moe", "h100", 8, 4096), dict(cp=8, cp_comm_type="a2a"), dict(cp=4, cp_comm_type="a2a")),
     ("global_batch", ("tiny-moe", "cpu", 2, 512), dict(gbs=3), dict(gbs=4)),
+    # found by the trainer's drawn layouts (tests/trainers/test_layout_matrix.py): PP 2, VPP 3, one microbatch
+    ("interleaved_microbatches", ("tiny-gpt-oss", "cpu", 4, 128), dict(pp=2, vpp=3, mbs=4, gbs=8),
+     dict(pp=2, vpp=3, mbs=2, gbs=8)),
     ("moe_tp_needs_sp", ("tiny-moe", "cpu", 2, 512), dict(tp=2, sequence_parallel=False), dict(tp=2)),
     ("precision_supported", ("tiny-moe", "h100", 1, 512), dict(precision="mxfp8"), dict(precision="fp8")),
     ("gpu_only_feature", ("tiny-moe", "cpu", 2, 512), dict(ep=2, dispatcher="deepep"),
@@ -52,7 +55,7 @@ CASES = [
     ("ep_overlap_needs", ("tiny-moe", "h100", 2, 512), dict(ep=2, ep_overlap=True, recompute="moe"),
      dict(ep=2, ep_overlap=True, recompute="moe_act")),
     ("ep_overlap_schedule", ("tiny-moe", "h100", 4, 512), dict(ep=2, pp=2, gbs=2, ep_overlap=True),
-     dict(ep=2, pp=2, vpp=2, gbs=2, ep_overlap=True)),
+     dict(ep=2, pp=2, vpp=2, gbs=4, ep_overlap=True)),
     ("tp_in_nvlink", ("deepseek-v3", "h100", 16, 4096), dict(tp=16), dict(tp=8, cp=2)),
     ("ep_in_nvlink", ("deepseek-v3", "h100", 128, 4096), dict(ep=128), dict(ep=64)),
     # tiny-qwen3-next: 2 key / 4 value delta-net heads, a 2*32 + 2*(64+4) = 200-wide in_proj (not 16-aligned)

@@ -8,6 +8,8 @@ loss; an injected OOM must come back as status oom with every rank gone.
 
 import pytest
 
+from search_spaces.failures import read_records
+
 from tests.trainer_helpers import FAMILY_MODELS, LAYOUTS, RECOMPUTE_CHOICES, assert_ok, run_trainer, shared_run
 
 pytestmark = pytest.mark.slow
@@ -118,6 +120,21 @@ def test_injected_oom_on_one_rank_is_reported_and_every_rank_exits(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert result.status == "oom"
     assert result.error.startswith("rank 1: OutOfMemoryError")
+    assert (result.failure_class, result.failure_rank) == ("oom", 1)
+
+
+@pytest.mark.timeout(180)
+def test_an_exception_on_rank_1_is_the_root_cause_not_rank_0s_reset(tmp_path):
+    result, proc = run_trainer(tmp_path, 2, "--mbs", "1", "--gbs", "2",
+                               env={"MOE_AUTOTUNE_FAULT": "raise@1", "MOE_AUTOTUNE_FAULT_RANK": "1"}, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert (result.status, result.failure_class, result.failure_rank) == ("error", "error", 1)
+    assert result.failure_reason == "RuntimeError: injected by MOE_AUTOTUNE_FAULT=raise@1 on rank 1"
+    assert result.error.startswith("rank 1: RuntimeError: injected")
+    # rank 0 failed as well, on the connection rank 1's exit closed: a symptom, recorded beside the result
+    peers = {f.rank: f for f in read_records(tmp_path / "result.json")}
+    assert (peers[0].failure_class, peers[1].failure_class) == ("communication", "error")
+    assert "Connection closed by peer" in peers[0].reason or "Connection reset" in peers[0].reason
 
 
 @pytest.mark.timeout(60)
