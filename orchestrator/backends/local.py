@@ -266,7 +266,9 @@ class LocalRayBackend:
         common: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "WARNING"}
         # ray.init takes SIGTERM over (its handler drains for up to 30 s, kills Ray's processes under the connected
         # driver, whose C++ side then prints stack lines, and exits 1): the command's own handler
-        # (orchestrator/interrupts.py) is put back, so that SIGTERM stops the sweep as Ctrl-C does
+        # (orchestrator/interrupts.py) is put back, so that SIGTERM stops the sweep as Ctrl-C does. Not on a cluster
+        # joined by address (a Slurm job's): scancel sends SIGTERM to the driver and to every Ray node at once, and the
+        # stop's calls to a cluster going away held the driver (and its lease) past the job's end; Ray's handler ends it
         previous = signal.getsignal(signal.SIGTERM)
         try:
             if self.spec.ray_address:
@@ -275,7 +277,8 @@ class LocalRayBackend:
                 ray.init(address="local", num_cpus=self._local_cpus(), include_dashboard=False,
                          _node_ip_address="127.0.0.1", **common)
         finally:
-            if callable(previous) and threading.current_thread() is threading.main_thread():
+            own_cluster = not self.spec.ray_address
+            if own_cluster and callable(previous) and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous)
         self._started_ray = True
 
