@@ -4,6 +4,8 @@ Honours the trainer's test fault hook MOE_AUTOTUNE_FAULT (oom@K, raise@K, hang@K
 raise@K with MOE_AUTOTUNE_FAULT_RANK=R (R > 0) plays the race the backend settles: rank R raises first and
 writes its failure record, then rank 0's connection reset claims the result (search_spaces/failures.py);
 MOE_AUTOTUNE_FAULT_NOTE is appended to the injected message (a secret there must never be recorded).
+FAKE_TRAINER_HOLD=PATH holds every run after the first while PATH exists (a driver kept busy for as long as a test
+needs, whatever the machine's load).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(argv=None) -> int:
     delay = float(os.environ.get("FAKE_TRAINER_SECONDS", "0"))
     if delay:
         time.sleep(delay)
+    _hold_after_the_first_run(os.environ.get("FAKE_TRAINER_HOLD", ""))
     if fault.startswith("hang"):
         time.sleep(10_000)
     if fault.startswith("crash"):
@@ -49,6 +52,17 @@ def main(argv=None) -> int:
                 peak_memory_gib=1.0 + args.mbs / args.tp, layout=layout).write(args.result)
     print("fake trainer done", file=sys.stderr)
     return 0
+
+
+def _hold_after_the_first_run(gate: str) -> None:
+    if not gate:
+        return
+    with open(gate + ".starts", "a+") as starts:  # one line per run started: which run this is
+        starts.write("run\n")
+        starts.seek(0)
+        number = len(starts.readlines())
+    while number > 1 and os.path.exists(gate):
+        time.sleep(0.2)
 
 
 def _raise(result_path: str, layout: dict) -> None:

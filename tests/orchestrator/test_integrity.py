@@ -57,7 +57,9 @@ def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_tak
     data = _spec(tmp_path, backend="local", launcher="python", trainer_module="tests.fake_trainer",
                  gpus_per_node=1, budget={"n_trials": 4}, free=["mbs", "recompute"])
     spec = _write(tmp_path, data)
-    env = _env(FAKE_TRAINER_SECONDS="4")
+    gate = tmp_path / "hold"  # the first driver's second trial waits while it exists: it cannot finish early
+    gate.touch()
+    env = _env(FAKE_TRAINER_SECONDS="1", FAKE_TRAINER_HOLD=str(gate))
     first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -75,6 +77,7 @@ def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_tak
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
+        gate.unlink()
     time.sleep(2)  # its Ray processes die with it
     third = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=400)
