@@ -6,7 +6,7 @@ cpu`, on layouts the calibration never saw.
 Measurements: bench/cpu_measurements.py (tiny-moe, 4 ranks, seq 256, the quickstart's situation; cached in
 bench/cpu_measurements.json, so a rerun measures only what is missing). The CPU constants (GEMM and attention
 rates of the eager trainer, its overhead per layer, the fixed cost of a gloo collective, the process's resident
-baseline) are fitted by the same code as `moe-autotune calibrate` (orchestrator.calibrate) on the FIT layouts,
+baseline) are fitted by the same code as `moe-autotune calibrate` (orchestrator.outputs.calibrate) on the FIT layouts,
 then the HELD layouts are scored with the fitted constants -- and with the hand-set ones they replace.
 `--write` stores the fitted CPU constants in search_spaces/calibration/calibration.json (what `estimate --gpu cpu` and
 the quickstart's sweep use). Last line: `cpu calibration: tokens/s MAPE X%, peak memory MAPE Y% over N layouts`.
@@ -29,7 +29,7 @@ from search_spaces.cost.costmodel import estimate  # noqa: E402
 from search_spaces.cost.packing import load_histogram  # noqa: E402
 
 from bench.cpu_measurements import FIT, HELD, PACKED, PACKED_LENGTHS, ensure, find  # noqa: E402
-from orchestrator.calibrate import calibrate  # noqa: E402
+from orchestrator.outputs.calibrate import calibrate  # noqa: E402
 
 SEQ_LEN = 256
 # what the CPU fit owns in calibration.json (the GPU constants are bench/fit_calibration.py's)

@@ -12,7 +12,7 @@ The target is 98% of the exhaustive optimum of the truth (best truly fitting lay
 at the first trial that measures a layout whose true throughput is at least that. Each run stops there or
 after BUDGET trials (then it counts as "> BUDGET"). Strategies:
 
-  calibrated      the sweep's default sampler (orchestrator/sweep/samplers.py CalibratedSampler): rank by the
+  calibrated      the sweep's default sampler (orchestrator/search/samplers.py CalibratedSampler): rank by the
                   cost model, correct throughput and memory online from measurements (Thompson sampling over
                   per-value effects); tries near misses of the memory model. Like every sweep here it runs
                   the rules of thumb (the table layouts nearest to them) first; the row "no rules of thumb"
@@ -58,14 +58,14 @@ from search_spaces.layouts.layout import SEARCH_DIMENSIONS, Layout  # noqa: E402
 from search_spaces.layouts.space import candidate_layouts  # noqa: E402
 from search_spaces.result import TrialResult  # noqa: E402
 
-from orchestrator.backends.replay import ReplayRow, ReplayTable  # noqa: E402
+from orchestrator.dispatch.replay import ReplayRow, ReplayTable  # noqa: E402
 from orchestrator.records import TrialRecord, enqueue  # noqa: E402
-from orchestrator.spec import parse_spec  # noqa: E402
-from orchestrator.study import DIRECTIONS  # noqa: E402
-from orchestrator.sweep.prior import ReplayPrior  # noqa: E402
+from orchestrator.records.queries import DIRECTIONS  # noqa: E402
+from orchestrator.search.prior import ReplayPrior  # noqa: E402
+from orchestrator.search.searches import make_sampler  # noqa: E402
+from orchestrator.search.space import SweepSpace  # noqa: E402
+from orchestrator.spec.schema import parse_spec  # noqa: E402
 from orchestrator.sweep.record import Screen  # noqa: E402
-from orchestrator.sweep.searches import make_sampler  # noqa: E402
-from orchestrator.sweep.space import SweepSpace  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -31,9 +31,8 @@ def _times(trial: FrozenTrial) -> tuple[datetime, datetime]:
 
 
 def run(trials: int = 12) -> dict:
-    from orchestrator import study as studies
-    from orchestrator.records import TrialRecord
-    from orchestrator.spec import parse_spec
+    from orchestrator.records import TrialRecord, queries
+    from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -55,7 +54,7 @@ def run(trials: int = 12) -> dict:
             total = time.monotonic() - start
         finally:
             os.chdir(cwd)
-        ran = sorted(studies.measured_trials(out.study), key=lambda t: _times(t)[0])
+        ran = sorted(queries.measured_trials(out.study), key=lambda t: _times(t)[0])
         span = (max(_times(t)[1] for t in ran) - _times(ran[0])[0]).total_seconds()
         trainer = sum(TrialRecord.of(t).launch_wall_s for t in ran)
         n = len(ran)

@@ -17,7 +17,7 @@ one run each, the estimate's the median of three). Beside each wall time, the CP
 used (user + sys, its forked workers included), and the load average when the run began: on a loaded machine the
 wall times say little, the CPU seconds more. The commands run with bytecode caching on (a warm-up run first), as
 an installed package's would: PYTHONDONTWRITEBYTECODE would make every run compile the project again. They run as on
-a machine that has made an MLflow store before: the MLflow schema template (orchestrator/mlflow_template.py) is
+a machine that has made an MLflow store before: the MLflow schema template (orchestrator/storage/mlflow_template.py) is
 made first, in a cache folder of the benchmark's own; a machine's first store pays its making once (about 1.3 s).
 """
 
@@ -97,7 +97,7 @@ def commands() -> dict:
 
 def searches(names: tuple[str, ...] = ("calibrated", "tpe", "random", "grid")) -> dict:
     """An analytic sweep of 200 trials of the example with each search, in this process (stores included)."""
-    from orchestrator.spec import load_spec
+    from orchestrator.spec.schema import load_spec
     from orchestrator.sweep import run_sweep
 
     out = {}
@@ -115,12 +115,12 @@ def searches(names: tuple[str, ...] = ("calibrated", "tpe", "random", "grid")) -
 
 
 def run(with_searches: bool = True) -> dict:
-    from orchestrator import mlflow_template, stores
+    from orchestrator.storage import mlflow_template, open_mlflow
 
     with tempfile.TemporaryDirectory(prefix="sweep-speed-cache-") as cache:
         os.environ[mlflow_template.CACHE_ENV] = cache  # the commands' processes and the searches use it
         try:
-            stores.open_mlflow(f"sqlite:///{cache}/warm-up.db", create=True)  # the template made, as after a sweep
+            open_mlflow(f"sqlite:///{cache}/warm-up.db", create=True)  # the template made, as after a sweep
             return {"commands": commands(), "sweeps": searches() if with_searches else {}}
         finally:
             del os.environ[mlflow_template.CACHE_ENV]

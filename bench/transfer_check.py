@@ -25,8 +25,8 @@ from search_spaces.calibration.fit import load_calibration  # noqa: E402
 
 from bench.cpu_calibration import measurements, predicted_tokens, uncalibrated  # noqa: E402
 from bench.cpu_measurements import LAYOUTS, ensure, find  # noqa: E402
-from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS  # noqa: E402
 from orchestrator.cli import main as cli  # noqa: E402
+from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS  # noqa: E402
 
 SHORT, LONG = 128, 256
 

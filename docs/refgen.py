@@ -158,7 +158,7 @@ def spec_fields(model: Any = None, prefix: str = "") -> list[tuple[str, Any, Any
     from pydantic import BaseModel
 
     if model is None:
-        from orchestrator.spec import SweepSpec as model
+        from orchestrator.spec.schema import SweepSpec as model
     out = []
     for name, info in model.model_fields.items():
         out.append((prefix + name, info, model))
@@ -187,8 +187,8 @@ def _field_default(info: Any) -> str:
 def spec_reference() -> str:
     rows = [[code(name), code(_type_name(info.annotation)), _field_default(info), cell(info.description)]
             for name, info, _ in spec_fields()]
-    return page("Sweep spec reference", "the pydantic models of `orchestrator/spec.py` (and `Cost` in "
-                "`orchestrator/economics.py`): each field's docstring",
+    return page("Sweep spec reference", "the pydantic models of `orchestrator/spec/schema.py` (and `Cost` in "
+                "`orchestrator/spec/economics.py`): each field's docstring",
                 "A spec is one YAML file; every field has a default and a misspelt field is refused by name. "
                 "Nested fields are written as YAML mappings (`budget: {n_trials: 8}`).",
                 table(["field", "type", "default", "what it means"], rows))

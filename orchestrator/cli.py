@@ -3,7 +3,7 @@
 Any of the project's errors (search_spaces.errors.MoeAutotuneError: bad input, a store that cannot be used or
 fails) and Click usage errors become one line `error: ...` on stderr and the error's exit code (2: bad input;
 4: the storage failed mid-sweep, what was measured is kept). Anything else is a bug of ours: one line
-`error: internal error: <kind>; details in <log file>` and exit 70 (orchestrator/crashlog.py); `--debug` shows
+`error: internal error: <kind>; details in <log file>` and exit 70 (orchestrator/commands/crashlog.py); `--debug` shows
 the traceback instead.
 
 Commands import what they need when they run (Ray, MLflow, Optuna, pandas only behind the checks of their input):
@@ -22,7 +22,7 @@ import typer
 
 from search_spaces.errors import MoeAutotuneError
 
-from orchestrator import crashlog
+from orchestrator.commands import crashlog
 
 _debug = {"on": False}
 
@@ -122,7 +122,7 @@ _ABORTS = (typer.Abort,)
 # commands import those libraries; a user's own setting wins; trainer processes do not inherit them (the local
 # backend passes a short list of variables). MLflow 3's telemetry is one more such thread, and it sends usage events
 # to MLflow's servers, which nobody asked this tool to do: off unless MLFLOW_DISABLE_TELEMETRY=false is set (the
-# sweep's MLflow writer, orchestrator/writer_process.py, is forked only in a process without another thread).
+# sweep's MLflow writer, orchestrator/tracking/writer_process.py, is forked only in a process without another thread).
 LIBRARY_THREADS_OFF = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false",
                        "MLFLOW_DISABLE_TELEMETRY": "true"}
 
@@ -183,8 +183,8 @@ def _say(line: str) -> None:
 
 def console_main() -> None:
     """The installed `moe-autotune` (pyproject's [project.scripts]): main(), then an end that a late Ctrl-C or
-    SIGTERM cannot change, with a quick teardown (orchestrator/exiting.py)."""
-    from orchestrator import exiting
+    SIGTERM cannot change, with a quick teardown (orchestrator/commands/exiting.py)."""
+    from orchestrator.commands import exiting
 
     exiting.arm()  # before main loads a library: its exit hook runs after theirs
     try:

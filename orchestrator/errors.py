@@ -31,7 +31,7 @@ class ClusterError(MoeAutotuneError):
 
     @classmethod
     def no_trial(cls, study: str, reason: str) -> "ClusterError":
-        """`reason`: what a trial asks for and what the cluster has (orchestrator/backends/local.py)."""
+        """`reason`: what a trial asks for and what the cluster has (orchestrator/dispatch/local.py)."""
         return cls(f"no trial of sweep {study!r} can run on this Ray cluster: {reason} (run on nodes that have "
                    f"them, join another cluster with --ray-address, or change gpu, nodes or gpus_per_node)")
 
@@ -48,5 +48,5 @@ class TrackingFull(TrackingError):
 class OutputError(MoeAutotuneError):
     """An output the user named (a file of `status --csv`, `calibrate --out`, `report --out`, or standard output
     itself) could not be written: a full device, a closed pipe, an I/O error. The environment, not the input:
-    exit 6, and nothing half-written is left (orchestrator/commands/output.py)."""
+    exit 6, and nothing half-written is left (orchestrator/userio.py)."""
     exit_code = 6

@@ -20,7 +20,7 @@ netrc's `login alice password hunter2`, `Basic dXNlcjpw`), and any long run of l
 
 `redact_mapping` does the same over nested data (a spec dump, a summary) and masks the values of secret-named keys.
 `redact_uri` is the older name of `redact_text` (error lines call it). The environment a run records is an
-allow-list (orchestrator/environment.py), its values redacted here.
+allow-list (orchestrator/tracking/environment.py), its values redacted here.
 """
 
 from __future__ import annotations

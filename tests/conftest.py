@@ -40,9 +40,10 @@ from tests.workers import run_temp_root  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def _mlflow_store_template(tmp_path_factory):
     """Every fresh SQLite MLflow store of the session is a copy of one migrated template (tests/store_templates.py);
-    the commands a test starts keep their own template (orchestrator/mlflow_template.py) in the run's temp folder,
+    the commands a test starts keep their own template (orchestrator/storage/mlflow_template.py) in the run's temp
+    folder,
     never in the user's cache."""
-    from orchestrator.mlflow_template import CACHE_ENV
+    from orchestrator.storage.mlflow_template import CACHE_ENV
 
     store_templates.install(run_temp_root(tmp_path_factory) / "store-templates")
     os.environ.setdefault(CACHE_ENV, str(run_temp_root(tmp_path_factory) / "moe-autotune-cache"))
@@ -108,7 +109,8 @@ def _records_made_in_process(monkeypatch):
     (whose second thread keeps any writer from being forked), with TEST_WORKERS=0 too: a test's patches of the
     tracker then reach every record. The forked writer is tested in processes of its own
     (tests/orchestrator/test_write_behind.py), and every CLI sweep a test starts runs with it."""
-    monkeypatch.setattr("orchestrator.writer_process.WriterProcess.start", classmethod(lambda cls, serve: None))
+    monkeypatch.setattr("orchestrator.tracking.writer_process.WriterProcess.start",
+                        classmethod(lambda cls, serve: None))
 
 
 def pytest_configure(config):

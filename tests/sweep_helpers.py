@@ -8,9 +8,10 @@ from typing import Any
 
 import optuna
 
-from orchestrator import study as studies
-from orchestrator.spec import SweepSpec, parse_spec
-from orchestrator.sweep import Prior
+from orchestrator.records import queries
+from orchestrator.search.prior import Prior
+from orchestrator.spec.schema import SweepSpec, parse_spec
+from orchestrator.storage import studies
 
 # the Ray backend with tests/fake_trainer.py: a real trainer process per trial that returns at once
 FAKE_TRAINER: dict[str, Any] = {"backend": "ray", "launcher": "python", "trainer_module": "tests.fake_trainer",
@@ -63,6 +64,6 @@ def measured_count(storage: str, name: str) -> int:
         return 0
     try:
         store = studies.open_storage(storage, create=False)
-        return len(studies.measured_trials(optuna.load_study(study_name=name, storage=store)))
+        return len(queries.measured_trials(optuna.load_study(study_name=name, storage=store)))
     except KeyError:  # the storage is made, the study not yet
         return 0

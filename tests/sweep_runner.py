@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator.spec import parse_spec
+from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import prior_for
 

@@ -23,11 +23,12 @@ import sys
 
 
 def _sweep(spec_json: str, mode: str) -> None:
-    from orchestrator import tracking
     from orchestrator.errors import LeaseLost
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep import Prior, run_sweep
+    from orchestrator.search.prior import Prior
+    from orchestrator.spec.schema import parse_spec
+    from orchestrator.sweep import run_sweep
     from orchestrator.sweep.lease import Lease
+    from orchestrator.tracking import tracker as tracking
 
     started: list[bool] = []
     write_behind = tracking.Tracker.write_behind
@@ -66,7 +67,7 @@ def _sweep(spec_json: str, mode: str) -> None:
 
 
 def _echo(count: int, size: int, die: int | None) -> None:
-    from orchestrator.writer_process import WriterProcess
+    from orchestrator.tracking.writer_process import WriterProcess
 
     def serve(request):
         if request[0] == die:
@@ -86,7 +87,7 @@ def _echo(count: int, size: int, die: int | None) -> None:
 
 
 def _orphan() -> None:
-    from orchestrator.writer_process import WriterProcess
+    from orchestrator.tracking.writer_process import WriterProcess
 
     writer = WriterProcess.start(lambda request: request)
     assert writer is not None, "no writer forked"

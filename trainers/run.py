@@ -260,24 +260,19 @@ class Steps:
     packing: dict | None = None  # packed documents: real tokens and padding of the measured steps, or None
 
 
-def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+def _training_data(args, layout, model) -> SyntheticTokens | PackedTokens:
+    """The trial's batches: synthetic token rows, or documents packed into each sequence (THD:
+    trainers/packed_batches.py) when the trial packs."""
+    data = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs, args.seed)
+    if _packing(args) is None:
+        return data
+    return PackedTokens(data, _packing(args), pad_multiple(layout.cp, layout.tp, layout.sp))
 
+
+def _forward_step_func(built: Built, layout, state: StepState, saved, fault, rank: int):
+    """Megatron's forward_step_func: a chunk's forward on the next microbatch. It fires the injected fault (if
+    any) on a step's first call and, in the measured step, records what each chunk saves for backward."""
     chunk_index = {id(m): i for i, m in enumerate(built.wrapped)}
-    fault = faults.from_env()
-    microbatches = layout.grad_accum(world)
-    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-    cp_group = ps.get_context_parallel_group()
-    data: SyntheticTokens | PackedTokens = SyntheticTokens(model.vocab_size, args.seq_len, layout.gbs, layout.mbs,
-                                                           args.seed)
-    if _packing(args) is not None:  # documents packed into each sequence (THD): trainers/packed_batches.py
-        data = PackedTokens(data, _packing(args), pad_multiple(layout.cp, layout.tp, layout.sp))
-    packed = not isinstance(data, SyntheticTokens)
-    state = StepState(measure_step=max(args.warmup - 1, 0))
-    saved = measure.SavedActivations(exclude=measure.param_storage_keys(built.wrapped))
-    # Megatron refuses user forward hooks on the modules it graphs: no counts under CUDA graphs
-    copies = routing_load.RoutedCopies(built.chunks) if model.num_experts and not layout.cuda_graphs else None
 
     def forward_step(data_iterator, chunk, return_schedule_plan: bool = False):
         if state.first_call:
@@ -298,45 +293,100 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
             output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                            packed_seq_params=batch.get("packed_seq_params"))
         if record:
-            state.measured_chunks.add(index)
-            state.activation_bytes += saved.bytes
-            for path, nbytes in saved.by_module().items():
-                state.activations_by_module[path] = state.activations_by_module.get(path, 0) + nbytes
-            saved.clear()
+            _add_saved_activations(state, saved, index)
         return output, partial(_loss_func, batch["loss_mask"])
 
-    schedule = get_forward_backward_func()
-    wrapped = built.wrapped
-    times, forward_backward, cpu_times, losses = [], [], [], []
-    for step in range(args.warmup + args.steps):
-        state.step, state.first_call = step, True
-        if copies is not None:
-            copies.active = step == state.measure_step
-        iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in wrapped]
-        _sync(built.device)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        built.optimizer.zero_grad()
-        for m in wrapped:
-            m.zero_grad_buffer()
-        reduced = schedule(
+    return forward_step
+
+
+def _add_saved_activations(state: StepState, saved, index: int) -> None:
+    """Count what chunk `index` saved for backward in the measured microbatch (in total and by module)."""
+    state.measured_chunks.add(index)
+    state.activation_bytes += saved.bytes
+    for path, nbytes in saved.by_module().items():
+        state.activations_by_module[path] = state.activations_by_module.get(path, 0) + nbytes
+    saved.clear()
+
+
+def _schedule_runner(schedule, forward_step, wrapped: list, microbatches: int, layout, seq_len: int, packed: bool):
+    """One call of Megatron's forward-backward schedule over a step's microbatches, given their iterators (one
+    per chunk); returns the losses it reduced (on last-stage ranks; empty elsewhere)."""
+    def run(iterators: list):
+        return schedule(
             forward_step_func=forward_step, data_iterator=iterators if len(wrapped) > 1 else iterators[0],
             model=wrapped if len(wrapped) > 1 else wrapped[0], num_microbatches=microbatches,
             # a THD pack holds the microbatch's sequences back to back, batch dimension 1. The full length:
             # the pipeline schedules divide it by CP (and by TP under SP) for the stage-to-stage tensors
-            seq_length=(layout.mbs if packed else 1) * args.seq_len,
+            seq_length=(layout.mbs if packed else 1) * seq_len,
             micro_batch_size=1 if packed else layout.mbs, forward_only=False)
-        _sync(built.device)
-        schedule_done = time.perf_counter()
-        built.optimizer.step()
-        _sync(built.device)
+
+    return run
+
+
+@dataclass
+class StepTiming:
+    """One step's seconds: wall clock of the whole step, of its schedule (forward and backward), and CPU."""
+    seconds: float
+    schedule_seconds: float
+    cpu_seconds: float
+
+
+def _timed_step(built: Built, run_schedule, iterators: list) -> tuple[list, StepTiming]:
+    """One training step (zeroed gradients, the schedule, the optimizer step), timed between device syncs;
+    returns the schedule's reduced losses and the step's timing."""
+    _sync(built.device)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    built.optimizer.zero_grad()
+    for m in built.wrapped:
+        m.zero_grad_buffer()
+    reduced = run_schedule(iterators)
+    _sync(built.device)
+    schedule_done = time.perf_counter()
+    built.optimizer.step()
+    _sync(built.device)
+    end, cpu_end = time.perf_counter(), time.process_time()
+    return reduced, StepTiming(end - start, schedule_done - start, cpu_end - cpu_start)
+
+
+def _step_loss(reduced) -> list[float] | None:
+    """The step's [sum of token losses, tokens] from the schedule's reduced losses; None where there are none
+    (ranks off the last pipeline stage)."""
+    if not reduced:
+        return None
+    return [float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
+
+
+def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
+    """The warm-up and measured steps on this rank, and what they produced."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    fault = faults.from_env()
+    microbatches = layout.grad_accum(world)
+    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    cp_group = ps.get_context_parallel_group()
+    data = _training_data(args, layout, model)
+    state = StepState(measure_step=max(args.warmup - 1, 0))
+    saved = measure.SavedActivations(exclude=measure.param_storage_keys(built.wrapped))
+    # Megatron refuses user forward hooks on the modules it graphs: no counts under CUDA graphs
+    copies = routing_load.RoutedCopies(built.chunks) if model.num_experts and not layout.cuda_graphs else None
+    forward_step = _forward_step_func(built, layout, state, saved, fault, rank)
+    schedule = get_forward_backward_func()
+    run_schedule = _schedule_runner(schedule, forward_step, built.wrapped, microbatches, layout, args.seq_len,
+                                    packed=not isinstance(data, SyntheticTokens))
+    timings, losses = [], []
+    for step in range(args.warmup + args.steps):
+        state.step, state.first_call = step, True
+        if copies is not None:
+            copies.active = step == state.measure_step
+        iterators = [data.microbatches(step, dp_rank, dp_size, built.device, cp_group) for _ in built.wrapped]
+        reduced, timing = _timed_step(built, run_schedule, iterators)
         if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-            forward_backward.append(schedule_done - start)
-            cpu_times.append(time.process_time() - cpu_start)
-        losses.append([float(sum(r["lm loss"][0] for r in reduced)), float(sum(r["lm loss"][1] for r in reduced))]
-                      if reduced else None)
+            timings.append(timing)
+        losses.append(_step_loss(reduced))
     packing = None if isinstance(data, SyntheticTokens) else data.report(range(args.warmup, args.warmup + args.steps))
-    return Steps(times, forward_backward, cpu_times, losses, state.activation_bytes, state.activations_by_module,
+    return Steps([t.seconds for t in timings], [t.schedule_seconds for t in timings],
+                 [t.cpu_seconds for t in timings], losses, state.activation_bytes, state.activations_by_module,
                  microbatches, schedule, copies.remove() if copies is not None else None, packing)
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.spec import DEFAULT_STORAGE
+from orchestrator.spec.schema import DEFAULT_STORAGE
 
 
 def register(app: typer.Typer) -> None:
@@ -36,8 +36,8 @@ def calibrate(
     from search_spaces.errors import SpecError
     from search_spaces.inputs import check_name, check_output_file
 
-    from orchestrator.commands.output import console, write_text
-    from orchestrator.stores import require_mlflow_store
+    from orchestrator.storage import require_mlflow_store
+    from orchestrator.userio import console, write_text
 
     check_output_file(out, "--out")
     if not (study or experiment or table):
@@ -53,8 +53,8 @@ def calibrate(
             raise SpecError(f"--table {str(path)!r} does not exist")
     from search_spaces.calibration.fit import calibration_text, load_calibration
 
-    from orchestrator.calibrate import calibrate as run_calibrate  # the fit's libraries: for input that passed
-    from orchestrator.calibrate import gather
+    from orchestrator.outputs.calibrate import calibrate as run_calibrate  # the fit's libraries: for input that passed
+    from orchestrator.outputs.calibrate import gather
     base = load_calibration(start)
     measurements = gather(study, storage, experiment, tracking_uri, [str(p) for p in table])
     run = run_calibrate(measurements, base, holdout=holdout, with_published=published)

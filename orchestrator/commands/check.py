@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.spec import DEFAULT_STORAGE
+from orchestrator.spec.schema import DEFAULT_STORAGE
 
 
 def register(app: typer.Typer) -> None:
@@ -24,11 +24,11 @@ def check(
     """Verify that nothing was lost, doubled or mixed: exit 0 when the study and MLflow agree, 1 otherwise."""
     from search_spaces.inputs import check_optional_name
 
-    from orchestrator.commands.output import echo
     from orchestrator.redact import redact_uri
+    from orchestrator.userio import echo
 
     check_optional_name(study_name, "study name")
-    from orchestrator.check import check as run_check  # Optuna and MLflow: for a name that passed
+    from orchestrator.outputs.check import check as run_check  # Optuna and MLflow: for a name that passed
     study, problems = run_check(storage, study_name, tracking_uri)
     finished = sum(1 for t in study.trials if t.state.is_finished())
     for problem in problems:
@@ -53,7 +53,7 @@ def confirm(
 
     from search_spaces.inputs import check_optional_name
 
-    from orchestrator.commands.output import console
+    from orchestrator.userio import console
 
     check_optional_name(study_name, "study name")
     from orchestrator.records import TrialRecord  # Optuna, Ray, MLflow: for a name that passed

@@ -14,8 +14,7 @@ from search_spaces.cost.breakdown import COMPUTE_PARTS, COUNT_KEYS
 from search_spaces.errors import SpecError
 
 from orchestrator.commands.layout_options import with_layout_options
-from orchestrator.commands.output import console, echo, json_line
-from orchestrator.commands.packing_view import (
+from orchestrator.outputs.packing_view import (
     LENGTHS_HELP,
     PACKING_HELP,
     compare_full,
@@ -24,6 +23,7 @@ from orchestrator.commands.packing_view import (
     print_comparison,
     print_packing,
 )
+from orchestrator.userio import console, echo, json_line
 
 CALIBRATION_HELP = "a calibration file written by `moe-autotune calibrate` (default: the packaged constants)"
 FREE_HELP = ("an opt-in dimension to vary too (repeatable or comma-separated): routing, or a memory lever "

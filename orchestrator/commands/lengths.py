@@ -37,14 +37,14 @@ def lengths(
 
     from search_spaces.inputs import check_output_file
 
-    from orchestrator.commands.output import console, write_text
-    from orchestrator.document_lengths import (
+    from orchestrator.spec.document_lengths import (
         bin_lengths,
         histogram_text,
         idx_document_lengths,
         load_tokenizer,
         table_document_lengths,
     )
+    from orchestrator.userio import console, write_text
 
     check_output_file(out, "--out")
     table = data.suffix.lower() in (".jsonl", ".json", ".parquet", ".pq")

@@ -11,8 +11,8 @@ import typer
 from search_spaces.errors import SpecError
 from search_spaces.inputs import check_name, check_optional_name
 
-from orchestrator.commands.output import echo, output_folder
-from orchestrator.spec import DEFAULT_STORAGE
+from orchestrator.spec.schema import DEFAULT_STORAGE
+from orchestrator.userio import echo, output_folder
 
 EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-overrides.yaml",
                   "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
@@ -30,7 +30,7 @@ _BENCHMARK = typer.Option(False, "--allow-benchmark", help="Accept a layout with
 
 
 def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: Optional[str]):
-    from orchestrator import registry, winner
+    from orchestrator.outputs import registry, winner
 
     study = winner.load(storage, study_name)
     ctx = winner.context(study)
@@ -39,8 +39,8 @@ def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: O
 
 def _existing_registry(tracking_uri: Optional[str]) -> str:
     """Point MLflow at the registry a read (rollback, export of a version) uses; it must already exist."""
-    from orchestrator import registry
-    from orchestrator.tracking import require_existing_store
+    from orchestrator.outputs import registry
+    from orchestrator.tracking.tracker import require_existing_store
 
     uri = registry.use_tracking_uri(tracking_uri)
     require_existing_store(uri)
@@ -78,7 +78,7 @@ def promote(
     """Register the winning layout in the MLflow Model Registry and point the alias 'production' at it."""
     check_optional_name(study_name, "study name")
     check_optional_name(name, "--name")
-    from orchestrator import registry, winner  # MLflow and Optuna: for names that passed
+    from orchestrator.outputs import registry, winner
     if rollback:
         if trial is not None or allow_estimated or allow_proxy or allow_benchmark:
             raise SpecError("--rollback takes no --trial, --allow-estimated, --allow-proxy or --allow-benchmark")
@@ -128,7 +128,7 @@ def export(
             raise SpecError("--trial and --gpus-per-node apply to a study, not a registered version")
     else:
         check_name(ref, "study name")
-    from orchestrator import registry, winner  # MLflow and Optuna: for a reference that passed
+    from orchestrator.outputs import registry, winner
     if _is_registry_ref(ref):
         _existing_registry(tracking_uri)
         import tempfile
@@ -162,8 +162,8 @@ def report(
     check_optional_name(study_name, "study name")
     if out is not None:
         check_output_dir(out, "--out")
-    from orchestrator import report as report_mod
-    from orchestrator import winner  # Optuna, plotly: for input that passed
+    from orchestrator.outputs import report as report_mod
+    from orchestrator.outputs import winner
     study, family = _report_study(storage, study_name)
     ctx = winner.context(study)
     parent = None if no_mlflow else ctx.mlflow_parent_run_id
@@ -171,7 +171,7 @@ def report(
     if parent:  # the run it is logged to must be there before anything is written, its server answering
         from mlflow.exceptions import MlflowException
 
-        from orchestrator.stores import open_mlflow
+        from orchestrator.storage import open_mlflow
 
         uri = _existing_registry(tracking_uri or ctx.tracking_uri)
         client = open_mlflow(uri)
@@ -205,9 +205,9 @@ def register(app: typer.Typer) -> None:
 def _report_study(storage: str, name: str | None):
     """The study a report is about, and its length family's rows when it belongs to one (a family's name
     reports on its longest length)."""
-    from orchestrator import study as studies
-    from orchestrator import winner
+    from orchestrator.outputs import winner
     from orchestrator.records import StudyRecord
+    from orchestrator.storage import studies
     from orchestrator.sweep.family import family_rows
 
     members = studies.family_members(storage, name) if name else []

@@ -12,7 +12,7 @@ import typer
 
 from search_spaces.errors import SpecError
 
-from orchestrator.commands.output import echo
+from orchestrator.userio import echo
 
 slurm_app = typer.Typer(help="Run a sweep on a Slurm cluster (a Ray cluster on the allocation).",
                         no_args_is_help=True)
@@ -27,8 +27,8 @@ def _opt(help_: str, panel: str = _SITE, **kw):
 
 
 def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options: dict, **settings) -> tuple:
-    from orchestrator import slurm_job  # pydantic and jinja2: when a script is built, not at every start-up
-    from orchestrator.spec import load_spec
+    from orchestrator.dispatch import slurm_job
+    from orchestrator.spec.schema import load_spec
 
     spec = load_spec(spec_path, {"study_name": sweep_options.get("study_name"),
                                  "storage": sweep_options.get("storage")})
@@ -99,7 +99,7 @@ def _command(submit: bool):
         if not submit:
             echo(script, nl=False)
             return 0
-        from orchestrator import slurm_job
+        from orchestrator.dispatch import slurm_job
 
         job_id, path, rc = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
         echo(job_id)
@@ -117,7 +117,7 @@ slurm_app.command("submit", help="Render the batch script for SPEC and sbatch it
 @slurm_app.command("wait-ray", hidden=True)
 def wait_ray(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, typer.Option()],
              timeout_s: Annotated[float, typer.Option()] = 180.0) -> int:
-    from orchestrator.slurm_ray import wait_for_nodes
+    from orchestrator.dispatch.slurm_ray import wait_for_nodes
 
     echo(f"{wait_for_nodes(ray_address, nodes, timeout_s)} Ray nodes alive")
     return 0
@@ -125,7 +125,7 @@ def wait_ray(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, 
 
 @slurm_app.command("ray-check", hidden=True)
 def ray_check(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int, typer.Option()]) -> int:
-    from orchestrator.slurm_ray import ray_check as check
+    from orchestrator.dispatch.slurm_ray import ray_check as check
 
     echo("ray-check " + json.dumps(check(ray_address, nodes), sort_keys=True))
     return 0
@@ -135,9 +135,9 @@ def ray_check(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int,
 def link_run(spec: Spec, ray_address: Annotated[Optional[str], typer.Option()] = None,
              study_name: Annotated[Optional[str], typer.Option()] = None,
              storage: Annotated[Optional[str], typer.Option()] = None) -> int:
-    from orchestrator import slurm_job
-    from orchestrator.slurm_ray import link_run as link
-    from orchestrator.spec import load_spec
+    from orchestrator.dispatch import slurm_job
+    from orchestrator.dispatch.slurm_ray import link_run as link
+    from orchestrator.spec.schema import load_spec
 
     s = load_spec(spec, {"study_name": study_name, "storage": storage})
     env = dict(os.environ)

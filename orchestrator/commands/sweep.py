@@ -9,9 +9,10 @@ from typing import Optional
 import rich
 import typer
 
-from orchestrator import backends, searches
-from orchestrator.commands.output import console, write_file
-from orchestrator.spec import DEFAULT_STORAGE
+from orchestrator import dispatch as backends
+from orchestrator.search import table as searches
+from orchestrator.spec.schema import DEFAULT_STORAGE
+from orchestrator.userio import console, write_file
 
 REASON_WIDTH = 80  # the characters of a failure's line `status` prints (the CSV has it whole)
 
@@ -41,8 +42,8 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:
     """Run a sweep: Optuna proposes layouts, the cost model screens them, a backend measures them."""
-    from orchestrator import crashlog
-    from orchestrator.spec import load_spec
+    from orchestrator.commands import crashlog
+    from orchestrator.spec.schema import load_spec
 
     spec = load_spec(spec_path, {"backend": backend, "n_trials": n_trials, "max_concurrent": max_concurrent,
                                  "storage": storage, "tracking_uri": tracking_uri, "study_name": study_name,
@@ -53,15 +54,15 @@ def sweep(
     crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
     if spec.lengths:
         return _family(spec, resume, quiet)
-    from orchestrator.sweep.prior import make_prior
+    from orchestrator.search.prior import make_prior
 
     prior = make_prior(spec)
     ahead = prior.explore_ahead()  # a large space is explored in a forked child while the libraries below load
     try:
-        from orchestrator.interrupts import unwind_on_signals
-        from orchestrator.slurm_job import job_tags
+        from orchestrator.commands.interrupts import unwind_on_signals
+        from orchestrator.dispatch.slurm_job import job_tags
         from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
-        from orchestrator.tracking import preload_store
+        from orchestrator.tracking.tracker import preload_store
 
         if ahead is not None:
             preload_store(spec.tracking_uri)  # while the child explores
@@ -76,8 +77,8 @@ def sweep(
 
 
 def _family(spec, resume: bool, quiet: bool) -> int:
-    from orchestrator.interrupts import unwind_on_signals
-    from orchestrator.slurm_job import job_tags
+    from orchestrator.commands.interrupts import unwind_on_signals
+    from orchestrator.dispatch.slurm_job import job_tags
     from orchestrator.sweep.family import run_family
 
     unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted
@@ -157,8 +158,8 @@ def status(
 
     from search_spaces.layouts.layout import PARALLEL_SIZES
 
-    from orchestrator import study as studies  # Optuna and pandas: for input that passed
-    from orchestrator.records import TrialRecord
+    from orchestrator.records import TrialRecord, queries
+    from orchestrator.storage import studies
     from orchestrator.sweep.lease import Holder
     # a length family: its table, then each length's leaderboard
     if study_name and (members := studies.family_members(storage, study_name)):
@@ -167,12 +168,12 @@ def status(
         console().print(family_table(family_rows(members), study_name))
         return 0
     study = studies.load_study(storage, study_name)
-    frame = studies.leaderboard(study)
+    frame = queries.leaderboard(study)
     if csv is not None:  # whole or not at all; a full device or a closed pipe is one line (exit 6)
         write_file(csv, "--csv", lambda fh: frame.to_csv(fh, index=False))
     out = console()
     running = sum(1 for t in study.trials if t.state.name == "RUNNING")
-    ran = len(studies.measured_trials(study))
+    ran = len(queries.measured_trials(study))
     rejected = int((frame["status"] == "infeasible").sum()) if not frame.empty else 0
     out.print(f"study {study.study_name}: {ran} trials run, {running} running, {rejected} rejected by the "
                   "cost model")
@@ -191,7 +192,7 @@ def status(
     for _, row in frame.head(top).iterrows():
         table.add_row(*[_failure_cell(row, c) if c.startswith("failure") else _cell(row[c]) for c in cols])
     out.print(table)
-    best = studies.best_fitting_trial(study)
+    best = queries.best_fitting_trial(study)
     if best is not None:
         out.print(f"best that fits: trial {best.number} {TrialRecord.of(best).layout_key} "
                       f"{best.values[0]:,.1f} tokens/s/GPU{_train_line(study, best)}")
@@ -205,12 +206,12 @@ def _fidelity(record) -> str:
 
 def _gpu_hours_line(study) -> str:
     """What the sweep spent (and, with proxies, what the same trials would have cost at full size)."""
-    from orchestrator import study as studies
-    from orchestrator.economics import money
+    from orchestrator.records import queries
+    from orchestrator.spec.economics import money
 
-    spend = studies.sweep_spend(study)
+    spend = queries.sweep_spend(study)
     usd = f" ({money(spend.usd)})" if spend.usd is not None else ""
-    proxies = sum(1 for r in studies.measured_records(study) if r.proxy)
+    proxies = sum(1 for r in queries.measured_records(study) if r.proxy)
     full_usd = f" ({money(spend.full_size_usd)})" if spend.full_size_usd is not None else ""
     saved = (f"; the same trials at full size: {spend.full_size_gpu_hours:,.1f} GPU-h{full_usd} ({proxies} ran "
              f"as proxies)") if proxies else ""
@@ -219,8 +220,8 @@ def _gpu_hours_line(study) -> str:
 
 def _train_line(study, trial) -> str:
     """How long (and how much) the trial's layout takes to train the spec's cost.train_tokens; '' without."""
-    from orchestrator.economics import money, to_train
     from orchestrator.records import StudyRecord
+    from orchestrator.spec.economics import money, to_train
 
     context = StudyRecord.of(study)
     found = to_train(trial.values[0], int(context.num_gpus or 0), context.cost)

@@ -21,5 +21,5 @@ def ui(
     from search_spaces.inputs import check_optional_name
 
     check_optional_name(study_name, "study name")
-    from orchestrator.mlflow_ui import serve  # MLflow: for a name that passed
+    from orchestrator.tracking.ui import serve  # MLflow: for a name that passed
     return serve(tracking_uri, study_name, port)

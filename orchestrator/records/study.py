@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.economics import Cost
 from orchestrator.records.stored import TABLE, Stored, stored
 from orchestrator.redact import without_masked_userinfo
+from orchestrator.spec.economics import Cost
 
 # the spec's fields that hold a URI (stored without credentials)
 URI_FIELDS = ("tracking_uri", "storage", "ray_address")

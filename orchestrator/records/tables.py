@@ -8,11 +8,11 @@ from typing import Any
 
 from search_spaces.layouts.layout import BY_NAME, PARALLEL_SIZES, SEARCH_DIMENSIONS
 
-from orchestrator.economics import to_train
 from orchestrator.records.metrics import metrics
 from orchestrator.records.stored import COLUMN, COMPARE, OBJECTIVE, TABLE, VIEW
 from orchestrator.records.study import StudyRecord
 from orchestrator.records.trial import TrialRecord
+from orchestrator.spec.economics import to_train
 
 CONTEXT_COLUMNS: tuple[str, ...] = StudyRecord.feeding(TABLE)
 LAYOUT_COLUMNS: tuple[str, ...] = tuple(name for name in BY_NAME if name in SEARCH_DIMENSIONS or name == "gbs")
@@ -21,7 +21,7 @@ TABLE_COLUMNS: list[str] = [*CONTEXT_COLUMNS, *LAYOUT_COLUMNS, *TrialRecord.feed
 # a column an older table lacks reads as empty (a layout column: the dimension's default); these it must have
 REQUIRED_COLUMNS: list[str] = [*CONTEXT_COLUMNS, *PARALLEL_SIZES, "mbs", "gbs", *TrialRecord.feeding(TABLE),
                                *(m.name for m in metrics(OBJECTIVE))]
-# days and dollars to train the spec's cost.train_tokens at the trial's throughput (orchestrator.economics)
+# days and dollars to train the spec's cost.train_tokens at the trial's throughput (orchestrator.spec.economics)
 TRAIN_COLUMNS = ("train_days", "train_usd")
 # what the leaderboard (`status --csv`) writes besides the table columns: a replay table read back skips them
 LEADERBOARD_EXTRA: tuple[str, ...] = (*(m.predicted_name for m in metrics(COMPARE)), *TrialRecord.feeding(COLUMN),

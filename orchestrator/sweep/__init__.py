@@ -1,5 +1,6 @@
-"""The sweep: a session (stores, study, lease, MLflow), the loop (propose -> screen -> dispatch -> record),
-the samplers, the prior (space and cost model) and the calibrated search.
+"""The sweep: a session (stores, study, lease, MLflow), the loop (propose -> screen -> dispatch -> record), what it
+tells the study and MLflow of each trial, and how it stops (interrupts) and shows itself (progress). What it proposes
+is orchestrator/search/'s; where trials run, orchestrator/dispatch/'s.
 
 The names below are imported on first use (as search_spaces' name table): a command that needs one part (the
 lease, for `status`) does not load the loop and, through it, MLflow.
@@ -11,10 +12,9 @@ import importlib
 from typing import Any
 
 # public name -> the module that defines it
-_NAMES = {"Sweep": "loop", "SweepOutcome": "loop", "run_sweep": "loop",
-          "Prediction": "prior", "Prior": "prior", "make_prior": "prior"}
+_NAMES = {"Sweep": "loop", "SweepOutcome": "loop", "run_sweep": "loop"}
 
-__all__ = ["Prediction", "Prior", "Sweep", "SweepOutcome", "make_prior", "run_sweep"]
+__all__ = ["Sweep", "SweepOutcome", "run_sweep"]
 
 
 def __getattr__(name: str) -> Any:

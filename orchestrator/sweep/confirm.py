@@ -13,9 +13,9 @@ import optuna
 
 from search_spaces.errors import SpecError
 
-from orchestrator import study as studies
-from orchestrator.records import StudyRecord, TrialRecord, enqueue
-from orchestrator.spec import SweepSpec, parse_spec
+from orchestrator.records import StudyRecord, TrialRecord, enqueue, queries
+from orchestrator.spec.schema import SweepSpec, parse_spec
+from orchestrator.storage import studies
 from orchestrator.sweep.loop import Sweep, SweepOutcome
 from orchestrator.sweep.session import open_session
 
@@ -28,15 +28,15 @@ class Confirmation:
     @property
     def error(self) -> float | None:
         """Composed (proxy) over measured (full size) tokens/s, minus 1."""
-        if self.full is None or not studies.fits(self.full) or not self.full.values[0]:
+        if self.full is None or not queries.fits(self.full) or not self.full.values[0]:
             return None
         return self.proxy.values[0] / self.full.values[0] - 1
 
 
 def proxy_winners(study: optuna.Study, top: int) -> list[optuna.trial.FrozenTrial]:
     """The best `top` proxy trials that fit and have no full-size run of their layout yet."""
-    confirmed = {r.layout_key for r in studies.measured_records(study) if not r.proxy}
-    ranked = sorted((t for t in studies.finished_trials(study) if studies.fits(t)
+    confirmed = {r.layout_key for r in queries.measured_records(study) if not r.proxy}
+    ranked = sorted((t for t in queries.finished_trials(study) if queries.fits(t)
                      and TrialRecord.of(t).proxy and TrialRecord.of(t).layout_key not in confirmed),
                     key=lambda t: -t.values[0])
     return ranked[:top]
@@ -64,7 +64,7 @@ def _full_size_spec(study: optuna.Study, storage: str, count: int, overrides: di
     data = dict(StudyRecord.of(study).spec)
     if not data:
         raise SpecError(f"study {study.study_name!r} records no spec to confirm with")
-    measured = len(studies.measured_trials(study))
+    measured = len(queries.measured_trials(study))
     data.update({"storage": storage, "fidelity": "full",
                  "budget": {**(data.get("budget") or {}), "n_trials": measured + count}})
     for key in ("trial_gpus", "tracking_uri", "ray_address"):

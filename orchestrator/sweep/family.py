@@ -16,11 +16,11 @@ import optuna
 
 from search_spaces.layouts.layout import Layout, distinct
 
-from orchestrator import study as studies
-from orchestrator.records import NUMBER_COLUMNS, StudyRecord, TrialRecord
-from orchestrator.spec import SweepSpec
+from orchestrator.records import NUMBER_COLUMNS, StudyRecord, TrialRecord, queries
+from orchestrator.search.prior import make_prior
+from orchestrator.spec.schema import SweepSpec
+from orchestrator.storage import studies
 from orchestrator.sweep.loop import SweepOutcome, run_sweep
-from orchestrator.sweep.prior import make_prior
 
 CARRIED = 3  # best layouts of a length that seed the next one
 
@@ -68,7 +68,7 @@ def scale_to_length(layout: Layout, old: int | None, new: int, num_gpus: int, gb
 
 
 def best_layouts(study: optuna.Study, count: int) -> list[Layout]:
-    ranked = sorted(((r.objective, r.layout) for r in studies.finished_records(study)
+    ranked = sorted(((r.objective, r.layout) for r in queries.finished_records(study)
                      if r.fits_ok and r.layout and r.objective is not None), key=lambda pair: -pair[0])
     return distinct(layout for _, layout in ranked)[:count]
 
@@ -77,7 +77,7 @@ def family_rows(members: list[optuna.Study]) -> list[dict[str, Any]]:
     """Per length: the best layout that fits and its figures, and TF/s against the shortest length."""
     rows: list[dict[str, Any]] = []
     for study in sorted(members, key=lambda s: int(StudyRecord.of(s).seq_len or 0)):
-        found = studies.best_fitting_trial(study)
+        found = queries.best_fitting_trial(study)
         best = TrialRecord.of(found) if found else None
         rows.append({"seq_len": StudyRecord.of(study).seq_len, "study": study.study_name,
                      "layout": best.layout_key if best else None, "fidelity": best.fidelity if best else None,

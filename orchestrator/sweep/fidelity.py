@@ -20,7 +20,7 @@ from search_spaces.proxy import ProxyPlan, composed_result, derive_proxy
 from search_spaces.result import TrialResult
 from search_spaces.validation import validate
 
-from orchestrator.spec import SweepSpec
+from orchestrator.spec.schema import SweepSpec
 
 # a trial's fixed cost (job start, model build, first compile), for GPU-time estimates of what-if trials
 STARTUP_S = 300.0

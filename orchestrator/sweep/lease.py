@@ -13,12 +13,13 @@ is fenced: `fence()` reads the lease from the storage and, when another driver (
 was released, raises `LeaseLost`: the driver stops with one line and exit code 5, writing nothing more.
 (Optuna's storage has no compare-and-set, so a driver paused between the fence's read and the write that
 follows it could still make that one write; the fence is read right before each group of Optuna writes and
-before every single MLflow call that writes, orchestrator/tracking.py's _FencedClient.) Within half the timeout
+before every single MLflow call that writes, orchestrator/tracking/tracker.py's _FencedClient.) Within half the timeout
 of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
 read per heartbeat there, not one per write.
 
 Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own, named
-for the study and the epoch (`orchestrator.study.lease_claim_name`). Creating a name is the one write every Optuna
+for the study and the epoch (`orchestrator.storage.studies.lease_claim_name`). Creating a name is the one write every
+Optuna
 storage makes atomically: of two drivers creating it, one gets DuplicatedStudyError (a unique key in SQL). Only the
 driver that created the claim of epoch N writes the lease with epoch N, so a rival whose read of the lease has gone
 stale, by any delay, can never overwrite a lease another driver took: it finds the claim taken, or (once the winner
@@ -45,7 +46,8 @@ import optuna
 
 from orchestrator.errors import LeaseLost, StorageError
 from orchestrator.records import StudyRecord
-from orchestrator.study import lease_claim_name
+from orchestrator.storage import studies
+from orchestrator.storage.studies import lease_claim_name
 
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
 HEARTBEAT_EVERY_S = 10.0
@@ -124,8 +126,8 @@ class Holder:
 @dataclass
 class Lease:
     study: optuna.Study
-    storage: optuna.storages.BaseStorage
-    """The study's storage: where the claims are created (orchestrator.study.lease_claim_name)."""
+    storage: studies.StudyStorage
+    """The study's storage: where the claims are created (orchestrator.storage.studies.lease_claim_name)."""
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     host: str = field(default_factory=this_host)
     pid: int = field(default_factory=os.getpid)
@@ -234,7 +236,7 @@ class Lease:
     def quiet_until(self) -> float:
         """The monotonic time (the host's clock, shared by its processes) before which no rival can have taken
         the lease: where `fence` reads nothing. 0 once it is lost or before it is held. The sweep's MLflow writer,
-        another process of this host, writes only before it (orchestrator/tracking.py, Tracker.write_behind)."""
+        another process of this host, writes only before it (orchestrator/tracking/tracker.py, Tracker.write_behind)."""
         if self.lost or not self._beat:
             return 0.0
         return self._beat + stale_after_s() / 2

@@ -33,18 +33,18 @@ import optuna
 from search_spaces.errors import SpecError
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 
-from orchestrator import study as studies
-from orchestrator.backends import make_backend
-from orchestrator.backends.base import stop, unplaceable
-from orchestrator.progress import SweepProgress
-from orchestrator.records import HEADLINE, TrialRecord, metrics
-from orchestrator.spec import SweepSpec
+from orchestrator.dispatch import make_backend
+from orchestrator.dispatch.base import stop, unplaceable
+from orchestrator.records import HEADLINE, TrialRecord, metrics, queries
+from orchestrator.search.prior import Prior
+from orchestrator.spec.schema import SweepSpec
+from orchestrator.storage import studies
 from orchestrator.sweep.fidelity import trial_size
 from orchestrator.sweep.lease import LeaseLost
-from orchestrator.sweep.prior import Prior
+from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
 from orchestrator.sweep.session import Session, open_session
-from orchestrator.tracking import Tracker
+from orchestrator.tracking.tracker import Tracker
 
 log = logging.getLogger("moe_autotune")
 
@@ -126,8 +126,8 @@ class Sweep:
         self.screen = Screen(session.prior.memory_limit_gib, session.memory_margin)
         self.show_progress = show_progress
         # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
-        self.taken = {r.run_key for r in studies.finished_records(self.study) if r.layout_key}
-        self.measured = len(studies.measured_trials(self.study))
+        self.taken = {r.run_key for r in queries.finished_records(self.study) if r.layout_key}
+        self.measured = len(queries.measured_trials(self.study))
         self.proposals = 0
         self.stop_reason: str | None = None
         self.messages: list[str] = []
@@ -245,8 +245,8 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
     """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
     study = session.study
     session.lease.fence()  # the parent run's summary is a write
-    best = studies.best_fitting_trial(study)
-    pareto = studies.pareto_trials(study)
+    best = queries.best_fitting_trial(study)
+    pareto = queries.pareto_trials(study)
     pending = 0
     if session.tracker:
         try:
@@ -260,8 +260,8 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         if pending:
             messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
                             f"storage and {session.tracker.spool_path}; rerun with --resume to deliver them")
-    n_infeasible = sum(1 for r in studies.finished_records(study) if r.status == "infeasible")
-    unplaced = sum(1 for r in studies.finished_records(study) if r.status == "unschedulable")
+    n_infeasible = sum(1 for r in queries.finished_records(study) if r.status == "infeasible")
+    unplaced = sum(1 for r in queries.finished_records(study) if r.status == "unschedulable")
     if unplaced:
         messages.append(f"{unplaced} trial(s) could not be placed on the Ray cluster: status unschedulable, never run "
                         f"(the reason of each: moe-autotune status)")
@@ -276,11 +276,11 @@ def _log_views(tracker: Tracker, study: optuna.Study) -> None:
     `moe-autotune report` draws them)."""
     import tempfile
 
-    from orchestrator import report  # plotly and jinja2: only when a sweep ends with MLflow
+    from orchestrator.outputs import report
 
     with tempfile.TemporaryDirectory(prefix="moe-autotune-report-") as tmp:
         page = report.write(study, tmp, pngs=False, compare_packing=False, importance=False)
-        tracker.log_views(studies.leaderboard(study), report.pareto_figure(study),
+        tracker.log_views(queries.leaderboard(study), report.pareto_figure(study),
                           [page.html_path, *page.pngs.values()])
 
 
@@ -290,7 +290,7 @@ def _summary(session: Session, best, pareto, measured: int) -> dict[str, Any]:
         "best": None if best is None else _best(TrialRecord.of(best)),
         "pareto": [t.number for t in pareto]}
     if not session.track_rejected:  # rejections got no child runs: one table on the parent instead
-        frame = studies.leaderboard(session.study)
+        frame = queries.leaderboard(session.study)
         rows = frame[frame["status"] == "infeasible"]
         summary["rejected_by_model"] = rows.to_dict(orient="records") if not rows.empty else []
     return summary
@@ -304,7 +304,7 @@ def _best(record: TrialRecord) -> dict[str, Any]:
 
 def _pareto_csv(study: optuna.Study, pareto: list) -> str:
     buf = io.StringIO()
-    frame = studies.leaderboard(study)
+    frame = queries.leaderboard(study)
     frame[frame["trial"].isin([t.number for t in pareto])].to_csv(buf, index=False)
     return buf.getvalue()
 

@@ -23,14 +23,14 @@ from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import numbers_only, validate
 
-from orchestrator import study as studies
 from orchestrator.records import TrialRecord
 from orchestrator.redact import redact_mapping, redact_text
+from orchestrator.search.prior import Prediction
+from orchestrator.storage import studies
 from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
 from orchestrator.sweep.lease import LeaseLost
-from orchestrator.sweep.prior import Prediction
 from orchestrator.sweep.session import INTERRUPTED, Session
-from orchestrator.tracking import RunRecord
+from orchestrator.tracking.tracker import RunRecord
 
 log = logging.getLogger("moe_autotune")
 

@@ -22,22 +22,22 @@ from search_spaces.failures import RECORD_SUFFIX
 from search_spaces.layouts.space import explore
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator import study as studies
-from orchestrator.backends import Backend, TrialRequest, canonical_backend, make_backend
-from orchestrator.backends.base import unplaceable
+from orchestrator.dispatch import Backend, TrialRequest, canonical_backend, make_backend
+from orchestrator.dispatch.base import unplaceable
 from orchestrator.errors import ClusterError, LeaseLost
-from orchestrator.records import StudyRecord, TrialRecord, enqueue
+from orchestrator.records import StudyRecord, TrialRecord, enqueue, queries
 from orchestrator.redact import redact_mapping, redact_text
-from orchestrator.spec import WHAT_IF_BACKENDS, SweepSpec
+from orchestrator.search.prior import Prior, make_prior
+from orchestrator.search.samplers import SweepSampler
+from orchestrator.search.searches import make_sampler
+from orchestrator.search.space import SweepSpace
+from orchestrator.spec.schema import WHAT_IF_BACKENDS, SweepSpec
+from orchestrator.storage import studies
 from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease
-from orchestrator.sweep.prior import Prior, make_prior
-from orchestrator.sweep.samplers import SweepSampler
-from orchestrator.sweep.searches import make_sampler
-from orchestrator.sweep.space import SweepSpace
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.sweep.writes import DirectWrites, SweepWrites, sweep_writes
-from orchestrator.tracking import RunRecord, Tracker
+from orchestrator.tracking.tracker import RunRecord, Tracker
 
 log = logging.getLogger("moe_autotune")
 
@@ -149,7 +149,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
 
 
 def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str] | None, tracker: Tracker | None,
-            storage: optuna.storages.BaseStorage, workdir: Path, backend: Backend) -> Session:
+            storage: studies.StudyStorage, workdir: Path, backend: Backend) -> Session:
     """The session's study, lease, MLflow run and work directory made (or resumed), once every check passed."""
     _check_workdir(workdir, create=True)
     if tracker:
@@ -196,7 +196,7 @@ def start_backend(spec: SweepSpec, prior: Prior) -> Backend:
     return backend
 
 
-def _start(session: Session, storage: optuna.storages.BaseStorage, existed: bool, run_tags: dict[str, str]) -> None:
+def _start(session: Session, storage: studies.StudyStorage, existed: bool, run_tags: dict[str, str]) -> None:
     spec, study = session.spec, session.study
     if existed:
         _check_situation(study, spec)
@@ -271,7 +271,7 @@ def _backend_name(name: str) -> str:
         return name
 
 
-def _recover(session: Session, storage: optuna.storages.BaseStorage) -> None:
+def _recover(session: Session, storage: studies.StudyStorage) -> None:
     """What the last driver left: results it could not store, trials it left running or interrupted.
 
     Each such trial is failed as interrupted, with the reason (never told complete: it does not count, and its
@@ -298,7 +298,7 @@ def _recover(session: Session, storage: optuna.storages.BaseStorage) -> None:
             _retry(study, r.number, r.params, None, r)
     if tracker:
         tracker.flush()
-        for record in studies.finished_records(study):
+        for record in queries.finished_records(study):
             if record.status and not tracker.is_finished(record.number) and (
                     session.track_rejected or record.status != "infeasible"):
                 tracker.record(session.mlflow_record(record))

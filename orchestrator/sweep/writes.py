@@ -15,7 +15,7 @@ What does not change: trial numbers are the storage's (the copy starts from ever
 stored in number order); the queue (rules of thumb, re-runs) is taken from the storage itself, write by write,
 before the copy starts; every write passes the lease's fence; MLflow gets each trial once it is stored. What a
 killed analytic sweep loses is the answers not yet stored, which --resume asks again (a child run begun for one
-is reused, or closed as superseded, by the resume: orchestrator/tracking.py).
+is reused, or closed as superseded, by the resume: orchestrator/tracking/tracker.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.errors import LeaseLost
+from orchestrator.storage import studies
 
 _UNFINISHED = (TrialState.WAITING, TrialState.RUNNING)
 
@@ -65,7 +66,7 @@ class WholeTrialWrites:
     """The stored study while it has queued or running trials; then an in-memory copy of it whose told trials are
     stored whole, in number order."""
 
-    def __init__(self, stored: optuna.Study, storage: optuna.storages.BaseStorage, fence: Callable[[], None]):
+    def __init__(self, stored: optuna.Study, storage: studies.StudyStorage, fence: Callable[[], None]):
         """`storage`: the stored study's storage; `fence`: the lease's, passed before every stored write."""
         self.stored = stored
         self.storage = storage
@@ -80,7 +81,7 @@ class WholeTrialWrites:
     def study(self) -> optuna.Study:
         if self.copy is None and not self.stored.get_trials(deepcopy=False, states=_UNFINISHED):
             trials = self.stored.get_trials(deepcopy=False)
-            self.copy = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=self.stored.sampler,
+            self.copy = optuna.create_study(storage=studies.in_memory(), sampler=self.stored.sampler,
                                             directions=self.stored.directions, study_name=self.stored.study_name)
             self.copy.add_trials(trials)
             self._next = len(trials)
@@ -123,7 +124,7 @@ class WholeTrialWrites:
             raise LeaseLost(self._lost)
 
 
-def sweep_writes(study: optuna.Study, storage: optuna.storages.BaseStorage, backend: str,
+def sweep_writes(study: optuna.Study, storage: studies.StudyStorage, backend: str,
                  fence: Callable[[], None]) -> SweepWrites:
     """Whole-trial writes for an analytic sweep, whose trials are the cost model's answers; direct ones for a
     sweep whose trials run (their layout is stored before they start)."""

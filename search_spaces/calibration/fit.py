@@ -1,7 +1,8 @@
 """Calibrations as data: measurements in, the cost model's constants out.
 
 A `Measurement` is one measured (model, GPU, GPUs, length, Layout) -> tokens/s/GPU (or TF/s) and peak memory:
-a published row (search_spaces.calibration.reference reads them), a measured sweep trial (orchestrator/calibrate.py
+a published row (search_spaces.calibration.reference reads them), a measured sweep trial
+(orchestrator/outputs/calibrate.py
 reads Optuna and MLflow), or a replay-table row. `fit()` finds the values of the `Parameter`s it is given (a family's
 constants, `FAMILY_PARAMETERS`, or the shared ones) that minimise the mean |log(predicted / measured)| tokens/s
 over the measurements, within physical bounds, with a bounded Nelder-Mead in log space (scipy.optimize). The

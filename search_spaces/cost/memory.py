@@ -33,7 +33,7 @@ from search_spaces.cost.memo import HashOnce, Memo, fields
 from search_spaces.cost.offload import RESIDENT_LAYERS, moment_bytes_per_param, optimizer_bytes_per_param, with_levers
 from search_spaces.cost.pipeline import EMBEDDING, LOSS, Placement, Unit, placement
 from search_spaces.cost.routing import capacity_router_bytes, expert_load
-from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.layout import Layout, fields_read_by
 
 # Fixed buffers (bytes): DeepEP pre-allocates chunked NVL + RDMA buffers whose size does not grow with the tokens
 # (assumed 2 GiB); HybridEP's grow with them (hybridep_buffer_bytes). TE-scoped CUDA graphs keep static
@@ -54,16 +54,15 @@ FULL_ITERATION_POOL_EXCESS = 0.25
 RUNTIME_OVERHEAD = 2.5 * GIB  # CUDA context, NCCL communicators, cuBLAS/TE workspaces (0 on cpu)
 ALLOCATOR_MARGIN = 0.05  # caching-allocator fragmentation, fraction of the rest (0 on cpu)
 
-# The layout fields the memoised terms read (search_spaces/cost/memo.py): one microbatch's saved activations
-# through a chunk; what a pipeline rank holds beside them (parameters, microbatches in flight); the breakdown.
+# The layout fields the memoised terms read (search_spaces/cost/memo.py), as the dimensions declare them
+# (Dimension.read_by): one microbatch's saved activations through a chunk; what a pipeline rank holds beside them
+# (parameters, optimizer states, microbatches in flight); the breakdown. Each reads what the one it is built on reads.
 # Neither reads the CP communication (extra_memory's buffers do) nor the EP overlap.
 # the memory levers that change what stays on the GPU, not what is computed (search_spaces/cost/offload.py)
-ACTIVATION_LEVER_FIELDS = ("activation_offload", "activation_offload_fraction", "expert_stash")
-CHUNK_FIELDS = ("tp", "cp", "ep", "etp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
-                "recompute", "recompute_method", "recompute_num_layers") + ACTIVATION_LEVER_FIELDS
-RANK_HOLDS_FIELDS = CHUNK_FIELDS + ("pp", "vpp", "gbs")
-RANK_PARTS_FIELDS = RANK_HOLDS_FIELDS + ("distributed_optimizer", "optimizer_states", "fp8_param_gather")
-MEMORY_FIELDS = RANK_PARTS_FIELDS + ("cuda_graphs", "optimizer_offload")
+ACTIVATION_LEVER_FIELDS = fields_read_by("activation levers")
+CHUNK_FIELDS = fields_read_by("activations") + ACTIVATION_LEVER_FIELDS
+RANK_PARTS_FIELDS = CHUNK_FIELDS + fields_read_by("rank memory")
+MEMORY_FIELDS = RANK_PARTS_FIELDS + fields_read_by("memory")
 _chunk_fields, _parts_fields, _memory_fields = (fields(*names) for names in (
     CHUNK_FIELDS, RANK_PARTS_FIELDS, MEMORY_FIELDS))
 _CHUNK, _PARTS = Memo("chunk activations"), Memo("rank parts")

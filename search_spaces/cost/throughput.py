@@ -81,7 +81,7 @@ from search_spaces.cost.step_job import (
     precision_class,
     split_traffic_time,
 )
-from search_spaces.layouts.layout import Layout
+from search_spaces.layouts.layout import Layout, fields_read_by
 
 # the cost terms of each accelerator family (hardware.FAMILIES)
 TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_TERMS) for family in terms.families}
@@ -89,14 +89,14 @@ TERMS: dict[str, StepTimeTerms] = {family: terms for terms in (GPU_TERMS, HOST_T
 # GPUs whose GEMM efficiencies are another's (the same chip)
 CALIBRATION_ALIASES = {"h200": "h100"}
 
-# the layout fields memoised terms read (their keys: search_spaces/cost/memo.py; a rank's FLOPs read `recompute`):
-# the GEMM rates, a rank's attention (softmax and gated delta-net), the CP and the EP communication
-GEMM_RATE_FIELDS = ("precision", "tp", "cp", "mbs", "sequence_parallel", "ep", "etp")
-# (sequence_parallel: packed documents are padded to 2*CP*TP with it: search_spaces/cost/packing.py)
-ATTENTION_FIELDS = ("mbs", "tp", "cp", "cp_comm_type", "hierarchical_cp", "precision", "sequence_parallel")
-CP_COMM_FIELDS = ("cp", "cp_comm_type", "hierarchical_cp", "tp", "mbs", "precision", "sequence_parallel")
-EP_COMM_FIELDS = ("ep", "etp", "tp", "cp", "mbs", "sequence_parallel", "precision", "dispatcher", "routing",
-                  "ep_overlap", "gbs", "pp", "recompute")
+# the layout fields memoised terms read (their keys: search_spaces/cost/memo.py; a rank's FLOPs read `recompute`), as
+# the dimensions declare them (Dimension.read_by): the GEMM rates, a rank's attention (softmax and gated delta-net;
+# sequence_parallel: packed documents are padded to 2*CP*TP with it, search_spaces/cost/packing.py), the CP and the
+# EP communication
+GEMM_RATE_FIELDS = fields_read_by("gemm rates")
+ATTENTION_FIELDS = fields_read_by("attention")
+CP_COMM_FIELDS = fields_read_by("cp comm")
+EP_COMM_FIELDS = fields_read_by("ep comm")
 _gemm_rate_fields, _attention_fields = fields(*GEMM_RATE_FIELDS), fields(*ATTENTION_FIELDS)
 _cp_comm_fields, _ep_comm_fields = fields(*CP_COMM_FIELDS), fields(*EP_COMM_FIELDS)
 _GEMM_RATES, _RANK_FLOPS, _ATTENTION = Memo("gemm rates"), Memo("rank flops"), Memo("rank attention")

@@ -62,6 +62,9 @@ class Dimension:
     # left out of Layout.to_dict (the JSON of records, `estimate` and `space`) while at its default: a lever added
     # after those outputs were published, so a layout that does not use it prints as it always did
     quiet_default: bool = False
+    # the cost model's memoised terms whose value it changes (layout.COST_TERMS): a term is keyed by the dimensions
+    # that name it (layout.fields_read_by), so one that changes a term's value and does not name it is a stale value
+    read_by: tuple[str, ...] = ()
 
     # ---- values ------------------------------------------------------------------------------------
     def parse(self, value: Any) -> Any:

@@ -100,10 +100,24 @@ OPTIMIZER_STATES_MEGATRON = dict(
                     "bf16": {"exp_avg_sq_dtype": "torch.bfloat16", "use_precision_aware_optimizer": True}})
 
 
+# The cost model's memoised terms (search_spaces/cost/memo.py) that read layout fields. A dimension names the terms
+# whose value it changes (`read_by`); a term is keyed by the dimensions that name it (`fields_read_by`). The memory
+# terms nest (search_spaces/cost/memory.py), each reading what the one it is built on reads, so a dimension names
+# the innermost: "activations" (what one microbatch saves through a chunk), "activation levers" (what of that stays
+# on the GPU), "rank memory" (what a pipeline rank holds beside: parameters, states, microbatches in flight),
+# "memory" (the breakdown's buffers and offload). The step-time terms (search_spaces/cost/throughput.py): the GEMM
+# rates, a rank's attention, the CP and the EP communication.
+COST_TERMS = ("activations", "activation levers", "rank memory", "memory", "gemm rates", "attention", "cp comm",
+              "ep comm")
+# read by every term shaped by one microbatch's work on a rank
+_MICROBATCH_TERMS = ("activations", "gemm rates", "attention", "cp comm", "ep comm")
+_EXPERT_TERMS = ("activations", "gemm rates", "ep comm")
+
+
 def _size(doc: str, flag: str, megatron: str, megatron_lm: str, searchable: bool = True,
-          parallel: bool = True) -> Any:
+          parallel: bool = True, read_by: tuple[str, ...] = ()) -> Any:
     return dimension(1, doc, kind="int", flag=flag, megatron=megatron, megatron_lm=megatron_lm,
-                     searchable=searchable, parallel=parallel, minimum=1)
+                     searchable=searchable, parallel=parallel, minimum=1, read_by=read_by)
 
 
 @dataclass(frozen=True)
@@ -111,104 +125,116 @@ class Layout:
     """How one training job is split and run. Each field is one dimension (see the module docstring)."""
 
     tp: int = _size("tensor-parallel size: attention and dense MLP weights split over TP GPUs of one NVLink domain",
-                    "--tp", "model.tensor_model_parallel_size", "--tensor-model-parallel-size")
+                    "--tp", "model.tensor_model_parallel_size", "--tensor-model-parallel-size",
+                    read_by=_MICROBATCH_TERMS)
     cp: int = _size("context-parallel size: each sequence split into 2*CP load-balanced chunks over CP GPUs",
-                    "--cp", "model.context_parallel_size", "--context-parallel-size")
+                    "--cp", "model.context_parallel_size", "--context-parallel-size",
+                    read_by=_MICROBATCH_TERMS)
     ep: int = _size("expert-parallel size: routed experts spread over EP GPUs (token all-to-all)",
-                    "--ep", "model.expert_model_parallel_size", "--expert-model-parallel-size")
+                    "--ep", "model.expert_model_parallel_size", "--expert-model-parallel-size",
+                    read_by=_EXPERT_TERMS)
     etp: int = _size("expert tensor-parallel size: each expert's FFN split over ETP GPUs",
-                     "--etp", "model.expert_tensor_parallel_size", "--expert-tensor-parallel-size")
+                     "--etp", "model.expert_tensor_parallel_size", "--expert-tensor-parallel-size",
+                     read_by=_EXPERT_TERMS)
     pp: int = _size("pipeline-parallel size: layers split into PP stages",
-                    "--pp", "model.pipeline_model_parallel_size", "--pipeline-model-parallel-size")
+                    "--pp", "model.pipeline_model_parallel_size", "--pipeline-model-parallel-size",
+                    read_by=("rank memory", "ep comm"))
     vpp: int = _size("virtual pipeline stages per pipeline rank (interleaved schedule); 1 = none",
-                     "--vpp", "model.virtual_pipeline_model_parallel_size", "--num-virtual-stages-per-pipeline-rank")
+                     "--vpp", "model.virtual_pipeline_model_parallel_size", "--num-virtual-stages-per-pipeline-rank",
+                     read_by=("rank memory",))
     mbs: int = _size("micro-batch size in sequences", "--mbs", "train.micro_batch_size", "--micro-batch-size",
-                     parallel=False)
+                     parallel=False, read_by=_MICROBATCH_TERMS)
     gbs: int = _size("global batch size in sequences per optimizer step (a multiple of MBS*DP)", "--gbs",
-                     "train.global_batch_size", "--global-batch-size", searchable=False, parallel=False)
+                     "train.global_batch_size", "--global-batch-size", searchable=False, parallel=False,
+                     read_by=("rank memory", "ep comm"))
     precision: str = dimension(
         "bf16", "GEMM precision: fp32 (CPU only), bf16, an fp8 recipe or mxfp8 (Blackwell)", kind="choice",
         flag="--precision", megatron="model.fp8_recipe", megatron_lm="--fp8-recipe", searchable=True,
-        choices=PRECISIONS, aliases=PRECISION_ALIASES, **PRECISION_MEGATRON)
+        choices=PRECISIONS, aliases=PRECISION_ALIASES, read_by=_MICROBATCH_TERMS, **PRECISION_MEGATRON)
     recompute: str = dimension(
         "none", "activation recompute: none, full (whole layers) or the modules recomputed selectively",
         kind="recompute", flag="--recompute", megatron="model.recompute_modules", megatron_lm="--recompute-modules",
-        searchable=True, choices=RECOMPUTE_MODULES, aliases=RECOMPUTE_ALIASES)
+        searchable=True, choices=RECOMPUTE_MODULES, aliases=RECOMPUTE_ALIASES, read_by=("activations", "ep comm"))
     recompute_method: str = dimension(
         "uniform", "full recompute: uniform (every group of N layers) or block (the first N layers per stage)",
         kind="choice", flag="--recompute-method", megatron="model.recompute_method", megatron_lm="--recompute-method",
-        choices=RECOMPUTE_METHODS)
+        choices=RECOMPUTE_METHODS, read_by=("activations",))
     recompute_num_layers: int = dimension(
         1, "full recompute: the N of recompute_method", kind="int", flag="--recompute-num-layers",
-        megatron="model.recompute_num_layers", megatron_lm="--recompute-num-layers", minimum=1)
+        megatron="model.recompute_num_layers", megatron_lm="--recompute-num-layers", minimum=1,
+        read_by=("activations",))
     cuda_graphs: tuple[str, ...] = dimension(
         (), "CUDA-graph scopes captured (none, per-layer scopes, or full_iteration alone)", kind="modules",
         flag="--cuda-graphs", megatron="model.cuda_graph_modules", megatron_lm="--cuda-graph-modules", searchable=True,
-        choices=CUDA_GRAPH_SCOPES)
+        choices=CUDA_GRAPH_SCOPES, read_by=("memory",))
     dispatcher: str = dimension(
         "alltoall", "MoE token dispatcher: alltoall, allgather, or the flex dispatcher with DeepEP / HybridEP",
         kind="choice", flag="--dispatcher", megatron="model.moe_token_dispatcher_type",
-        megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS, **DISPATCHER_MEGATRON)
+        megatron_lm="--moe-token-dispatcher-type", searchable=True, choices=DISPATCHERS,
+        read_by=("activations", "ep comm"), **DISPATCHER_MEGATRON)
     routing: str = dimension(
         "dropless", "MoE router: dropless (every token reaches its experts), capacity:F (token dropping, each "
         "expert padded to F x its balanced share) or forced_balance (random routing: benchmarks only, promote "
         "refuses it)", kind="choice", flag="--routing", megatron="model.moe_expert_capacity_factor",
         megatron_lm="--moe-expert-capacity-factor", searchable=True, opt_in=True, choices=ROUTINGS,
-        aliases=ROUTING_ALIASES, **ROUTING_MEGATRON)
+        aliases=ROUTING_ALIASES, read_by=("activations", "ep comm"), **ROUTING_MEGATRON)
     ep_overlap: bool = dimension(
         False, "overlap one microbatch's MoE token all-to-all with another's compute (Megatron-Core's 1F1B "
         "EP A2A overlap: overlap_moe_expert_parallel_comm); off, the dispatch and combine run exposed",
         kind="bool", flag="--ep-overlap", megatron="model.overlap_moe_expert_parallel_comm",
-        megatron_lm="--overlap-moe-expert-parallel-comm", searchable=True)
+        megatron_lm="--overlap-moe-expert-parallel-comm", searchable=True, read_by=("ep comm",))
     cp_comm_type: str = dimension(
         "p2p", "context-parallel communication: p2p ring, a2a (Ulysses), allgather, or a2a inside the NVLink "
         "domain with p2p across", kind="choice", flag="--cp-comm-type", megatron="model.cp_comm_type",
-        megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES, **CP_COMM_MEGATRON)
+        megatron_lm="--cp-comm-type", searchable=True, choices=CP_COMM_TYPES, read_by=("attention", "cp comm"),
+        **CP_COMM_MEGATRON)
     hierarchical_cp: tuple[int, ...] = dimension(
         (), "a2a+p2p only: the CP group sizes per level, a2a (inner, consecutive CP ranks) then p2p (outer); "
         "their product is CP (Megatron's hierarchical_context_parallel_sizes); none otherwise", kind="sizes",
         flag="--hierarchical-cp", megatron="model.hierarchical_context_parallel_sizes",
-        megatron_lm="--hierarchical-context-parallel-sizes", searchable=True)
+        megatron_lm="--hierarchical-context-parallel-sizes", searchable=True, read_by=("attention", "cp comm"))
     optimizer_offload: float = dimension(
         0.0, "fraction of the optimizer states kept and stepped on the host (0..1)", kind="float",
         flag="--optimizer-offload", megatron="optimizer.optimizer_offload_fraction",
-        megatron_lm="--optimizer-offload-fraction", searchable=True, minimum=0.0, maximum=1.0)
+        megatron_lm="--optimizer-offload-fraction", searchable=True, minimum=0.0, maximum=1.0,
+        read_by=("memory",))
     distributed_optimizer: bool = dimension(
         True, "shard the optimizer states over data-parallel ranks (ZeRO-1)", kind="bool",
         flag="--distributed-optimizer", megatron="optimizer.use_distributed_optimizer",
-        megatron_lm="--use-distributed-optimizer")
+        megatron_lm="--use-distributed-optimizer", read_by=("rank memory",))
     sequence_parallel: bool | None = dimension(
         None, "sequence parallelism in the TP regions; auto = what Megatron requires (on whenever TP > 1)",
         kind="bool", flag="--sequence-parallel", megatron="model.sequence_parallel", megatron_lm="--sequence-parallel",
-        optional=True)
+        optional=True, read_by=_MICROBATCH_TERMS)
     # ---- memory levers (issue 29): opt-in, so `space` holds them at their defaults unless `free` names them ----
     activation_offload: tuple[str, ...] = dimension(
         (), "fine-grained activation offload: the modules whose input goes to pinned host memory in the forward "
         "and comes back for the backward (Megatron-Core's offload_modules); none = off", kind="modules",
         flag="--activation-offload", megatron="model.offload_modules", megatron_lm="--offload-modules",
-        searchable=True, opt_in=True, quiet_default=True, choices=OFFLOAD_MODULES)
+        searchable=True, opt_in=True, quiet_default=True, choices=OFFLOAD_MODULES, read_by=("activation levers",))
     activation_offload_fraction: float = dimension(
         1.0, "fraction of the offload groups of activation_offload that are offloaded (0..1)", kind="float",
         flag="--activation-offload-fraction", megatron="model.activation_offload_fraction",
         megatron_lm="--activation-offload-fraction", searchable=True, opt_in=True, quiet_default=True,
-        minimum=0.0, maximum=1.0)
+        minimum=0.0, maximum=1.0, read_by=("activation levers",))
     expert_stash: str = dimension(
         "none", "routed-expert activations: none (a buffer per layer, sized for the routed tokens) or paged:F "
         "(Megatron-Core's paged stash: one page pool sized for the average tokens; F the per-rank token budget, "
         "moe_expert_rank_capacity_factor, above which HybridEP drops tokens)", kind="choice",
         flag="--expert-stash", megatron="model.moe_expert_rank_capacity_factor",
         megatron_lm="--moe-expert-rank-capacity-factor", searchable=True, opt_in=True, quiet_default=True,
-        choices=EXPERT_STASHES, **EXPERT_STASH_MEGATRON)
+        choices=EXPERT_STASHES, read_by=("activation levers",), **EXPERT_STASH_MEGATRON)
     optimizer_states: str = dimension(
         "fp32", "Adam's moments: fp32, or bf16 through the precision-aware optimizer (half their bytes)",
         kind="choice", flag="--optimizer-states", megatron="optimizer.exp_avg_dtype", megatron_lm="--exp-avg-dtype",
-        searchable=True, opt_in=True, quiet_default=True, choices=OPTIMIZER_STATE_DTYPES,
+        searchable=True, opt_in=True, quiet_default=True, choices=OPTIMIZER_STATE_DTYPES, read_by=("rank memory",),
         **OPTIMIZER_STATES_MEGATRON)
     fp8_param_gather: bool = dimension(
         False, "keep the compute weights in fp8 (1 B per parameter, the fp32 master in the optimizer) and all-gather "
         "them in fp8 (Megatron-Core's fp8_param / DDP fp8_param_gather; an fp8 precision with the distributed "
         "optimizer)", kind="bool", flag="--fp8-param-gather", megatron="ddp.fp8_param_gather",
-        megatron_lm="--fp8-param-gather", searchable=True, opt_in=True, quiet_default=True)
+        megatron_lm="--fp8-param-gather", searchable=True, opt_in=True, quiet_default=True,
+        read_by=("rank memory",))
 
     def __post_init__(self) -> None:
         self._canonicalise(_CHECKS)
@@ -373,6 +399,17 @@ _CHECKS: tuple[tuple[str, set, Dimension], ...] = tuple((d.name, d.seen_canonica
 _CHECKS_BY_NAME = {check[0]: check for check in _CHECKS}
 _QUIET = {d.name: d.default for d in DIMENSIONS if d.quiet_default}  # left out of to_dict at their default
 _CANONICAL_DEFAULTS = dict(Layout().__dict__)  # every field at its default, canonical (Layout.of_canonical)
+_UNKNOWN_TERMS = sorted({term for d in DIMENSIONS for term in d.read_by} - set(COST_TERMS))
+if _UNKNOWN_TERMS:
+    raise ValueError(f"Layout dimensions name cost terms that are not in COST_TERMS: {_UNKNOWN_TERMS}")
+
+
+def fields_read_by(term: str) -> tuple[str, ...]:
+    """The layout fields the cost model's memoised `term` reads (one of COST_TERMS; its memo key), in field order:
+    the dimensions that name it in their `read_by`."""
+    if term not in COST_TERMS:
+        raise ValueError(f"{term!r} is not a cost term ({', '.join(COST_TERMS)})")
+    return tuple(d.name for d in DIMENSIONS if term in d.read_by)
 
 
 def _legacy_recompute(data: dict[str, Any]) -> dict[str, Any]:

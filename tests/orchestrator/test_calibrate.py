@@ -23,8 +23,8 @@ from search_spaces.calibration.fit import (
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
 from orchestrator.cli import main
+from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
 
 H100_LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]
 
@@ -148,13 +148,13 @@ def test_calibrate_needs_measurements(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error:") and "no measured rows" in err
     with pytest.raises(SpecError, match="no measured trial"):
-        from orchestrator.calibrate import calibrate
+        from orchestrator.outputs.calibrate import calibrate
         calibrate([])
 
 
 def test_sweep_spec_takes_a_calibration(tmp_path):
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep.prior import make_prior
+    from orchestrator.search.prior import make_prior
+    from orchestrator.spec.schema import parse_spec
 
     cal_file = tmp_path / "cal.json"
     cal_file.write_text(json.dumps({"cpu_overhead_per_layer_s": 0.5}))
@@ -170,7 +170,7 @@ def test_sweep_spec_takes_a_calibration(tmp_path):
 
 def test_measured_study_trials_are_data(tmp_path):
     """A study's measured trials (not analytic ones) become measurements, with the proxy model's overrides."""
-    from orchestrator.calibrate import measurement_from_result
+    from orchestrator.outputs.calibrate import measurement_from_result
 
     result = {"status": "ok", "model": "tiny-moe", "gpu": "cpu", "num_gpus": 4, "seq_len": 256,
               "layout": Layout(gbs=8, precision="fp32").to_dict(), "tokens_per_sec_per_gpu": 900.0,

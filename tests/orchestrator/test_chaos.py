@@ -111,13 +111,13 @@ def _load(storage: str, name: str):
 
 
 def _count(storage: str, name: str, status: str | None = None) -> int:
-    from orchestrator import study as studies
+    from orchestrator.records import queries
 
     try:
         study = _load(storage, name)
     except Exception:  # noqa: BLE001 -- not created yet
         return 0
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     return len([t for t in ran if status is None or t.user_attrs.get("status") == status])
 
 
@@ -154,8 +154,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 @pytest.mark.timeout(900)
 def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
     """Three real trainer runs at once: one OOMs at step 1, one is SIGKILLed at step 1, one succeeds."""
-    from orchestrator import study as studies
-    from orchestrator.spec import parse_spec
+    from orchestrator.records import queries
+    from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
     from tests.sweep_helpers import prior_for
 
@@ -167,7 +167,7 @@ def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_pat
                                  launcher="torchrun", budget={"n_trials": 3, "max_concurrent": 3},
                                  trial_timeout_s=600))
     outcome = run_sweep(spec, prior=prior_for(spec), show_progress=False)
-    ran = {t.user_attrs["status"]: t for t in studies.measured_trials(outcome.study)}
+    ran = {t.user_attrs["status"]: t for t in queries.measured_trials(outcome.study)}
     assert outcome.n_measured == 3 and sorted(ran) == ["error", "ok", "oom"], \
         {s: t.user_attrs.get("reason", "")[-500:] for s, t in ran.items()}
 
@@ -256,9 +256,9 @@ def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, m
 
     from search_spaces.layouts.layout import Layout
 
-    from orchestrator.backends.base import TrialRequest
-    from orchestrator.backends.local import LocalRayBackend
-    from orchestrator.spec import parse_spec
+    from orchestrator.dispatch.base import TrialRequest
+    from orchestrator.dispatch.local import LocalRayBackend
+    from orchestrator.spec.schema import parse_spec
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.delenv("MOE_AUTOTUNE_FAULT", raising=False)
@@ -321,7 +321,7 @@ def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path):
     import yaml
     from mlflow import MlflowClient
 
-    from orchestrator import study as studies
+    from orchestrator.records import queries
     from tests.mlflow_server import MlflowServer
 
     n_trials = 4
@@ -356,7 +356,7 @@ def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path):
         assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
 
         study = optuna.load_study(study_name="kill-me", storage=data["storage"])
-        ran = studies.measured_trials(study)
+        ran = queries.measured_trials(study)
         assert len(ran) == n_trials
         assert len({t.user_attrs["layout_key"] for t in ran}) == n_trials, "a layout was measured twice"
         assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
@@ -384,7 +384,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
     import yaml
     from mlflow import MlflowClient
 
-    from orchestrator import study as studies
+    from orchestrator.records import queries
     from tests.mlflow_server import MlflowServer, free_port
 
     port = free_port()
@@ -406,7 +406,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
         per_trial = Counter(r.data.tags["optuna_trial_number"] for r in runs)
         assert all(n == 1 for n in per_trial.values()), f"doubled MLflow runs: {per_trial}"
         by_number = {r.data.tags["optuna_trial_number"]: r for r in runs}
-        for t in studies.measured_trials(study):
+        for t in queries.measured_trials(study):
             run = by_number.get(str(t.number))
             assert run is not None, f"trial {t.number} never reached MLflow"
             assert run.info.status == "FINISHED" and run.data.tags["status"] == t.user_attrs["status"]

@@ -41,11 +41,12 @@ def test_a_command_runs_without_importing_the_other_commands():
 def test_the_cli_starts_no_library_threads_so_a_sweeps_exploration_may_fork(tmp_path):
     """numpy's OpenBLAS pool, pyarrow's jemalloc purger (loaded with MLflow) and MLflow's telemetry are threads:
     beside them the cost model's exploration would run in one process (search_spaces/layouts/forked.py), and no
-    MLflow writer would be forked (orchestrator/writer_process.py). The CLI turns them off before a command imports
+    MLflow writer would be forked (orchestrator/tracking/writer_process.py). The CLI turns them off before a command
+    imports
     those libraries. Run as a user runs it: MLflow keeps its telemetry off by itself under pytest or on CI."""
     script = ("from orchestrator import cli\n"
               "cli.main(['--help'])\n"
-              "import numpy, optuna, mlflow, orchestrator.tracking, orchestrator.sweep.session\n"
+              "import numpy, optuna, mlflow, orchestrator.tracking.tracker, orchestrator.sweep.session\n"
               "from search_spaces.layouts.forked import _threads\n"
               f"mlflow.MlflowClient('sqlite:///{tmp_path}/mlflow.db').create_experiment('threads')\n"
               "print(_threads())\n")
@@ -93,7 +94,7 @@ def test_a_sweep_refused_before_it_needs_the_ranking_leaves_no_child_exploring(t
 
     from search_spaces.layouts import forked
 
-    from orchestrator.sweep.prior import Prior
+    from orchestrator.search.prior import Prior
     from tests.sweep_helpers import spec_data, write_spec
 
     begun = []

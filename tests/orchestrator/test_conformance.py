@@ -21,15 +21,17 @@ from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 from search_spaces.layouts.rules import check
 
-from orchestrator import study as studies
-from orchestrator.backends import BACKENDS, canonical_backend
 from orchestrator.cli import app, main
-from orchestrator.searches import SEARCH_KINDS
-from orchestrator.spec import SweepSpec, parse_spec
-from orchestrator.sweep import Prior, run_sweep
-from orchestrator.sweep.samplers import SweepSampler
-from orchestrator.sweep.searches import MAKERS, make_sampler
-from orchestrator.sweep.space import SweepSpace
+from orchestrator.dispatch import BACKENDS, canonical_backend
+from orchestrator.records import queries
+from orchestrator.search.prior import Prior
+from orchestrator.search.samplers import SweepSampler
+from orchestrator.search.searches import MAKERS, make_sampler
+from orchestrator.search.space import SweepSpace
+from orchestrator.search.table import SEARCH_KINDS
+from orchestrator.spec.schema import SweepSpec, parse_spec
+from orchestrator.storage import studies
+from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import FAKE_TRAINER, make_spec
 
 STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted", "unschedulable"}
@@ -45,7 +47,7 @@ def _sweep(spec):
 
 
 def _keys(study) -> list[str]:
-    return [t.user_attrs["layout_key"] for t in studies.finished_trials(study) if "layout_key" in t.user_attrs]
+    return [t.user_attrs["layout_key"] for t in queries.finished_trials(study) if "layout_key" in t.user_attrs]
 
 
 @pytest.mark.timeout(600)
@@ -53,11 +55,11 @@ def _keys(study) -> list[str]:
 def test_every_search_keeps_the_contract(tmp_path, search):
     spec = _spec(tmp_path, f"conf-{search}", search=search)
     out, study = _sweep(spec)
-    measured = studies.measured_trials(study)
+    measured = queries.measured_trials(study)
     assert 1 <= out.n_measured == len(measured) <= spec.budget.n_trials
     keys = [t.user_attrs["layout_key"] for t in measured]
     assert len(keys) == len(set(keys)), f"{search} ran a layout twice"
-    for t in studies.finished_trials(study):
+    for t in queries.finished_trials(study):
         assert t.user_attrs["status"] in STATUSES
     # what ran is a legal layout of the sweep's situation (the screen told the illegal ones infeasible)
     model, gpu = load_model(spec.model), load_gpu(spec.gpu)
@@ -98,13 +100,13 @@ def test_every_backend_keeps_the_contract(tmp_path, backend, monkeypatch):
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     spec = _backend_spec(tmp_path, backend)
     out, study = _sweep(spec)
-    measured = studies.measured_trials(study)
+    measured = queries.measured_trials(study)
     assert out.n_measured == len(measured) >= 1
     for t in measured:
         assert t.user_attrs["status"] in STATUSES
         assert t.user_attrs["backend"] == backend, "a trial records the backend's own name"
-    best = studies.best_fitting_trial(study)
-    assert best is not None and best.user_attrs["status"] == "ok" and studies.fits(best)
+    best = queries.best_fitting_trial(study)
+    assert best is not None and best.user_attrs["status"] == "ok" and queries.fits(best)
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
 
 
@@ -128,7 +130,7 @@ def test_every_search_makes_a_sampler_with_the_loops_hooks(tmp_path, search):
 
 
 def test_the_name_table_and_the_sweeps_makers_agree():
-    """orchestrator.searches names the searches (the spec reads it without the sweep); the sweep makes them."""
+    """orchestrator.search.table names the searches (the spec reads it without the sweep); the sweep makes them."""
     assert set(MAKERS) == set(SEARCH_KINDS)
     with pytest.raises(SpecError, match="unknown search 'nonesuch'"):
         make_sampler("nonesuch", None, None, None)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ from search_spaces.catalog.models import load_model
 from search_spaces.layouts import rules
 from search_spaces.layouts.layout import BY_NAME, CP_COMM_TYPES, DIMENSIONS, Layout
 
-from orchestrator import export
+from orchestrator.outputs import export
 from tests import bridge_config
 from trainers import config as trainer_config
 
@@ -88,7 +88,7 @@ CASES = [
          4096, 16),
 ]
 H100 = load_gpu("h100")
-# What the launch script adds to the exported flags (orchestrator/export.py sbatch_script), and the one fused
+# What the launch script adds to the exported flags (orchestrator/outputs/export.py sbatch_script), and the one fused
 # kernel Megatron-LM turns on by default that needs Transformer Engine's kernels, which this CPU machine lacks.
 RUN_FLAGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "100", "--lr", "1e-4"]
 NO_TE_KERNELS = ["--no-rope-fusion"]

@@ -21,8 +21,8 @@ from search_spaces.layouts import forked, space
 from search_spaces.layouts.space import explore
 
 from orchestrator.cli import main
-from orchestrator.spec import parse_spec
-from orchestrator.sweep.prior import Prior
+from orchestrator.search.prior import Prior
+from orchestrator.spec.schema import parse_spec
 
 # a space far larger than Prior.SMALL_SPACE: the prior ranks it through explore(); small enough to rank quickly
 SPEC = {"model": "qwen3-30b-a3b", "gpu": "h200", "nodes": 8, "gpus_per_node": 8, "seq_len": 32768,

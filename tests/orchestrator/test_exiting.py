@@ -1,4 +1,5 @@
-"""The installed command's end (orchestrator/exiting.py): a stop once the command has returned keeps its exit code
+"""The installed command's end (orchestrator/commands/exiting.py): a stop once the command has returned keeps its exit
+code
 and prints nothing; the teardown is quick, and the stores' files are whole when the process is gone."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ CLI = str(Path(sys.executable).with_name("moe-autotune"))
 EXIT_SCRIPT = textwrap.dedent("""
     import atexit, os, signal, sys, time
     from orchestrator import cli
-    from orchestrator.interrupts import unwind_on_signals
+    from orchestrator.commands.interrupts import unwind_on_signals
 
     def stop(where):
         print(where, signal.getsignal(signal.SIG{name}) is signal.SIG_IGN, flush=True)

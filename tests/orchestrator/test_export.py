@@ -20,7 +20,7 @@ from search_spaces.catalog.models import load_model
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import export
+from orchestrator.outputs import export
 
 LAYOUTS = [
     Layout(),

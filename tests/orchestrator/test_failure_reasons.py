@@ -19,9 +19,9 @@ from mlflow import MlflowClient
 from search_spaces.failures import read_records
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import study as studies
-from orchestrator.backends.base import TrialRequest
 from orchestrator.cli import main
+from orchestrator.dispatch.base import TrialRequest
+from orchestrator.records import queries
 from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
@@ -31,7 +31,7 @@ SECRET = "hunter2-fault-53"
 
 @pytest.mark.timeout(900)
 def test_the_backend_names_the_rank_killed_or_raising_first_not_rank_0s_reset(tmp_path, monkeypatch):
-    from orchestrator.backends.local import LocalRayBackend
+    from orchestrator.dispatch.local import LocalRayBackend
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     spec = make_spec(tmp_path, "root-cause", backend="ray", gpus_per_node=2, seq_len=64,
@@ -77,7 +77,7 @@ def test_status_csv_mlflow_and_check_show_the_root_cause_redacted(tmp_path, monk
                                              "budget": {"n_trials": 2, "max_concurrent": 1}})
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 1  # no trial measured a layout that fits
-    ran = studies.measured_records(out.study)
+    ran = queries.measured_records(out.study)
     assert len(ran) == 2
     for record in ran:
         assert (record.status, record.failure_class, record.failure_rank) == ("error", "error", 1)

@@ -12,9 +12,10 @@ import pytest
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import study as studies
-from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.outputs.check import check
+from orchestrator.records import queries
+from orchestrator.storage import studies
 from orchestrator.sweep.family import scale_to_length
 from tests.sweep_helpers import spec_data
 
@@ -45,8 +46,8 @@ def test_a_deepseek_family_at_32k_64k_128k_prints_its_table_and_trend(tmp_path, 
     for shorter, longer in zip(members, members[1:]):  # each length starts from the previous one's best
         carried = [t for t in longer.trials if t.user_attrs.get("proposed_by") == "previous length"]
         assert carried
-        best_cp = {Layout.from_dict(t.user_attrs["layout"]).cp for t in studies.finished_trials(shorter)
-                   if studies.fits(t)}
+        best_cp = {Layout.from_dict(t.user_attrs["layout"]).cp for t in queries.finished_trials(shorter)
+                   if queries.fits(t)}
         assert {Layout.from_dict(t.user_attrs["layout"]).cp for t in carried} & {2 * c for c in best_cp}
     assert main(["status", "dsv3-family", "--storage", spec["storage"]]) == 0
     table = capsys.readouterr().out
@@ -83,5 +84,5 @@ def test_a_cpu_family_of_two_lengths_runs_end_to_end(tmp_path, monkeypatch, caps
     assert sorted(names) == ["tiny-family-128", "tiny-family-256"]
     for name in names:
         study, problems = check(spec["storage"], name)
-        assert problems == [] and len(studies.measured_trials(study)) == 2
-        assert all(t.user_attrs["status"] == "ok" for t in studies.measured_trials(study))
+        assert problems == [] and len(queries.measured_trials(study)) == 2
+        assert all(t.user_attrs["status"] == "ok" for t in queries.measured_trials(study))

@@ -8,7 +8,8 @@ finished sweep) or in NOT_RUN (a reason). Which faults a command meets follows f
 - every command: standard output onto a full device (ENOSPC) or a pipe whose reader has gone (EPIPE);
 - a `--storage` option: the Optuna store missing, corrupted, truncated, read-only (immutable, as root), locked by
   another process, or a PostgreSQL endpoint that accepts and never answers; and the same study in a journal file
-  (`journal:///`, orchestrator/journal.py) missing, corrupted, truncated or read-only (a truncated journal ends in
+  (`journal:///`, orchestrator/storage/journal.py) missing, corrupted, truncated or read-only (a truncated journal
+  ends in
   a torn line, as a crash leaves it: readers read its whole lines, a sweep cuts the torn one and resumes; its lock
   is held only for one append, and Optuna breaks a stale one after 30 s);
 - a `--tracking-uri` option: the same for the MLflow store, and an MLflow server that never answers;
@@ -43,9 +44,8 @@ import optuna
 import pytest
 import typer
 
-from orchestrator import connections
-from orchestrator import study as studies
 from orchestrator.cli import app, main
+from orchestrator.storage import connections, studies
 from tests.network_faults import SilentServer
 from tests.sweep_helpers import spec_data, write_spec
 

@@ -19,11 +19,11 @@ from mlflow import MlflowClient
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import study as studies
-from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.outputs.check import check
+from orchestrator.records import queries
 from orchestrator.sweep.spool import ResultSpool
-from orchestrator.tracking import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
+from orchestrator.tracking.tracker import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
 from tests.sweep_helpers import direct_writes, measured_count, spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_tak
                            capture_output=True, text=True, timeout=400)
     assert third.returncode == 0, third.stderr[-3000:]
     study = _consistent(data)
-    assert len(studies.measured_trials(study)) == 4
+    assert len(queries.measured_trials(study)) == 4
     assert study.user_attrs.get("driver_lease") is None  # released at the end
 
 
@@ -103,7 +103,7 @@ def test_two_resumes_started_together_measure_each_layout_once(tmp_path):
     refused = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 2)
     assert len(refused.strip().splitlines()) == 1 and "study 'integrity'" in refused
     study = _consistent(data)
-    assert len(studies.measured_trials(study)) == 30
+    assert len(queries.measured_trials(study)) == 30
 
 
 # ---- 2. resume with another situation ---------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_resume_refuses_another_situation_and_accepts_another_budget(tmp_path, c
     assert len(optuna.load_study(study_name=data["name"], storage=data["storage"]).trials) == before  # untouched
     assert main(["sweep", str(_write(tmp_path, {**data, "budget": {"n_trials": 5}, "seed": 9}, "more.json")),
                  "--quiet", "--resume"]) == 0
-    assert len(studies.measured_trials(_consistent(data))) == 5
+    assert len(queries.measured_trials(_consistent(data))) == 5
 
 
 # ---- 3. a child run belongs to one trial for ever ------------------------------------------------------
@@ -163,7 +163,7 @@ def test_sigkill_then_resume_without_a_seed_keeps_every_run_with_its_own_trial(t
                            capture_output=True, text=True, timeout=400)
     assert rerun.returncode in (0, 1), rerun.stderr[-2000:]
     study = _consistent(data)
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert len(ran) <= 120 and len({t.user_attrs["layout_key"] for t in ran}) == len(ran)
 
 
@@ -227,7 +227,7 @@ def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_aga
 
     assert main(["sweep", str(spec), "--quiet", "--resume"]) == 0
     study = _consistent(data)
-    assert len(studies.measured_trials(study)) == 6
+    assert len(queries.measured_trials(study)) == 6
     recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
     assert [t.user_attrs["retry_of"] for t in recorded] == [told[2]]
     assert recorded[0].values[0] == pytest.approx(measured.tokens_per_sec_per_gpu)
@@ -265,7 +265,7 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
                                capture_output=True, text=True, timeout=400)
         assert again.returncode == 0, again.stderr[-3000:]
         study = _consistent(data)
-        assert len(studies.measured_trials(study)) == 150
+        assert len(queries.measured_trials(study)) == 150
         recorded = [t for t in study.trials if t.user_attrs.get("measured_result")]
         assert {t.user_attrs["retry_of"] for t in recorded} == set(kept)  # not re-run
     finally:

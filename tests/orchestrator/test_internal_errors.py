@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import crashlog
 from orchestrator.cli import main
+from orchestrator.commands import crashlog
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,9 +55,9 @@ def _log_of(line: str) -> Path:
 @pytest.mark.timeout(120)
 def test_an_unexpected_exception_is_one_line_exit_70_and_a_private_log_without_secrets(tmp_path, capsys,
                                                                                        monkeypatch):
-    from orchestrator import study as studies
+    from orchestrator.records import queries
 
-    monkeypatch.setattr(studies, "leaderboard", _bug)
+    monkeypatch.setattr(queries, "leaderboard", _bug)
     data = spec_data(tmp_path, "crash", tracking_uri="none")
     assert main(["sweep", str(write_spec(tmp_path / "s.json", data)), "--quiet"]) == 0
     capsys.readouterr()
@@ -87,7 +87,7 @@ def test_a_sweeps_internal_error_is_logged_in_its_own_folder(tmp_path, capsys, m
 
 @pytest.mark.timeout(120)
 def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
-    from orchestrator import study as studies
+    from orchestrator.storage import studies
 
     monkeypatch.setattr(studies, "load_study", _bug)
     with pytest.raises(KeyError):
@@ -96,7 +96,7 @@ def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_a_log_that_cannot_be_written_is_said_in_the_line(tmp_path, capsys, monkeypatch):
-    from orchestrator import study as studies
+    from orchestrator.storage import studies
 
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the log folders would go")

@@ -35,9 +35,8 @@ from mlflow import MlflowClient
 
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator import study as studies
-from orchestrator.check import check
-from orchestrator.records import StudyRecord, TrialRecord
+from orchestrator.outputs.check import check
+from orchestrator.records import StudyRecord, TrialRecord, queries
 from orchestrator.sweep import run_sweep
 from orchestrator.sweep.loop import Sweep, _release_what_the_stop_cut_off
 from orchestrator.sweep.record import Recorder
@@ -116,7 +115,7 @@ def assert_counted_once(storage: str, name: str, n_trials: int) -> optuna.Study:
     study = optuna.load_study(study_name=name, storage=storage)
     _, problems = check(storage, name)
     assert problems == [], problems
-    measured = studies.measured_records(study)
+    measured = queries.measured_records(study)
     assert len(measured) == n_trials, f"{len(measured)} measured trials, budget {n_trials}"
     twice = {key: n for key, n in Counter(r.run_key for r in measured).items() if n > 1}
     assert not twice, f"layouts measured twice: {twice}"
@@ -124,7 +123,7 @@ def assert_counted_once(storage: str, name: str, n_trials: int) -> optuna.Study:
     claimed = [(t.number, t.user_attrs.get("status")) for t in failed
                if t.user_attrs.get("status") in set(MEASURED_STATUSES) - {"interrupted"}]
     assert not claimed, f"failed trials stored as measured: {claimed}"
-    board = studies.leaderboard(study)
+    board = queries.leaderboard(study)
     numbers = {t.number for t in failed}
     listed = board[board["trial"].isin(numbers) & board["status"].isin(set(MEASURED_STATUSES) - {"interrupted"})]
     assert listed.empty, f"failed trials listed as measured by status --csv: {listed[['trial', 'status']]}"
@@ -223,14 +222,14 @@ def test_an_older_study_with_a_failed_trial_stored_as_ok_lists_it_as_interrupted
     """A study written before the fix (or by a driver SIGKILLed between result and tell, never resumed): the
     failed trial reads as interrupted everywhere (status --csv, export), whatever status it stored."""
     storage = f"sqlite:///{tmp_path / 'old.db'}"
-    study = optuna.create_study(study_name="old", storage=storage, directions=studies.DIRECTIONS)
+    study = optuna.create_study(study_name="old", storage=storage, directions=queries.DIRECTIONS)
     trial = study.ask()
     trial.set_user_attr("status", "ok")
     trial.set_user_attr("layout_key", "tp1")
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     record = TrialRecord.of(optuna.load_study(study_name="old", storage=storage).trials[0])
     assert record.status == "interrupted" and record.reason
-    assert not studies.measured_records(study)
+    assert not queries.measured_records(study)
 
 
 def test_a_write_the_stop_cut_off_does_not_keep_its_lock_from_the_stops_own_writes(tmp_path):
@@ -324,7 +323,7 @@ def test_sigterm_then_resume_many_times_counts_each_layout_once(tmp_path):
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_check_reports_a_layout_counted_twice_and_a_child_without_its_trial(tmp_path, capsys):
     from orchestrator.cli import main
-    from orchestrator.tracking import TRIAL_TAG
+    from orchestrator.tracking.tracker import TRIAL_TAG
 
     spec = make_spec(tmp_path, "doubled", budget={"n_trials": 3}, gpus_per_node=8, seq_len=512, free=FREE)
     assert run_sweep(spec, prior=prior_for(spec), show_progress=False).exit_code == 0
@@ -334,7 +333,7 @@ def test_check_reports_a_layout_counted_twice_and_a_child_without_its_trial(tmp_
     context = StudyRecord.of(study)
     client = MlflowClient(spec.tracking_uri)
     parent, experiment = context.mlflow_parent_run_id, context.mlflow_experiment_id
-    measured = studies.measured_trials(study)[0]
+    measured = queries.measured_trials(study)[0]
     original = next(r for r in client.search_runs([experiment], f"tags.`{TRIAL_TAG}` = '{measured.number}'"))
     # the reported case: a failed trial of the same layout whose child run finished as a measurement
     failed = study.ask()

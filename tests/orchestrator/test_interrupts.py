@@ -1,4 +1,5 @@
-"""A signal that lands inside a finalizer is delivered again, not lost and not printed (orchestrator/interrupts.py).
+"""A signal that lands inside a finalizer is delivered again, not lost and not printed
+(orchestrator/commands/interrupts.py).
 
 CI saw it: SIGTERM arrived while SQLAlchemy's weakref callback ran, Python printed "Exception ignored in ..." with
 a traceback and the sweep went on as if never told to stop."""
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # a finalizer that receives the signal while it runs (the case CI met), then the main code that must see it
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from orchestrator.interrupts import unwind_on_signals
+    from orchestrator.commands.interrupts import unwind_on_signals
     if sys.argv[1] == "hook":
         unwind_on_signals()
     else:  # what the sweep did before: a bare handler
@@ -66,7 +67,7 @@ def test_without_the_hook_the_signal_is_lost_and_printed():
 # KeyboardInterrupt's traceback, then lets the interrupt go on (CI saw it on a sweep's stderr)
 FETCH_SCRIPT = textwrap.dedent("""
     import logging, os, signal
-    from orchestrator.interrupts import unwind_on_signals
+    from orchestrator.commands.interrupts import unwind_on_signals
     unwind_on_signals()
 
     def fetchall():

@@ -1,4 +1,5 @@
-"""Optuna's journal file as the study's storage (`journal:///path`, orchestrator/journal.py): a sweep stores on it
+"""Optuna's journal file as the study's storage (`journal:///path`, orchestrator/storage/journal.py): a sweep stores
+on it
 what it stores on SQLite, every command reads it, and it keeps the SQLite store's guarantees: a torn last line (a
 crash or a full disk mid-append) is cut before a sweep appends, a full disk is one line and a resume finishes, and a
 file that is not a journal is one line and left as it was."""
@@ -19,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import journal
-from orchestrator import study as studies
-from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.outputs.check import check
+from orchestrator.records import queries
+from orchestrator.storage import journal, studies
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
@@ -155,7 +156,7 @@ def test_a_full_disk_mid_sweep_is_exit_4_and_the_resume_cuts_the_torn_line_and_f
                                timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
         study = _consistent(url, "journal")
-        assert len(studies.measured_trials(study)) == 60
+        assert len(queries.measured_trials(study)) == 60
         assert (disk / "optuna.journal").read_bytes().endswith(b"\n")
     finally:
         subprocess.run(["umount", "--lazy", str(disk)])
@@ -201,7 +202,7 @@ def test_a_sweep_on_a_journal_sigkilled_again_and_again_resumes_to_a_whole_consi
     done = subprocess.run([*cli, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     study = _consistent(url, "journal")
-    assert len(studies.measured_trials(study)) == 120
+    assert len(queries.measured_trials(study)) == 120
     assert (tmp_path / "optuna.journal").read_bytes().endswith(b"\n")
 
 

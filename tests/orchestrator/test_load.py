@@ -20,7 +20,7 @@ import optuna
 import pytest
 import yaml
 
-from orchestrator import study as studies
+from orchestrator.records import queries
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def _start(spec: Path, cwd: Path) -> subprocess.Popen:
 
 def _check_study(storage: str, name: str, n_trials: int) -> None:
     study = optuna.load_study(study_name=name, storage=storage)
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert len(ran) == n_trials, f"{name}: {len(ran)} trials measured, wanted {n_trials}"
     keys = Counter(t.user_attrs["layout_key"] for t in ran)
     assert max(keys.values()) == 1, f"{name}: layouts measured twice: {[k for k, n in keys.items() if n > 1]}"
@@ -83,7 +83,7 @@ def test_thousand_analytic_trials_from_eight_concurrent_sweeps(tmp_path, fast_st
     assert names == set(procs)
     for name in procs:
         _check_study(fast_storage, name, TRIALS_PER_WORKER)
-    total = sum(len(studies.measured_trials(optuna.load_study(study_name=n, storage=fast_storage))) for n in procs)
+    total = sum(len(queries.measured_trials(optuna.load_study(study_name=n, storage=fast_storage))) for n in procs)
     assert total == WORKERS * TRIALS_PER_WORKER
     print(f"\n{total} analytic trials from {WORKERS} concurrent sweeps in {elapsed:.0f} s")
 

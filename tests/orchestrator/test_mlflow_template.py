@@ -1,5 +1,5 @@
 """A new SQLite MLflow store copied from a migrated template is the store MLflow's migrations make
-(orchestrator/mlflow_template.py), and without a usable cache folder the store is migrated in place."""
+(orchestrator/storage/mlflow_template.py), and without a usable cache folder the store is migrated in place."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import json, os, sqlite3, sys
     import mlflow.store.db.utils as db_utils
-    from orchestrator import sqlite_tuning, stores
+    from orchestrator.storage import sqlite_tuning
+    from orchestrator.storage import tracking_store
 
     sqlite_tuning.install()  # every SQLite connection in WAL, as in a sweep's process
 
@@ -35,7 +36,7 @@ SCRIPT = textwrap.dedent("""
         os.environ["MOE_AUTOTUNE_CACHE_DIR"] = cache
         os.chdir(folder)
         before = len(runs)
-        stores.ready_mlflow(f"sqlite:///{folder}/mlflow.db", create=True)
+        tracking_store(f"sqlite:///{folder}/mlflow.db").ready(create=True)
         db = sqlite3.connect(f"{folder}/mlflow.db")
         out[folder] = {"migrations": len(runs) - before,
                        "schema": sorted(sorted(line.strip().rstrip(",") for line in r[0].splitlines())

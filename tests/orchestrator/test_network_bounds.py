@@ -5,7 +5,7 @@ to it. The bound is each test's timeout (pytest-timeout), never a timed assertio
 
 Most cases run in-process with the bounds a user may set lowered (MLflow: 2 s per request, no retry; libpq: 2 s
 to connect), so that a silent server costs seconds; the two marked slow run the CLI with none of them set: the
-defaults of orchestrator/connections.py, retries included.
+defaults of orchestrator/storage/connections.py, retries included.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import connections
 from orchestrator.cli import main
+from orchestrator.storage import connections
 from tests.network_faults import SilentServer, closed_port
 from tests.sweep_helpers import spec_data, write_spec
 

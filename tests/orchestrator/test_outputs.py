@@ -331,7 +331,7 @@ def test_ui_printing_its_url_onto_a_failing_stdout_is_one_line_exit_6(monkeypatc
     "Exception ignored" for a closed pipe)."""
     from mlflow.entities import Experiment
 
-    from orchestrator import mlflow_ui
+    from orchestrator.tracking import ui as mlflow_ui
 
     experiment = Experiment("7", "ui-sweep", "file:///x", "active")
     monkeypatch.setattr(mlflow_ui, "open_sweep", lambda uri, study: experiment)

@@ -10,7 +10,7 @@ import pytest
 from search_spaces.errors import SpecError
 
 from orchestrator.cli import main
-from orchestrator.spec import SweepSpec
+from orchestrator.spec.schema import SweepSpec
 from tests.sweep_helpers import make_spec, spec_data, write_spec
 
 HISTOGRAM = {"format": "moe-autotune document lengths v1", "source": "test", "lengths": [20, 60, 200],

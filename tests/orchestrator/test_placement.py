@@ -24,13 +24,13 @@ from mlflow import MlflowClient
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import study as studies
-from orchestrator.backends.analytic import AnalyticBackend
-from orchestrator.backends.base import TrialRequest
 from orchestrator.cli import main
+from orchestrator.dispatch.analytic import AnalyticBackend
+from orchestrator.dispatch.base import TrialRequest
 from orchestrator.errors import ClusterError
-from orchestrator.records import TrialRecord
+from orchestrator.records import TrialRecord, queries
 from orchestrator.records.trial import TRIAL_TAG
+from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
 from tests.orchestrator.test_interrupt_resume import assert_counted_once
 from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for, spec_data, write_spec
@@ -86,8 +86,8 @@ def test_trials_the_cluster_can_never_place_are_unschedulable_free_and_tracked(t
     monkeypatch.setattr(AnalyticBackend, "unplaceable", unplaceable, raising=False)
     spec = make_spec(tmp_path, "partly", budget={"n_trials": 4})
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
-    assert out.exit_code == 0 and out.n_measured == 4 == len(studies.measured_records(out.study))
-    refused = [r for r in studies.finished_records(out.study) if r.status == "unschedulable"]
+    assert out.exit_code == 0 and out.n_measured == 4 == len(queries.measured_records(out.study))
+    refused = [r for r in queries.finished_records(out.study) if r.status == "unschedulable"]
     assert refused and all(r.reason == "never placeable on this Ray cluster: a trial asks for 9 nodes; the Ray "
                                       "cluster has 1 node" and r.result is None for r in refused)
     assert any("could not be placed on the Ray cluster" in m for m in out.messages)
@@ -98,7 +98,7 @@ def test_trials_the_cluster_can_never_place_are_unschedulable_free_and_tracked(t
     assert set(runs) == {str(r.number) for r in refused}
     assert all(run.info.status == "FINISHED" for run in runs.values())
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
-    board = studies.leaderboard(out.study)
+    board = queries.leaderboard(out.study)
     assert set(board[board["status"] == "unschedulable"]["trial"]) == {r.number for r in refused}
 
 
@@ -139,7 +139,7 @@ def _request(tmp_path: Path, name: str, ranks: int, seconds: float = 0) -> Trial
 def test_a_trial_not_placed_within_the_bound_is_unschedulable_and_a_queue_behind_the_sweeps_own_is_not(tmp_path):
     import ray
 
-    from orchestrator.backends.local import LocalRayBackend
+    from orchestrator.dispatch.local import LocalRayBackend
 
     spec = make_spec(tmp_path, "placement", **{**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128,
                                                "placement_timeout_s": 1.0, "budget": {"n_trials": 3,

@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from orchestrator.progress import SweepProgress
+from orchestrator.sweep.progress import SweepProgress
 
 ROW = {"trial": 0, "layout": "tp1/ep4", "status": "ok", "tokens": 1234.5, "predicted": 1100.0, "memory": 0.87}
 

@@ -19,8 +19,8 @@ import yaml
 from search_spaces.cost.costmodel import estimate
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import export, registry, winner
 from orchestrator.cli import main
+from orchestrator.outputs import export, registry, winner
 
 MEMORY_LIMIT = 80.0
 # (layout, status, tokens/s/GPU, peak GiB): trial 1 is the best that fits; 2 is faster but does not fit
@@ -37,7 +37,7 @@ TRIALS = [
 def make_study(tmp_path: Path, name: str = "fake", backend: str = "local", parent_run_id: str | None = None,
                tracking_uri: str | None = None, trials: list = TRIALS,
                costmodel: bool = False) -> tuple[str, optuna.Study]:
-    """A finished sweep as the sweep writes it (contract in the shared context / orchestrator/study.py).
+    """A finished sweep as the sweep writes it (contract in the shared context / orchestrator/storage/studies.py).
 
     costmodel: each trial's prediction is the real cost model's estimate, and its measured memory breakdown
     a copy of the predicted one (as the analytic backend records it, counts of parameters included)."""

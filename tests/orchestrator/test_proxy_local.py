@@ -14,9 +14,10 @@ from search_spaces.catalog.models import load_model
 from search_spaces.layouts.layout import Layout
 from search_spaces.proxy import derive_proxy
 
-from orchestrator import study as studies
-from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.outputs.check import check
+from orchestrator.records import queries
+from orchestrator.storage import studies
 from tests.sweep_helpers import spec_data
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ def test_proxy_sweep_records_measured_and_composed_then_confirm_and_promote(tmp_
 
     study, problems = check(storage, "proxy-local")
     assert problems == []
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert len(ran) == 2 and all(t.user_attrs["fidelity"] == "proxy" for t in ran)
     client = MlflowClient(uri)
     for t in ran:
@@ -59,7 +60,7 @@ def test_proxy_sweep_records_measured_and_composed_then_confirm_and_promote(tmp_
     assert main(["promote", "proxy-local", "--storage", storage]) == 2
     assert "only proxy measurements" in capsys.readouterr().err
     assert main(["confirm", "proxy-local", "--top", "1", "--storage", storage, "--trial-gpus", "4", "--quiet"]) == 0
-    confirmed = [t for t in studies.measured_trials(studies.load_study(storage, "proxy-local"))
+    confirmed = [t for t in queries.measured_trials(studies.load_study(storage, "proxy-local"))
                  if t.user_attrs.get("proposed_by") == "confirm"]
     assert len(confirmed) == 1 and confirmed[0].user_attrs["fidelity"] == "full"
     assert confirmed[0].user_attrs["result"]["num_gpus"] == 4

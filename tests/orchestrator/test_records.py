@@ -24,9 +24,9 @@ from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 from search_spaces.result import STATUSES, TrialResult
 
-from orchestrator import calibrate, check, records, winner
-from orchestrator import study as studies
-from orchestrator.backends.replay import load_table
+from orchestrator import records
+from orchestrator.dispatch.replay import load_table
+from orchestrator.outputs import calibrate, check, winner
 from orchestrator.records import (
     COMPARE,
     HEADLINE,
@@ -39,8 +39,9 @@ from orchestrator.records import (
     StudyRecord,
     TrialRecord,
     metrics,
+    queries,
 )
-from orchestrator.spec import parse_spec
+from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep import session as sessions
 
 OLD = json.loads((Path(__file__).parents[1] / "data" / "old_studies.json").read_text())["studies"]
@@ -48,7 +49,7 @@ OLD = json.loads((Path(__file__).parents[1] / "data" / "old_studies.json").read_
 
 def rebuild(data: dict, storage: str) -> optuna.Study:
     """The study as the old code left it in its storage (the same rebuild made the fixture's expectations)."""
-    study = optuna.create_study(storage=storage, study_name=data["study_name"], directions=studies.DIRECTIONS)
+    study = optuna.create_study(storage=storage, study_name=data["study_name"], directions=queries.DIRECTIONS)
     for key, value in data["user_attrs"].items():
         study.set_user_attr(key, value)
     for t in data["trials"]:
@@ -78,7 +79,7 @@ def test_a_study_written_before_the_records_reads_as_it_did(tmp_path, data):
     study = rebuild(data, storage)
     expected = data["expected"]
 
-    board = studies.leaderboard(study).to_dict(orient="records")
+    board = queries.leaderboard(study).to_dict(orient="records")
     assert len(board) == len(expected["leaderboard"])
     for new, old in zip(board, expected["leaderboard"]):
         # the same columns (in the declarations' order now), and a layout dimension declared since (routing)
@@ -89,7 +90,7 @@ def test_a_study_written_before_the_records_reads_as_it_did(tmp_path, data):
         assert all(new[k] == Layout().params([k])[k] for k in added - FAILURE_COLUMNS)
         assert all(_same(new[k], None) for k in added & FAILURE_COLUMNS)
         assert all(_same(new[k], old[k]) for k in old), {k: (new[k], old[k]) for k in old if not _same(new[k], old[k])}
-    table = pd.read_csv(io.StringIO(studies.replay_table(study).to_csv(index=False)))
+    table = pd.read_csv(io.StringIO(queries.replay_table(study).to_csv(index=False)))
     old_table = pd.read_csv(io.StringIO(expected["replay_table"]))
     assert set(table.columns) - set(old_table.columns) == added - FAILURE_COLUMNS
     pd.testing.assert_frame_equal(table[list(old_table.columns)], old_table)
@@ -102,7 +103,7 @@ def test_a_study_written_before_the_records_reads_as_it_did(tmp_path, data):
         now = {**{k: getattr(view, k) for k in old if k not in derived}, **derived}
         assert all(_same(now[k], old[k]) for k in old), {k: (now[k], old[k]) for k in old if not _same(now[k], old[k])}
     assert winner.pick(study, allow_estimated=True, allow_proxy=True).number == expected["pick"]
-    assert _same(list(studies.gpu_hours(study)), expected["gpu_hours"])
+    assert _same(list(queries.gpu_hours(study)), expected["gpu_hours"])
     assert check.storage_problems(study) == expected["storage_problems"]
     assert len(calibrate.from_study(storage, data["study_name"])) == expected["measurements"]
 
@@ -140,7 +141,7 @@ def test_a_study_from_before_situations_fidelities_and_context_were_recorded_sti
     trials = records.trials(study)  # the stored result of a trial that ran still says it was a proxy
     assert [r.fidelity for r in trials] == ["proxy" if r.status == "ok" else None for r in trials]
     assert [r.runs_at for r in trials] == ["proxy" if r.status == "ok" else "full" for r in trials]
-    board = studies.leaderboard(study)
+    board = queries.leaderboard(study)
     assert set(board["model"]) == {spec["model"]}
     assert list(board["fidelity"].fillna("-")) == ["proxy" if s == "ok" else "-" for s in board["status"]]
     # --resume of it with today's spelling (`ray`) is the same situation

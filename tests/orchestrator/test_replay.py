@@ -14,11 +14,12 @@ import pytest
 
 from search_spaces.errors import SpecError
 
-from orchestrator import study as studies
-from orchestrator.backends.base import TrialRequest
-from orchestrator.backends.replay import ReplayBackend, load_table
-from orchestrator.sweep.calibrated import CalibratedSearch
-from orchestrator.sweep.prior import make_prior
+from orchestrator.dispatch.base import TrialRequest
+from orchestrator.dispatch.replay import ReplayBackend, load_table
+from orchestrator.records import queries
+from orchestrator.search.calibrated import CalibratedSearch
+from orchestrator.search.prior import make_prior
+from orchestrator.storage import studies
 from tests.sweep_helpers import make_spec
 
 TABLE = Path(__file__).parents[1] / "data" / "replay_small.csv"
@@ -140,7 +141,7 @@ def _driver_sweep(tmp_path: Path, seed: int, name: str) -> tuple[list[str], obje
 
     spec = _spec(tmp_path, seed=seed, name=name, n_trials=DRIVER_BUDGET)
     outcome = run_sweep(spec, show_progress=False)
-    ran = sorted(studies.measured_trials(outcome.study), key=lambda t: t.number)
+    ran = sorted(queries.measured_trials(outcome.study), key=lambda t: t.number)
     return [t.user_attrs["layout_key"] for t in ran], outcome
 
 
@@ -177,10 +178,10 @@ def test_cli_replay_sweep_finds_the_best_row(tmp_path):
                      "--storage", storage, "--study-name", name, "--quiet"])
         assert code == 0
         study = studies.load_study(storage, name)
-        runs.append([t.user_attrs["layout_key"] for t in sorted(studies.measured_trials(study),
+        runs.append([t.user_attrs["layout_key"] for t in sorted(queries.measured_trials(study),
                                                                  key=lambda t: t.number)])
         assert set(runs[-1]) <= set(load_table(table).rows)
-        assert studies.best_fitting_trial(study).user_attrs["layout_key"] == _table_best_key()
+        assert queries.best_fitting_trial(study).user_attrs["layout_key"] == _table_best_key()
     assert runs[0] == runs[1]
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from search_spaces.cost.breakdown import COUNT_KEYS
 
-from orchestrator import report
 from orchestrator.cli import main
+from orchestrator.outputs import report
 from tests.orchestrator.test_promote import make_study
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

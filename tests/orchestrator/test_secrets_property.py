@@ -36,8 +36,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
-from orchestrator.environment import recorded_variables
 from orchestrator.redact import redact_text
+from orchestrator.tracking.environment import recorded_variables
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,7 +44,7 @@ def test_local_ray_runs_without_a_dashboard(tmp_path, monkeypatch):
     the dashboard, the one HTTP server that runs jobs, must not be started at all."""
     import ray
 
-    from orchestrator.backends.local import LocalRayBackend
+    from orchestrator.dispatch.local import LocalRayBackend
     from tests.sweep_helpers import FAKE_TRAINER, make_spec
 
     spec = make_spec(tmp_path, "ray-bind", **FAKE_TRAINER, gpus_per_node=1, seq_len=128, gbs=4, tracking_uri="none")
@@ -135,7 +135,7 @@ def _set_secret_environment(monkeypatch) -> list[str]:
 
 
 def test_safe_environment_strips_passwords_from_names_and_uris(monkeypatch):
-    from orchestrator.tracking import safe_environment
+    from orchestrator.tracking.tracker import safe_environment
 
     values = _set_secret_environment(monkeypatch)
     env = safe_environment()
@@ -150,8 +150,8 @@ def test_safe_environment_strips_passwords_from_names_and_uris(monkeypatch):
 def test_spec_and_environment_logged_to_mlflow_carry_no_credentials(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from orchestrator.spec import parse_spec
-    from orchestrator.tracking import Tracker
+    from orchestrator.spec.schema import parse_spec
+    from orchestrator.tracking.tracker import Tracker
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
     values = _set_secret_environment(monkeypatch)
@@ -206,10 +206,11 @@ def test_study_errors_name_the_storage_without_its_password(monkeypatch):
 
     from search_spaces.errors import SpecError
 
-    from orchestrator import study as studies
+    from orchestrator.records import queries
+    from orchestrator.storage import studies
 
     memory = optuna.storages.InMemoryStorage()
-    optuna.create_study(storage=memory, study_name="there", directions=studies.DIRECTIONS)
+    optuna.create_study(storage=memory, study_name="there", directions=queries.DIRECTIONS)
     monkeypatch.setattr(studies, "open_storage", lambda url, attempts=10: memory)
     url = f"postgresql://optuna:{URI_PASSWORD}@db.example.com/optuna"
     for call in (lambda: studies.create_or_resume(memory, url, "there", None, resume=False),

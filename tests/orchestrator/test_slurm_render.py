@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.slurm_job import job_tags
+from orchestrator.dispatch.slurm_job import job_tags
 
 SPEC = """\
 name: render-check

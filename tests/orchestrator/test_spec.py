@@ -7,7 +7,7 @@ import pytest
 from search_spaces.errors import SpecError
 
 from orchestrator.cli import main
-from orchestrator.spec import load_spec, parse_spec
+from orchestrator.spec.schema import load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -139,7 +139,7 @@ def test_yaml_alias_bomb_is_refused_quickly_and_small(tmp_path):
     path.write_text(ALIAS_BOMB)
     code = ("import resource, sys\n"
             "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-            "from orchestrator.spec import load_spec\n"
+            "from orchestrator.spec.schema import load_spec\n"
             "from search_spaces.errors import SpecError\n"
             "try:\n    load_spec(sys.argv[1])\nexcept SpecError as exc:\n    print(exc)\n    sys.exit(2)\n")
     try:
@@ -267,8 +267,8 @@ def test_size_range_edges_are_accepted():
 def test_routing_is_searched_only_when_the_spec_frees_it():
     """Token dropping changes what is trained: a default `free` holds routing at dropless; naming it searches
     capacity:1.0 beside dropless (a search parameter of its own); forced balance only ever comes from `fixed`."""
-    from orchestrator.sweep.prior import Prior
-    from orchestrator.sweep.space import SweepSpace
+    from orchestrator.search.prior import Prior
+    from orchestrator.search.space import SweepSpace
 
     base = {"model": "tiny-moe", "gpu": "cpu", "gpus_per_node": 4, "backend": "analytic"}
     held = Prior(parse_spec(base))

@@ -24,10 +24,10 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator import study as studies
-from orchestrator.check import check
 from orchestrator.errors import StorageError
-from orchestrator.records import StudyRecord
+from orchestrator.outputs.check import check
+from orchestrator.records import StudyRecord, queries
+from orchestrator.storage import studies
 from orchestrator.sweep import lease as leases
 from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
 from tests.sweep_helpers import measured_count, spec_data
@@ -363,4 +363,4 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
     assert paused_at < 14
     study, problems = check(data["storage"], data["name"])
     assert problems == [], problems  # no layout twice, MLflow agrees with the study trial by trial
-    assert len(studies.measured_trials(study)) == 14
+    assert len(queries.measured_trials(study)) == 14

@@ -17,9 +17,9 @@ import optuna
 import pytest
 from hypothesis import settings
 
-from orchestrator import connections
-from orchestrator.check import check
 from orchestrator.cli import main
+from orchestrator.outputs.check import check
+from orchestrator.storage import connections
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs or chattr needs root (CI runs as root)")
@@ -228,12 +228,12 @@ def test_an_mlflow_store_whose_disk_fills_once_it_is_made_is_one_line_and_a_resu
                                                                                          monkeypatch):
     """The store is made, then the disk fills before the sweep's experiment is: one line naming the device (not
     MLflow's logged traceback, nor `cannot use the MLflow tracking URI`), exit 4, and `--resume` finishes."""
-    from orchestrator import stores
+    from orchestrator.storage import open_mlflow
 
     monkeypatch.chdir(tmp_path)
     disk = tmpfs("disk", "4m")
     uri = f"sqlite:///{disk / 'mlflow.db'}"
-    stores.open_mlflow(uri, create=True)
+    open_mlflow(uri, create=True)
     data, spec = _sweep(tmp_path, tracking_uri=uri)
     filler = _fill(disk, 0)
     capsys.readouterr()
@@ -253,7 +253,7 @@ def _half_migrated(tmp_path: Path) -> Path:
     import mlflow.store.db.utils as db_utils
     import sqlalchemy
 
-    from orchestrator import sqlite_tuning
+    from orchestrator.storage import sqlite_tuning
     from tests import store_templates
 
     sqlite_tuning.install()  # WAL, as every process of ours opens SQLite

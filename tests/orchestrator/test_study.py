@@ -7,11 +7,12 @@ import pytest
 
 from search_spaces.errors import SpecError
 
-from orchestrator import study as studies
 from orchestrator.cli import main
-from orchestrator.spec import load_spec
+from orchestrator.records import queries
+from orchestrator.search.prior import Prior
+from orchestrator.spec.schema import load_spec
+from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
-from orchestrator.sweep.prior import Prior
 from tests.sweep_helpers import make_spec, prior_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -30,25 +31,25 @@ def test_analytic_sweep_storage_contract(tmp_path):
     for key in ("spec", "model", "seq_len", "gpu", "num_gpus", "backend", "mlflow_experiment_id",
                 "mlflow_parent_run_id", "tracking_uri"):
         assert key in study.user_attrs, key
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert out.n_measured == len(ran) == 8
-    keys = [t.user_attrs["layout_key"] for t in studies.finished_trials(study)]
+    keys = [t.user_attrs["layout_key"] for t in queries.finished_trials(study)]
     assert len(keys) == len(set(keys)), "a layout was run twice"
     for t in ran:
         ua = t.user_attrs
         assert {"layout", "layout_key", "status", "result", "prediction", "backend", "mlflow_run_id"} <= set(ua)
         assert ua["status"] in ("ok", "oom", "invalid")
-    for t in studies.finished_trials(study):
+    for t in queries.finished_trials(study):
         if t.user_attrs["status"] == "infeasible":
             assert t.user_attrs["reason"] and "result" not in t.user_attrs
             assert max(t.constraints.values()) > 0
-    best = studies.best_fitting_trial(study)
+    best = queries.best_fitting_trial(study)
     assert best is not None and best.number == out.best.number
-    assert best.values[0] == max(t.values[0] for t in ran if studies.fits(t))
+    assert best.values[0] == max(t.values[0] for t in ran if queries.fits(t))
     # the rules of thumb came first
     first = study.trials[0]
     assert first.user_attrs.get("proposed_by") == "rule-of-thumb"
-    assert all(studies.fits(t) for t in out.pareto)
+    assert all(queries.fits(t) for t in out.pareto)
 
 
 def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_models_best(tmp_path, monkeypatch):
@@ -73,7 +74,7 @@ def test_existing_study_needs_resume_and_resume_adds_trials(tmp_path):
     bigger = _spec(tmp_path, budget={"n_trials": 6})
     out = run_sweep(bigger, resume=True, prior=prior_for(bigger), show_progress=False)
     assert out.n_measured == 6
-    keys = [t.user_attrs["layout_key"] for t in studies.measured_trials(out.study)]
+    keys = [t.user_attrs["layout_key"] for t in queries.measured_trials(out.study)]
     assert len(keys) == len(set(keys)) == 6
     with pytest.raises(SpecError, match="no study"):
         run_sweep(_spec(tmp_path, name="never-ran"), resume=True, prior=prior_for(spec), show_progress=False)
@@ -113,7 +114,7 @@ def test_deepseek_v3_1024_h100_analytic_200_trials(tmp_path, search, n_trials):
     spec = spec.model_copy(update={"workdir": str(tmp_path / "runs")})
     out = run_sweep(spec, show_progress=False)
     seeds = [t for t in out.study.trials if t.user_attrs.get("proposed_by") == "rule-of-thumb"
-             and studies.fits(t)]
+             and queries.fits(t)]
     assert seeds, "no seed recipe fitted"
     assert out.best.values[0] >= max(t.values[0] for t in seeds)
     cap = n_trials * spec.budget.max_proposals_per_trial
@@ -131,7 +132,7 @@ def test_the_stored_studies_are_optunas_summaries_without_their_trials(tmp_path)
     reading every trial; load_study without a name takes the newest."""
     import optuna
 
-    from orchestrator import study as studies_mod
+    from orchestrator.storage import studies as studies_mod
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     for n, name in enumerate(["b", "a", "c"]):

@@ -12,8 +12,8 @@ from mlflow import MlflowClient
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator import study as studies
-from orchestrator.backends.base import TrialRequest
+from orchestrator.dispatch.base import TrialRequest
+from orchestrator.records import queries
 from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
 
@@ -44,7 +44,7 @@ def test_local_sweep_records_optuna_and_mlflow(tmp_path, monkeypatch):
     spec = _spec(tmp_path)
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0 and out.n_measured == 4
-    ran = studies.measured_trials(out.study)
+    ran = queries.measured_trials(out.study)
     assert all(t.user_attrs["status"] == "ok" for t in ran)
     client = MlflowClient(spec.tracking_uri)
     exp = client.get_experiment_by_name(spec.name)
@@ -65,14 +65,14 @@ def test_local_sweep_records_optuna_and_mlflow(tmp_path, monkeypatch):
         assert command[1:3] == ["-m", "tests.fake_trainer"] and "--result" in command
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
     numbers = [r.data.tags["optuna_trial_number"] for r in children]
-    assert len(numbers) == len(set(numbers)) == len(studies.finished_trials(out.study))
+    assert len(numbers) == len(set(numbers)) == len(queries.finished_trials(out.study))
     assert client.get_run(parent_id).info.status == "FINISHED"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_hang_is_killed_with_its_tree_and_crash_and_oom_are_results(tmp_path):
-    from orchestrator.backends.local import LocalRayBackend
+    from orchestrator.dispatch.local import LocalRayBackend
 
     spec = _spec(tmp_path, budget={"n_trials": 3, "max_concurrent": 3})
     backend = LocalRayBackend(spec)

@@ -9,7 +9,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator import study as studies
+from orchestrator.records import queries
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_quickstart_real_trainer_sweep(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "best layout" in done.stdout
     study = optuna.load_study(study_name="quickstart", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert len(ran) == 3
     ok = [t for t in ran if t.user_attrs["status"] == "ok"]
     assert len({t.user_attrs["layout_key"] for t in ok}) >= 2, [t.user_attrs.get("reason") for t in ran]
@@ -47,7 +47,7 @@ def test_quickstart_real_trainer_sweep(tmp_path):
 def test_qwen3_next_sweep_runs_gated_delta_net_trials_end_to_end(tmp_path, monkeypatch):
     """A quickstart-size sweep of the hybrid family: Optuna proposes, the cost model screens (with the
     delta-net rules and memory terms), Ray runs the real trainer's GatedDeltaNet layers, MLflow records."""
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
     from tests.sweep_helpers import prior_for
 
@@ -61,7 +61,7 @@ def test_qwen3_next_sweep_runs_gated_delta_net_trials_end_to_end(tmp_path, monke
         "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "workdir": str(tmp_path / "runs")})
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0 and out.n_measured == 3
-    ran = studies.measured_trials(out.study)
+    ran = queries.measured_trials(out.study)
     assert all(t.user_attrs["status"] == "ok" for t in ran), [t.user_attrs.get("reason") for t in ran]
     assert len({t.user_attrs["layout_key"] for t in ran}) == 3
     for t in ran:
@@ -79,7 +79,7 @@ def test_a_sweep_over_cp_pp_and_ep_runs_every_trial(tmp_path, monkeypatch):
     """Long-context MoE is CP with PP and EP: a tiny-moe sweep of CP 2 x PP 2 x EP 2 layouts (the seed recipes'
     shape; the search over VPP and recompute, the real trainer through Ray) measures every layout it runs; none
     errors (CP x PP crashed every trial before: issue 53)."""
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
     from tests.sweep_helpers import prior_for
 
@@ -94,7 +94,7 @@ def test_a_sweep_over_cp_pp_and_ep_runs_every_trial(tmp_path, monkeypatch):
         "workdir": str(tmp_path / "runs")})
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0 and out.n_measured == 2
-    ran = studies.measured_trials(out.study)
+    ran = queries.measured_trials(out.study)
     assert all(t.user_attrs["status"] == "ok" for t in ran), [t.user_attrs.get("reason") for t in ran]
     applied = [t.user_attrs["result"]["applied"] for t in ran]
     assert all((a["cp"], a["pp"], a["ep"]) == (2, 2, 2) for a in applied), applied

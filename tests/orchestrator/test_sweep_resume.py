@@ -13,7 +13,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator import study as studies
+from orchestrator.records import queries
 from tests.sweep_helpers import FAKE_TRAINER, spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def _count_measured(storage: str, name: str) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except Exception:  # noqa: BLE001 -- not created yet
         return 0
-    return len(studies.measured_trials(study))
+    return len(queries.measured_trials(study))
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_sigkill_then_resume_finishes_exactly_n_trials(tmp_path):
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
 
     study = optuna.load_study(study_name=spec["name"], storage=spec["storage"])
-    ran = studies.measured_trials(study)
+    ran = queries.measured_trials(study)
     assert len(ran) == n_trials
     keys = [t.user_attrs["layout_key"] for t in ran]
     assert len(set(keys)) == n_trials, "a layout was measured twice"
@@ -74,7 +74,7 @@ def test_sigkill_then_resume_finishes_exactly_n_trials(tmp_path):
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'",
                                   max_results=1000)
     per_trial = Counter(r.data.tags["optuna_trial_number"] for r in children)
-    for t in studies.finished_trials(study):
+    for t in queries.finished_trials(study):
         assert per_trial[str(t.number)] == 1, f"trial {t.number} has {per_trial[str(t.number)]} child runs"
     finished_ids = {r.data.tags["optuna_trial_number"]: r for r in children}
     for t in ran:

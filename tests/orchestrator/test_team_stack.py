@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy
 from mlflow import MlflowClient
 
-from orchestrator import study as studies
+from orchestrator.records import queries
 from orchestrator.sweep.lease import HOST_ENV
 from tests.mlflow_server import MlflowServer
 from tests.sweep_helpers import spec_data, write_spec
@@ -49,7 +49,7 @@ def test_two_hosts_share_one_study_in_postgres_and_one_mlflow_server(postgres, t
         assert second.returncode == 0, second.stdout + second.stderr
 
         study = optuna.load_study(study_name="team", storage=optuna_url)
-        measured = studies.measured_trials(study)
+        measured = queries.measured_trials(study)
         assert len(measured) == 10
         assert len({t.user_attrs["layout_key"] for t in measured}) == 10  # no layout measured twice
         # both hosts' trials went to the one MLflow server, under the study's one parent run

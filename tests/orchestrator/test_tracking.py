@@ -9,10 +9,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
-from orchestrator import study as studies
 from orchestrator.errors import LeaseLost, TrackingError
+from orchestrator.records import queries
+from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
-from orchestrator.tracking import (
+from orchestrator.tracking.tracker import (
     EXPERIMENT_KIND_TAG,
     TRIALS_VIEW,
     VIEW_TAG_PREFIX,
@@ -53,7 +54,7 @@ def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server
     assert "do-not-log-me" not in env_text and "visible" in env_text
 
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    finished = studies.finished_trials(out.study)
+    finished = queries.finished_trials(out.study)
     assert len(children) == len(finished) >= 5
     by_number = {int(r.data.tags["optuna_trial_number"]): r for r in children}
     assert set(by_number) == {t.number for t in finished}
@@ -107,7 +108,7 @@ def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
     parent_id = out.study.user_attrs["mlflow_parent_run_id"]
     runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
     numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
-    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+    assert numbers == sorted(t.number for t in queries.finished_trials(out.study))
     assert all(r.info.status == "FINISHED" for r in runs if "optuna_trial_number" in r.data.tags)
 
     # never back: exit code says so and the spool keeps the records
@@ -117,7 +118,7 @@ def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
     assert out2.exit_code == 3 and out2.mlflow_pending >= 2
     spool = tmp_path / "runs" / "tracked-down" / "mlflow-spool.jsonl"
     lines = [json.loads(x) for x in spool.read_text().splitlines()]
-    assert {r["trial_number"] for r in lines} >= {t.number for t in studies.measured_trials(out2.study)}
+    assert {r["trial_number"] for r in lines} >= {t.number for t in queries.measured_trials(out2.study)}
     assert any("MLflow did not receive" in m for m in out2.messages)
 
 
@@ -165,7 +166,7 @@ def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, 
     runs = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
     numbers = sorted(int(r.data.tags["optuna_trial_number"]) for r in runs if "optuna_trial_number" in r.data.tags)
     # the torn record's trial is replayed from the Optuna storage: nothing lost, nothing doubled
-    assert numbers == sorted(t.number for t in studies.finished_trials(out.study))
+    assert numbers == sorted(t.number for t in queries.finished_trials(out.study))
 
 
 def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch, caplog):
@@ -229,7 +230,7 @@ def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leade
     assert {"leaderboard.json", "leaderboard.csv", "pareto.html", "report/report.html"} <= _parent_artifacts(
         client, parent)
     assert not [p for p in _parent_artifacts(client, parent) if p.endswith(".png")]  # no PNGs at a sweep's end
-    board = studies.leaderboard(out.study)
+    board = queries.leaderboard(out.study)
     csv = open(client.download_artifacts(parent, "leaderboard.csv", str(tmp_path))).read()
     assert csv == board.to_csv(index=False)
     table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
@@ -242,7 +243,7 @@ def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leade
     more = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 6}, track_rejected=False)
     again = run_sweep(more, resume=True, prior=prior_for(more), show_progress=False)
     assert again.study.user_attrs["mlflow_parent_run_id"] == parent
-    board = studies.leaderboard(again.study)
+    board = queries.leaderboard(again.study)
     assert len(board) > len(table)
     table = client.load_table(exp.experiment_id, "leaderboard.json", run_ids=[parent])
     assert sorted(table["trial"]) == sorted(board["trial"])

@@ -179,7 +179,7 @@ class _LyingBackend:
 
 @pytest.mark.timeout(300)
 def test_sweep_never_picks_an_impossible_measurement_as_best(tmp_path, monkeypatch):
-    from orchestrator import study as studies
+    from orchestrator.records import queries
     from orchestrator.sweep import loop, session
     from tests.sweep_helpers import make_spec, prior_for
 
@@ -187,7 +187,7 @@ def test_sweep_never_picks_an_impossible_measurement_as_best(tmp_path, monkeypat
     spec = make_spec(tmp_path, "liars", gpu="h100", gpus_per_node=8, seq_len=1024, gbs=16, fixed={},
                      tracking_uri="none")
     outcome = loop.run_sweep(spec, prior=prior_for(spec), show_progress=False)
-    ran = studies.measured_trials(outcome.study)
+    ran = queries.measured_trials(outcome.study)
     statuses = sorted(t.user_attrs["status"] for t in ran)
     assert statuses.count("invalid") >= 1, f"the lying trials were accepted: {statuses}"
     assert outcome.best is not None and outcome.best.user_attrs["status"] == "ok"

@@ -1,4 +1,5 @@
-"""An analytic sweep's MLflow records made by a forked writer (Tracker.write_behind, orchestrator/writer_process.py):
+"""An analytic sweep's MLflow records made by a forked writer (Tracker.write_behind,
+orchestrator/tracking/writer_process.py):
 the same records as a sweep that makes them itself, whatever happens to the writer, and a writer that never
 outlives its sweep.
 
@@ -19,10 +20,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.check import check
 from orchestrator.cli import LIBRARY_THREADS_OFF
+from orchestrator.outputs.check import check
 from orchestrator.sweep import run_sweep
-from orchestrator.writer_process import WriterProcess
+from orchestrator.tracking.writer_process import WriterProcess
 from tests.sweep_helpers import make_spec, prior_for, spec_data
 
 ROOT = Path(__file__).resolve().parents[2]

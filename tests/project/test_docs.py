@@ -270,7 +270,7 @@ def test_every_image_a_page_shows_is_in_the_docs():
 
 
 def test_the_tour_shows_exactly_the_figures_the_script_makes():
-    from orchestrator.report import FIGURES as REPORT_FIGURES
+    from orchestrator.outputs.report import FIGURES as REPORT_FIGURES
 
     make_figures = _load_make_figures()
     assert set(make_figures.REPORT_FIGURES) <= set(REPORT_FIGURES)  # the report still draws each one

@@ -1,7 +1,8 @@
 """The README's commands and spec snippets, executed and loaded: a README that drifts from the code fails here.
 
 Every fenced block of README.md, trainers/README.md and the hand-written pages under docs/ is a shell block (```bash, or
-an unlabelled block of commands), a YAML snippet (```yaml: loaded with the spec loader, orchestrator.spec.load_spec) or
+an unlabelled block of commands), a YAML snippet (```yaml: loaded with the spec loader,
+orchestrator.spec.schema.load_spec) or
 a diagram (an unlabelled block with arrows). A shell line is one command (`\\` continues it; `# ...` is a comment).
 
 Placeholders are expanded by these rules, in this order, never skipped:
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.cli import main
-from orchestrator.spec import load_spec
+from orchestrator.spec.schema import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 # the README, the trainer's, and the documentation's hand-written pages (the reference pages are generated at build

@@ -44,8 +44,8 @@ def test_rule_catches_a_violation(tmp_path):
 # ---- credentials in URIs (issue 15, item 7): one redaction for MLflow artifacts and error lines ----------
 import pytest  # noqa: E402
 
-from orchestrator.environment import recorded_variables  # noqa: E402
 from orchestrator.redact import redact_mapping, redact_uri  # noqa: E402
+from orchestrator.tracking.environment import recorded_variables  # noqa: E402
 
 REDACTIONS = [
     ("postgresql://optuna:hunter2@db:5432/optuna", "postgresql://***@db:5432/optuna"),

@@ -29,10 +29,10 @@ from search_spaces.calibration.fit import FAMILY_PARAMETERS, SHARED_PARAMETERS
 from search_spaces.errors import MoeAutotuneError, SpecError
 from search_spaces.inputs import EXCERPT_CHARS, excerpt
 
-from orchestrator.backends.replay import load_table
-from orchestrator.commands.output import json_line
+from orchestrator.dispatch.replay import load_table
 from orchestrator.sweep.spool import ResultSpool
-from orchestrator.tracking import _saved_view, _spool_record
+from orchestrator.tracking.tracker import _saved_view, _spool_record
+from orchestrator.userio import json_line
 from tests.search_spaces.test_hostile_properties import PROPERTY, assert_answered, inside, run, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -521,7 +521,7 @@ def test_csv_reader_bounds_cells_and_columns(tmp_path):
 def test_a_layout_read_back_from_the_registry_is_bounded(tmp_path, monkeypatch, text, needle):
     """`export name@production` reads layout.yaml from an MLflow store (another's to write) through the bounded
     reader: before, yaml.safe_load (aliases, RecursionError, CPython's digit-limit ValueError)."""
-    from orchestrator import registry
+    from orchestrator.outputs import registry
 
     (tmp_path / "layout.yaml").write_text(text)
     monkeypatch.setattr(registry, "download", lambda ref, dst=None: tmp_path)

@@ -22,9 +22,9 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import CAPACITY_SLACK, CONSISTENCY_TOLERANCE, validate
 
-from orchestrator.backends.replay import LAYOUT_COLUMNS, TABLE_COLUMNS, load_table
-from orchestrator.calibrate import from_table, judge_result
 from orchestrator.cli import main
+from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS, load_table
+from orchestrator.outputs.calibrate import from_table, judge_result
 
 H100 = load_gpu("h100")
 MODEL_NAME, SEQ, GPUS = "llama3-8b", 8192, 16
@@ -178,8 +178,8 @@ def test_an_impossible_replay_row_is_invalid_with_its_reason_and_never_the_best(
 
 @pytest.mark.timeout(300)
 def test_a_replay_sweep_records_impossible_rows_as_invalid_and_picks_an_honest_best(tmp_path):
-    from orchestrator import study as studies
-    from orchestrator.spec import parse_spec
+    from orchestrator.records import queries
+    from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
 
     spec = parse_spec({"name": "impossible", "model": MODEL_NAME, "gpu": "h100", "nodes": 2, "gpus_per_node": 8,
@@ -188,7 +188,7 @@ def test_a_replay_sweep_records_impossible_rows_as_invalid_and_picks_an_honest_b
                        "storage": f"sqlite:///{tmp_path / 'optuna.db'}", "tracking_uri": "none",
                        "workdir": str(tmp_path / "runs")})
     outcome = run_sweep(spec, show_progress=False)
-    ran = studies.measured_trials(outcome.study)
+    ran = queries.measured_trials(outcome.study)
     invalid = [t for t in ran if t.user_attrs["status"] == "invalid"]
     assert invalid and all(t.user_attrs["reason"] for t in invalid)
     assert outcome.best is not None and outcome.best.user_attrs["status"] == "ok"
@@ -212,7 +212,7 @@ def test_calibrate_skips_impossible_rows_says_so_and_refuses_when_none_is_left(t
 
 
 def test_a_measurement_handed_to_calibration_directly_is_judged_too():
-    from orchestrator.calibrate import calibrate
+    from orchestrator.outputs.calibrate import calibrate
 
     lie = Measurement(MODEL_NAME, "h100", GPUS, SEQ, LAYOUTS[0], tokens_per_sec_per_gpu=CEILING * 2, source="lie")
     assert "peak" in measurement_problems(lie)[0]

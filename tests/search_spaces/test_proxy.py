@@ -19,7 +19,7 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 
 from orchestrator.cli import main
-from orchestrator.spec import parse_spec
+from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep.fidelity import trial_size
 from tests.sweep_helpers import spec_data
 

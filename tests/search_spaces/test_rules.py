@@ -294,7 +294,8 @@ def _mcore_lever_verdict(model, layout: Layout) -> str | None:
 
 
 def _megatron_lm_verdict(model, layout: Layout) -> str | None:
-    """What Megatron-LM 0.19.2 says of the layout's flags (orchestrator/export.py): validate_args (fp8_param_gather only
+    """What Megatron-LM 0.19.2 says of the layout's flags (orchestrator/outputs/export.py): validate_args
+    (fp8_param_gather only
     with the distributed optimizer; with optimizer offload only the delayed recipe), then the TransformerConfig it
     builds (fp8_param only with fp8), on an H100's answers (tests/bridge_config.py)."""
     import argparse
@@ -305,7 +306,7 @@ def _megatron_lm_verdict(model, layout: Layout) -> str | None:
     from megatron.training.argument_utils import core_transformer_config_from_args
     from megatron.training.arguments import add_megatron_arguments, validate_args
 
-    from orchestrator import export
+    from orchestrator.outputs import export
     from tests import bridge_config
 
     argv = export.megatron_args(layout, model, 512) + [

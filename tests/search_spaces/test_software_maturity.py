@@ -91,8 +91,8 @@ def test_estimate_states_its_software_and_refuses_a_release_without_evidence(cap
 
 
 def test_a_sweep_spec_takes_the_release_and_its_prior_runs_at_it():
-    from orchestrator.spec import parse_spec
-    from orchestrator.sweep.prior import Prior
+    from orchestrator.search.prior import Prior
+    from orchestrator.spec.schema import parse_spec
 
     spec = parse_spec({"model": "llama3-70b", "gpu": "gb200", "nodes": 16, "gpus_per_node": 4, "seq_len": 4096,
                        "software": "25.11"})

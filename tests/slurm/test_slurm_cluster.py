@@ -100,14 +100,14 @@ def _multinode_rendezvous_missing() -> str | None:
     """Two torchruns on one host (the emulated nodes) need the rendezvous host named explicitly."""
     from search_spaces.layouts.layout import Layout
 
-    from orchestrator.backends.base import TrialRequest
-    from orchestrator.backends.local import trainer_argv
+    from orchestrator.dispatch.base import TrialRequest
+    from orchestrator.dispatch.local import trainer_argv
 
     request = TrialRequest(layout=Layout(ep=2), model="tiny-moe", seq_len=128, gpu="cpu", num_gpus=2, nodes=2,
                            gpus_per_node=1, steps=2, warmup=1, timeout_s=60, workdir=Path("."), trial_number=0)
     argv = trainer_argv(request, "trainers.megatron_moe", "torchrun", Path("r.json"), 0, "10.0.0.1:1234")
     if not any("is_host" in a for a in argv):
-        return ("orchestrator/backends/local.py trainer_argv does not pass `--rdzv-conf is_host=1|0`: on a host "
+        return ("orchestrator/dispatch/local.py trainer_argv does not pass `--rdzv-conf is_host=1|0`: on a host "
                 "whose name does not resolve to its Ray node IP no torchrun hosts the c10d store (requested)")
     return None
 

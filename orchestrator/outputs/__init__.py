@@ -1,0 +1,1 @@
+"""Outputs: what a finished sweep gives its user (check, export, report, the winner for promotion, calibration)."""

@@ -1,0 +1,92 @@
+"""The study's read side: which trials ran, fit, lead, and what they cost (best, Pareto, leaderboard, replay table,
+GPU-hours). What the storage holds of the study and of each trial is the contract of the records here (StudyRecord,
+TrialRecord); this module reads it through those records only, whatever store the study is kept in."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import optuna
+import pandas as pd
+
+from search_spaces.result import MEASURED_STATUSES
+
+from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
+from orchestrator.spec import economics
+
+# the study's objectives: tokens/s per GPU (up), peak memory (down)
+DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+
+
+def finished_records(study: optuna.Study) -> list[TrialRecord]:
+    return [TrialRecord.of(t) for t in finished_trials(study)]
+
+
+def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that ran (counted against n_trials); infeasible proposals are free."""
+    return [t for t in finished_trials(study) if TrialRecord.of(t).status in MEASURED_STATUSES]
+
+
+def measured_records(study: optuna.Study) -> list[TrialRecord]:
+    return [r for r in finished_records(study) if r.status in MEASURED_STATUSES]
+
+
+def fits(trial: optuna.trial.FrozenTrial) -> bool:
+    return TrialRecord.of(trial).fits_ok
+
+
+def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """Best measured tokens/s among status ok trials that fit the GPU memory."""
+    ok = [t for t in finished_trials(study) if fits(t)]
+    return max(ok, key=lambda t: t.values[0], default=None)
+
+
+def gpu_hours(study: optuna.Study) -> tuple[float, float]:
+    """(GPU-hours the study's trials used, GPU-hours the same trials would have used at full size)."""
+    used = full = 0.0
+    for record in measured_records(study):
+        seconds, at_full = record.gpu_seconds
+        used += seconds or 0.0
+        full += at_full or seconds or 0.0
+    return used / 3600.0, full / 3600.0
+
+
+def sweep_spend(study: optuna.Study) -> economics.Spend:
+    """What the sweep's trials used, in GPU-hours (and dollars with the spec's price)."""
+    return economics.spend(*gpu_hours(study), StudyRecord.of(study).cost)
+
+
+def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    front = [t for t in study.best_trials if fits(t)]
+    return sorted(front, key=lambda t: -t.values[0])
+
+
+def _on_board(record: TrialRecord, include_infeasible: bool) -> bool:
+    """Every proposal judged or running (a discarded repeat is no row); rejected ones unless left out."""
+    judged = record.status is not None or not record.finished
+    has_layout = record.layout is not None or record.status is not None
+    return judged and has_layout and (include_infeasible or record.status != "infeasible")
+
+
+def leaderboard(study: optuna.Study, include_infeasible: bool = True) -> pd.DataFrame:
+    """One row per finished trial, best measured first (replay-table columns first)."""
+    context = StudyRecord.of(study)
+    rows = [row(r, context) for r in (TrialRecord.of(t) for t in study.get_trials(deepcopy=False))
+            if _on_board(r, include_infeasible)]
+    frame = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
+    if frame.empty:
+        return frame
+    frame["_ok"] = frame["status"].eq("ok")
+    frame = frame.sort_values(["_ok", "tokens_per_sec_per_gpu", "trial"], ascending=[False, False, True],
+                              na_position="last").drop(columns="_ok")
+    return frame.reset_index(drop=True)
+
+
+def replay_table(study: optuna.Study) -> pd.DataFrame:
+    """The trials that ran, in the replay backend's CSV format (issue 8)."""
+    frame = leaderboard(study, include_infeasible=False)
+    return frame[frame["status"].isin(MEASURED_STATUSES)][TABLE_COLUMNS] if not frame.empty else frame[TABLE_COLUMNS]

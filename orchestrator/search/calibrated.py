@@ -1,0 +1,163 @@
+"""Calibrated search: rank untried legal layouts by predicted throughput, corrected online by measurements.
+
+TPE over raw integers learns nothing from the cost model and wastes trials on the combinatorics. Here the
+cost model ranks the candidates, and each measurement corrects it: log(measured / predicted) is fitted as
+a sum of one effect per dimension value (Bayesian ridge least squares in log space, the intercept penalised
+like the rest so that one slow trial lowers the layouts that share its values more than the others). The
+next proposal is the untried candidate with the best corrected prediction under one draw from the
+posterior of the effects (Thompson sampling: values not yet measured keep their uncertainty, so the search
+tries them when they could matter) that is expected to fit: the memory
+prediction is corrected the same way (per-value effects fitted to measured/predicted peak memory; an
+out-of-memory trial counts as a peak 2% above the GPU's memory).
+
+    search = CalibratedSearch.from_prior(prior, seed=0)  # the prior's legal layouts, near misses included
+    layout = search.propose(tried_keys)                  # None when nothing is left
+    search.observe(layout, result.status, result.tokens_per_sec_per_gpu, result.peak_memory_gib)
+
+The sweep uses it through `orchestrator.search.samplers.CalibratedSampler`, an Optuna sampler.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from search_spaces.layouts.layout import SEARCH_DIMENSIONS, Layout
+
+
+class CalibratedSearch:
+    # candidates predicted to need up to this times the GPU's memory stay in: measured peaks may show that
+    # the memory model is pessimistic (issue 16 measured 16-19% over-prediction of activations)
+    MEMORY_MARGIN = 1.15
+
+    def __init__(self, candidates: Iterable[Layout], predict: Callable[[Layout], tuple[bool, float, float | None]],
+                 memory_limit_gib: float, model_error: float = 0.10, noise: float = 0.03,
+                 seed: int | None = 0, first: Iterable[Layout] = ()):
+        """`predict(layout) -> (legal, tokens_per_sec_per_gpu, peak_memory_gib)`; illegal ones are dropped.
+
+        model_error: prior standard deviation of each per-value effect (log space, ~relative error);
+        noise: relative measurement noise; seed: the posterior draws (same seed, same proposals);
+        `first`: layouts to measure before trusting the ranking (e.g. rules of thumb); empty by default.
+        """
+        self.layouts: list[Layout] = []
+        tokens, memory = [], []
+        for lay in dict.fromkeys(candidates):
+            legal, tok, mem = predict(lay)
+            if legal and tok and tok > 0:
+                self.layouts.append(lay)
+                tokens.append(tok)
+                memory.append(mem if mem is not None else 0.0)
+        self.keys = [lay.key() for lay in self.layouts]
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.log_pred = np.log(np.asarray(tokens, dtype=float)) if tokens else np.zeros(0)
+        self.pred_mem = np.asarray(memory, dtype=float)
+        self.limit = float(memory_limit_gib)
+        self.prior_precision = 1.0 / model_error ** 2
+        self.noise_precision = 1.0 / noise ** 2
+        self.rng = np.random.default_rng(seed)
+        self._chol: np.ndarray | None = None  # Cholesky factor of the posterior covariance (None: prior only)
+        # one-hot design matrix: one column per (dimension, value) seen among the candidates, plus intercept
+        columns: dict[tuple[str, str], int] = {}
+        rows = []
+        for lay in self.layouts:
+            row = []
+            # every searchable dimension's value gets its own correction
+            for dim, value in lay.params(SEARCH_DIMENSIONS).items():
+                row.append(columns.setdefault((dim, str(value)), len(columns)))
+            rows.append(row)
+        self.X = np.zeros((len(self.layouts), len(columns) + 1))
+        for i, row in enumerate(rows):
+            self.X[i, row] = 1.0
+        self.X[:, -1] = 1.0
+        self.correction = np.zeros(len(self.layouts))
+        self.memory_correction = np.zeros(len(self.layouts))
+        self._obs_rows: list[int] = []
+        self._obs_y: list[float] = []
+        self._mem_rows: list[int] = []
+        self._mem_y: list[float] = []
+        self.first = [lay for lay in first if lay.key() in self.index]
+
+    @classmethod
+    def from_prior(cls, prior, candidates: Iterable[Layout] | None = None, limit: int = 50_000,
+                   memory_margin: float = MEMORY_MARGIN, **kwargs) -> "CalibratedSearch":
+        """From an orchestrator Prior: its candidates (the whole space when it is small, else the cost
+        model's favourites; a replay table's layouts) predicted to need at most `memory_margin` x the GPU's
+        memory: near misses stay in, because measured peaks may show that the memory model is pessimistic."""
+        def predict(lay: Layout):
+            p = prior.predict(lay)
+            return p.legal, p.tokens_per_sec_per_gpu, p.peak_memory_gib
+        if candidates is None:
+            candidates = list(prior.candidates)[:limit]
+        ceiling = memory_margin * prior.memory_limit_gib
+        pool = [lay for lay in candidates if (prior.predict(lay).peak_memory_gib or 0.0) <= ceiling]
+        return cls(pool, predict, prior.memory_limit_gib, **kwargs)
+
+    # ---- the two calls -------------------------------------------------------------------------------
+    def propose(self, tried: set[str] | Iterable[str] = ()) -> Layout | None:
+        """The untried candidate with the best corrected prediction that should fit (None: none left)."""
+        tried = set(tried)
+        for lay in self.first:
+            if lay.key() not in tried:
+                return lay
+        if not self.layouts:
+            return None
+        score = self.log_pred + self._draw()
+        fits = self.pred_mem * np.exp(self.memory_correction) <= self.limit
+        untried = np.array([k not in tried for k in self.keys])
+        should_fit = np.flatnonzero(fits & untried)
+        if should_fit.size:
+            return self.layouts[int(should_fit[np.argmax(score[should_fit])])]
+        rest = np.flatnonzero(untried)  # nothing should fit any more: the least unlikely next
+        if rest.size:
+            return self.layouts[int(rest[np.argmin(self.pred_mem[rest])])]
+        return None
+
+    def observe(self, layout: Layout, status: str, tokens_per_sec_per_gpu: float | None,
+                peak_memory_gib: float | None = None) -> None:
+        i = self.index.get(layout.key())
+        if i is None:
+            return
+        pred_mem = self.pred_mem[i]
+        if status == "ok" and tokens_per_sec_per_gpu and tokens_per_sec_per_gpu > 0:
+            self._obs_rows.append(i)
+            self._obs_y.append(float(np.log(tokens_per_sec_per_gpu) - self.log_pred[i]))
+            self._refit()
+        if pred_mem > 0 and (status == "oom" or (status == "ok" and peak_memory_gib)):
+            # an OOM says "more than the GPU has": counted as 2% over
+            peak = self.limit * 1.02
+            if peak_memory_gib:  # measured: an ok trial's peak, or the one an OOM reported
+                peak = peak_memory_gib if status == "ok" else max(peak, peak_memory_gib)
+            self._mem_rows.append(i)
+            self._mem_y.append(float(np.log(peak / pred_mem)))
+            self.memory_correction = self.X @ self._posterior_mean(self._mem_rows, self._mem_y, noise=0.01)
+
+    def _posterior_mean(self, rows: list[int], y: list[float], noise: float) -> np.ndarray:
+        X = self.X[rows]
+        A = X.T @ X / noise ** 2 + self.prior_precision * np.eye(X.shape[1])
+        return np.linalg.solve(A, X.T @ np.asarray(y) / noise ** 2)
+
+    def _refit(self) -> None:
+        X = self.X[self._obs_rows]
+        y = np.asarray(self._obs_y)
+        # posterior of the effects: precision A = X'X/s^2 + I/tau^2, mean A^-1 X'y/s^2
+        A = self.noise_precision * X.T @ X + self.prior_precision * np.eye(X.shape[1])
+        cov = np.linalg.inv(A)
+        self.mean = cov @ (self.noise_precision * X.T @ y)
+        self.correction = self.X @ self.mean
+        self._chol = np.linalg.cholesky((cov + cov.T) / 2)
+
+    def _draw(self) -> np.ndarray:
+        """Corrections under one posterior draw of the effects."""
+        k = self.X.shape[1]
+        z = self.rng.standard_normal(k)
+        if self._chol is None:
+            w = z / np.sqrt(self.prior_precision)
+        else:
+            w = self.mean + self._chol @ z
+        return self.X @ w
+
+    def predicted(self, layout: Layout) -> float | None:
+        """The corrected tokens/s/GPU prediction of a candidate."""
+        i = self.index.get(layout.key())
+        return None if i is None else float(np.exp(self.log_pred[i] + self.correction[i]))

@@ -1,0 +1,45 @@
+"""`sqlite:///path`: the study in a SQLite file (made whole at its first opening, waited for while another process
+holds it locked; orchestrator/storage/sqlite_files.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from orchestrator.storage.base import OPTUNA, StudyStore
+from orchestrator.storage.files import require_writable
+from orchestrator.storage.rdb import open_rdb, optuna_schema
+from orchestrator.storage.sqlite_files import create_sqlite, require_table, require_unlocked, sqlite_file
+
+OPTUNA_TABLE = "studies"  # the table every Optuna store has from its first opening
+
+
+class SqliteStudyStore(StudyStore):
+    kind = "SQLite file"
+
+    @property
+    def path(self) -> Path | None:
+        return sqlite_file(self.url)  # None for an in-memory database
+
+    def check(self, resume: bool) -> None:
+        if resume:
+            self.require_existing("nothing to resume")
+        path = self.path
+        if path is not None:
+            require_writable(path, self.url, OPTUNA)
+            if path.exists():
+                require_unlocked(path, OPTUNA, self.shown)
+
+    def require_existing(self, hint: str) -> None:
+        self.path  # noqa: B018 -- a path no file can have: one line before the file system is asked
+        require_table(self.url, OPTUNA_TABLE, OPTUNA, self.shown, f" ({hint})")
+
+    def open(self, create: bool = True, attempts: int = 10) -> optuna.storages.BaseStorage:
+        path = self.path
+        if create and path is not None:
+            try:
+                create_sqlite(path, optuna_schema)
+            except Exception as exc:  # noqa: BLE001 -- a full disk, a folder that refuses the file
+                raise self.failure(exc, "cannot create") from None
+        return open_rdb(self, attempts, schema_races=False)

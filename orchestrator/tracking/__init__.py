@@ -1,0 +1,1 @@
+"""Tracking: MLflow as the sweep's record (runs per trial, the registry of promoted layouts, the UI)."""
