@@ -51,8 +51,9 @@ def assert_ok(result: TrialResult, proc: subprocess.CompletedProcess) -> None:
 
 
 # Runs shared between test modules (test_trainer_cpu and test_memory_match need the same layouts):
-# each distinct run happens once per pytest run, whichever xdist worker needs it first (shared_run).
-_SHARED: dict[tuple, tuple[TrialResult, subprocess.CompletedProcess]] = {}
+# each distinct run happens once per pytest run, whichever xdist worker needs it first, in one launch with the
+# other runs on as many ranks (shared_run).
+_SHARED: dict[str, tuple[TrialResult, subprocess.CompletedProcess]] = {}
 
 # The layouts the memory and parallelism tests share: name -> (ranks, flags, model).
 SAME_DATA = ["--mbs", "2", "--gbs", "4"]
@@ -94,23 +95,86 @@ LAYOUTS.update({
                           "--recompute", "moe_act,layernorm"], "tiny-mla-moe"),
 })
 
+# The routing modes test_trainer_cpu runs (EP2 of tiny-moe under each of Megatron-Core's router options): shared
+# runs as well, in the two-rank launch, but not LAYOUTS (the memory tests do not check them).
+ROUTINGS = [("dropless", "alltoall"), ("capacity:1.5", "alltoall"), ("capacity:1.5", "allgather"),
+            ("forced_balance", "alltoall")]
+
+
+def routing_run(routing: str, dispatcher: str) -> str:
+    return f"routing_{routing.replace(':', '')}_{dispatcher}"
+
+
+ROUTING_RUNS = {routing_run(r, d): (2, ["--ep", "2", "--mbs", "1", "--gbs", "2", "--dispatcher", d, "--routing", r],
+                                    "tiny-moe") for r, d in ROUTINGS}
+# Every shared run: name -> (ranks, flags, model).
+RUNS = {**LAYOUTS, **ROUTING_RUNS}
+
+
+def shared_command(nproc: int, cells_json: Path) -> list[str]:
+    """trainers.cells over CELLS.json on `nproc` ranks (one rank: a plain process, as trainer_command runs one)."""
+    if nproc == 1:
+        return [sys.executable, "-m", "trainers.cells", str(cells_json)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "-m", "trainers.cells", str(cells_json)]
+
+
+def _run_group(folder: Path, names: list[str], timeout: float = 480) -> dict[str, dict]:
+    """Run the RUNS `names` (all on the same number of ranks) one after another in one trainers.cells launch;
+    per name, its launch (args, output), the exit status it answers for and whether it wrote a result. A failing
+    trial ends a launch (trainers/cells.py): the runs after it go on in a next one, so one run's failure fails
+    its own tests only, as when each had a launch of its own."""
+    nproc = RUNS[names[0]][0]
+    records: dict[str, dict] = {}
+    pending = list(names)
+    for launch in range(len(names)):
+        if not pending:
+            break
+        cells = [{"name": n, "argv": ["--model", RUNS[n][2], *FAST, *RUNS[n][1],
+                                      "--result", str(folder / n / "result.json")]} for n in pending]
+        cells_json = folder / f"cells-{launch}.json"
+        cells_json.write_text(json.dumps(cells, indent=1))
+        # the timeout only guards against a hang: run_trainer's, once per trial
+        proc = subprocess.run(shared_command(nproc, cells_json), cwd=REPO, timeout=timeout * len(pending),
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        wrote = [n for n in pending if (folder / n / "result.json").exists()]
+        ran = len(wrote)  # trials run in order: the first that fails ends the launch, later ones write nothing
+        for name in pending[:ran]:  # each that the launch went past ended as a process of its own would: exit 0
+            records[name] = {"args": proc.args, "returncode": 0, "stdout": proc.stdout, "result": True}
+        if ran == len(pending):  # the last trial answers for the launch's exit (the process group's teardown)
+            records[pending[-1]]["returncode"] = proc.returncode
+            break
+        if ran and TrialResult.read(folder / pending[ran - 1] / "result.json").status in ("error", "oom"):
+            records[pending[ran - 1]]["returncode"] = proc.returncode  # it failed, and ended the launch
+        else:  # the next one ended it without a result (flags refused, a crash)
+            records[pending[ran]] = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
+                                     "result": False}
+            ran += 1
+        pending = pending[ran:]
+    return records
+
 
 def shared_run(tmp_path_factory, name: str) -> tuple[TrialResult, subprocess.CompletedProcess]:
-    """The run of LAYOUTS[name]: made once per pytest run in a folder all xdist workers see (the first worker to
-    need it runs it, holding its lock; the others wait and read its result file and output)."""
+    """The run of RUNS[name], made once per pytest run in a folder all xdist workers see. All the runs on
+    the same number of ranks run in one trainers.cells launch (each rank's start-up and Megatron's import once per
+    rank count, not once per run): the first worker to need one of them runs them all, holding their lock; the
+    others wait and read the result files and output. Each result is its own trial's: only its peak resident set
+    and wall time include the trials before it (`extra.shared_process`), and no test here reads those."""
     if name not in _SHARED:
-        nproc, flags, model = LAYOUTS[name]
-        folder = run_temp_root(tmp_path_factory) / "shared-trainer-runs" / name
+        nproc = RUNS[name][0]
+        folder = run_temp_root(tmp_path_factory) / "shared-trainer-runs" / f"ranks{nproc}"
         record = folder / "process.json"
-        with exclusive(folder.with_name(f"{name}.lock")):
+        with exclusive(folder.with_name(f"ranks{nproc}.lock")):
             if record.exists():
-                done = json.loads(record.read_text())
-                proc = subprocess.CompletedProcess(done["args"], done["returncode"], stdout=done["stdout"])
-                result = TrialResult.read(folder / "result.json")
+                records = json.loads(record.read_text())
             else:
                 shutil.rmtree(folder, ignore_errors=True)  # a run whose worker died before it was recorded
-                result, proc = run_trainer(folder, nproc, *flags, model=model)
-                record.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
-                                              "stdout": proc.stdout}))
-        _SHARED[name] = (result, proc)
+                folder.mkdir(parents=True)
+                records = _run_group(folder, [n for n, (ranks, _, _) in RUNS.items() if ranks == nproc])
+                record.write_text(json.dumps(records))
+        done = records[name]
+        proc = subprocess.CompletedProcess(done["args"], done["returncode"], stdout=done["stdout"])
+        assert done["result"], f"no result written (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
+        _SHARED[name] = (TrialResult.read(folder / name / "result.json"), proc)
     return _SHARED[name]

@@ -60,8 +60,12 @@ def share_process_groups() -> None:
 def reset_between_trials() -> None:
     """Megatron-Core's global parallel state and the last trial's objects, before the next layout is built."""
     from megatron.core import parallel_state
+    from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker
 
     parallel_state.destroy_model_parallel()
+    # its per-layer MoE metrics (the load-balancing loss) are sized by the first model that records them: a later
+    # model with more MoE layers would index past them
+    destroy_moe_metrics_tracker()
     gc.collect()
 
 

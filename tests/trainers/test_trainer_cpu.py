@@ -10,7 +10,16 @@ import pytest
 
 from search_spaces.failures import read_records
 
-from tests.trainer_helpers import FAMILY_MODELS, LAYOUTS, RECOMPUTE_CHOICES, assert_ok, run_trainer, shared_run
+from tests.trainer_helpers import (
+    FAMILY_MODELS,
+    LAYOUTS,
+    RECOMPUTE_CHOICES,
+    ROUTINGS,
+    assert_ok,
+    routing_run,
+    run_trainer,
+    shared_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +122,9 @@ def test_each_recompute_choice_lowers_saved_activations_and_keeps_the_loss(tmp_p
     assert run("moe_act").applied["experts"] == ["TEGroupedMLP"]  # SequentialMLP would ignore moe_act
 
 
+# The fault tests below, the refused run and the eager-import probe each keep a process of their own: the faults
+# come from the environment of the whole process, and the refusal and the probe are about what a process imports
+# before Megatron-Core starts.
 @pytest.mark.timeout(180)
 def test_injected_oom_on_one_rank_is_reported_and_every_rank_exits(tmp_path):
     result, proc = run_trainer(tmp_path, 2, "--mbs", "1", "--gbs", "2",
@@ -147,17 +159,16 @@ def test_gpu_only_features_on_cpu_are_invalid_before_megatron_starts(tmp_path):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("routing, dispatcher", [("dropless", "alltoall"), ("capacity:1.5", "alltoall"),
-                                                 ("capacity:1.5", "allgather"), ("forced_balance", "alltoall")])
-def test_each_routing_mode_runs_on_cpu_and_is_reported_in_effect(tmp_path, routing, dispatcher):
+@pytest.mark.parametrize("routing, dispatcher", ROUTINGS)
+def test_each_routing_mode_runs_on_cpu_and_is_reported_in_effect(tmp_path_factory, routing, dispatcher):
     """Megatron-Core's router options on CPU, EP2 of tiny-moe: the config in effect spells the routing asked for,
     and the experts' rows show it -- every token copy once (dropless, forced balance), padded to 1.5x the balanced
     share on every rank (capacity:1.5); the memory model's activations follow (within 5%)."""
     from search_spaces.cost.costmodel import estimate
     from search_spaces.layouts.layout import Layout
 
-    result, proc = run_trainer(tmp_path, 2, "--ep", "2", "--mbs", "1", "--gbs", "2", "--dispatcher", dispatcher,
-                               "--routing", routing)
+    # the two-rank shared launch: "--ep 2 --mbs 1 --gbs 2 --dispatcher DISPATCHER --routing ROUTING"
+    result, proc = shared_run(tmp_path_factory, routing_run(routing, dispatcher))
     assert_ok(result, proc)  # validation would have marked a routing not in effect invalid
     assert result.applied["routing"] == routing
     load = result.applied["expert_load"]

@@ -1,0 +1,217 @@
+"""The report's figures, drawn with plotly once each (the page embeds them, png_export.py writes them to PNG):
+the Pareto front of tokens/s/GPU against peak memory, Optuna's parameter importance, predicted vs measured
+throughput and memory, the winner's memory (predicted beside measured, GiB components only) and time breakdown,
+the best-so-far curve, the GPU-hours per trial and, for a length family, the best layout per sequence length."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterator
+
+import optuna
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from orchestrator.outputs.report.trial_series import (
+    best_so_far,
+    component_order,
+    ok_points,
+    pareto_front,
+    predicted_measured,
+    winner_breakdown,
+)
+from orchestrator.outputs.report.values import finite_number, layout_key, sig, trial_label
+from orchestrator.outputs.winner import TrialView, views
+from orchestrator.storage import studies
+
+FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
+_STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
+                  "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b",
+                  "unschedulable": "#17becf"}
+# plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
+_HOVER_FORMAT = ",.4~r"
+
+
+def _importance_target(trial: optuna.trial.FrozenTrial) -> float:
+    # Optuna's default evaluator (PED-ANOVA) ranks what makes the target *low*: negate tokens/s
+    return -trial.values[0] if trial.values else float("nan")
+
+
+@contextlib.contextmanager
+def _negated_target_ok() -> Iterator[None]:
+    """Silence Optuna's reminder to negate the target: _importance_target already does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+        yield
+
+
+# ---- the figures (plotly: drawn once, embedded in the page and exported to PNG) --------------------------
+
+def _pareto_figure(trials: list[TrialView]) -> go.Figure:
+    limit = trials[0].memory_limit_gib if trials else None
+    fig = go.Figure()
+    for status in sorted({v.status for v in trials if v.status is not None}):
+        sel = [v for v in trials if v.status == status and finite_number(v.peak_memory_gib) is not None
+               and finite_number(v.tokens_per_sec_per_gpu) is not None]
+        if sel:
+            fig.add_scatter(x=[v.peak_memory_gib for v in sel], y=[v.tokens_per_sec_per_gpu for v in sel],
+                            mode="markers", name=status, text=[trial_label(v) for v in sel],
+                            marker={"color": _STATUS_COLORS.get(status), "size": 9})
+    front = pareto_front([p for p in ok_points(trials) if limit is None or p[0] <= limit])
+    if front:
+        fig.add_scatter(x=[p[0] for p in front], y=[p[1] for p in front], mode="lines+markers",
+                        name="Pareto front", line={"shape": "hv", "color": "black"},
+                        text=[f"trial {p[2]}" for p in front])
+    if limit:
+        fig.add_vline(x=limit, line_dash="dash", annotation_text=f"GPU memory {sig(limit)} GiB")
+    fig.update_layout(title="Pareto front: tokens/s/GPU vs peak memory", xaxis_title="peak memory (GiB)",
+                      yaxis_title="tokens/s/GPU")
+    return fig
+
+
+class _Snapshot(optuna.Study):
+    """A study nothing writes to once filled: its `trials` are handed out without a deep copy (Optuna's importance
+    figure reads `study.trials` once per parameter, and copying every trial each time was most of its time)."""
+
+    @property
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.get_trials(deepcopy=False)
+
+
+def _snapshot(study: optuna.Study) -> optuna.Study:
+    """An in-memory copy of the finished trials: Optuna's importance reads every trial many times, and from a
+    SQLite storage that is most of a report's time."""
+    storage = studies.in_memory()
+    storage.create_new_study(study.directions, study.study_name)
+    copy = _Snapshot(study_name=study.study_name, storage=storage)
+    copy.add_trials([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
+    return copy
+
+
+def _importance_figure(study: optuna.Study) -> go.Figure:
+    try:
+        with _negated_target_ok():
+            fig = optuna.visualization.plot_param_importances(
+                _snapshot(study), target=_importance_target, target_name="tokens/s/GPU")
+        fig.update_layout(title="Parameter importance for tokens/s/GPU (Optuna)")
+    except Exception as exc:  # noqa: BLE001 -- too few trials, or nothing varied: the figure says so instead
+        fig = go.Figure().add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
+        fig.update_layout(title="Parameter importance (Optuna)")
+    return fig
+
+
+def _importance_left_to_report(study: optuna.Study) -> go.Figure:
+    fig = go.Figure().add_annotation(
+        text=f"parameter importance: moe-autotune report {study.study_name} draws it (its fANOVA loads scikit-learn, "
+             "a second or two: left out of the page every sweep writes)", showarrow=False)
+    fig.update_layout(title="Parameter importance (Optuna)")
+    return fig
+
+
+def _predicted_measured_figure(trials: list[TrialView]) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s/GPU", "peak memory (GiB)"))
+    for col, key in ((1, "tokens_per_sec_per_gpu"), (2, "peak_memory_gib")):
+        pairs = predicted_measured(trials, key)
+        if pairs:
+            lo = min(min(p[0], p[1]) for p in pairs)
+            hi = max(max(p[0], p[1]) for p in pairs)
+            fig.add_scatter(x=[p[0] for p in pairs], y=[p[1] for p in pairs], mode="markers", row=1, col=col,
+                            name=key, text=[f"trial {p[2]}" for p in pairs])
+            fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "gray"},
+                            row=1, col=col, name="predicted = measured", showlegend=col == 1)
+        fig.update_xaxes(title_text="predicted", row=1, col=col)
+        fig.update_yaxes(title_text="measured", row=1, col=col)
+    fig.update_layout(title="Predicted (cost model) vs measured")
+    return fig
+
+
+def _breakdown_figure(winner: TrialView | None) -> go.Figure:
+    """Left: each memory component in GiB, predicted beside measured. Right: predicted time per step."""
+    pred_mem, meas_mem, pred_time = winner_breakdown(winner)
+    keys = component_order(pred_mem, meas_mem)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+                        subplot_titles=("memory (GiB), predicted vs measured", "time per step (s), predicted"))
+    for name, values in (("predicted", pred_mem), ("measured", meas_mem)):
+        if values:  # None, not 0, where one side lacks a component: a gap rather than a false zero
+            fig.add_bar(x=keys, y=[values.get(k) for k in keys], name=name, row=1, col=1)
+    if pred_time:
+        fig.add_bar(x=list(pred_time), y=list(pred_time.values()), name="predicted time", row=1, col=2)
+    fig.update_yaxes(title_text="GiB", row=1, col=1)
+    fig.update_yaxes(title_text="s per step", row=1, col=2)
+    # the layout key is long: on its own smaller line, so the title fits the PNG's width
+    title = "Winner breakdown: no winner"
+    if winner:
+        title = f"Winner breakdown: trial {winner.number}<br><sup>{layout_key(winner)}</sup>"
+    fig.update_layout(title=title, barmode="group", margin={"t": 110})
+    return fig
+
+
+def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
+    curve = best_so_far(trials)
+    ok = [(v.number, v.tokens_per_sec_per_gpu) for v in trials
+          if v.status == "ok" and finite_number(v.tokens_per_sec_per_gpu) is not None]
+    fig = go.Figure()
+    fig.add_scatter(x=[p[0] for p in ok], y=[p[1] for p in ok], mode="markers", name="trial")
+    fig.add_scatter(x=[p[0] for p in curve], y=[p[1] for p in curve], mode="lines", name="best so far",
+                    line={"shape": "hv"})
+    fig.update_layout(title="Best tokens/s/GPU so far", xaxis_title="trial", yaxis_title="tokens/s/GPU")
+    return fig
+
+
+def pareto_figure(study: optuna.Study) -> go.Figure:
+    """The report's Pareto figure on its own (the sweep's parent MLflow run carries it)."""
+    fig = _pareto_figure(views(study))
+    fig.update_xaxes(hoverformat=_HOVER_FORMAT)
+    fig.update_yaxes(hoverformat=_HOVER_FORMAT)
+    return fig
+
+
+def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | None,
+            family: list[dict[str, Any]] | None = None, importance: bool = True) -> dict[str, go.Figure]:
+    """One figure per question; the length family's only for a family (its rows: sweep.family.family_rows);
+    without `importance`, the importance figure is a note naming `moe-autotune report`."""
+    figs = {"pareto": _pareto_figure(trials),
+            "importance": _importance_figure(study) if importance else _importance_left_to_report(study),
+            "predicted_vs_measured": _predicted_measured_figure(trials),
+            "winner_breakdown": _breakdown_figure(winner), "best_so_far": _best_so_far_figure(trials),
+            "gpu_hours": _gpu_hours_figure(trials)}
+    if family:
+        figs["length_family"] = _family_figure(family)
+    for fig in figs.values():
+        fig.update_xaxes(hoverformat=_HOVER_FORMAT)
+        fig.update_yaxes(hoverformat=_HOVER_FORMAT)
+    return figs
+
+
+# ---- spend, length family (issue 13) ----------------------------------------------------------------
+
+def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
+    """GPU-hours each trial used, by fidelity, beside what it would have used at full size."""
+    ran = [(v, used) for v in trials if (used := v.gpu_seconds[0]) is not None]  # (trial, GPU-seconds used)
+    fig = go.Figure()
+    for fidelity in ("full", "proxy"):
+        sel = [(v, s) for v, s in ran if v.runs_at == fidelity]
+        if sel:
+            fig.add_bar(x=[v.number for v, _ in sel], y=[s / 3600 for _, s in sel], name=f"used ({fidelity})",
+                        text=[trial_label(v) for v, _ in sel])
+    proxies = [(v, full) for v, _ in ran if v.proxy and (full := v.gpu_seconds[1])]  # (trial, at full size)
+    if proxies:
+        fig.add_scatter(x=[v.number for v, _ in proxies], y=[s / 3600 for _, s in proxies], mode="markers",
+                        name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})
+    fig.update_layout(title="GPU-hours per trial (proxies ran on fewer GPUs)", xaxis_title="trial",
+                      yaxis_title="GPU-hours", barmode="group")
+    return fig
+
+
+def _family_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """A length family: the best layout's TF/s and tokens/s per sequence length (separate axes: other units)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TF/s/GPU of the best layout", "tokens/s/GPU"))
+    lengths = [str(r["seq_len"]) for r in rows]
+    fig.add_scatter(x=lengths, y=[r["tflops_per_gpu"] for r in rows], mode="lines+markers", name="TF/s/GPU",
+                    text=[r["layout"] or "nothing fits" for r in rows], row=1, col=1)
+    fig.add_scatter(x=lengths, y=[r["tokens_per_sec_per_gpu"] for r in rows], mode="lines+markers",
+                    name="tokens/s/GPU", row=1, col=2)
+    fig.update_xaxes(title_text="sequence length", type="category")
+    fig.update_layout(title="Length family: the best layout per sequence length")
+    return fig
