@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/deepseek-v3-128k-h100x1024.yaml"
 TRIALS = "24"
-# the report's figures the tour shows (orchestrator/outputs/report.py FIGURES); predicted-vs-measured is left out: in an
-# analytic sweep the two are the same number
+# the report's figures the tour shows (orchestrator/outputs/report/charts.py FIGURES); predicted-vs-measured is left
+# out: in an analytic sweep the two are the same number
 REPORT_FIGURES = ("pareto", "importance", "winner_breakdown", "best_so_far")
 MLFLOW_FIGURE = "mlflow_trials"
 FIGURES = (*REPORT_FIGURES, MLFLOW_FIGURE)

@@ -31,7 +31,7 @@ class ClusterError(MoeAutotuneError):
 
     @classmethod
     def no_trial(cls, study: str, reason: str) -> "ClusterError":
-        """`reason`: what a trial asks for and what the cluster has (orchestrator/dispatch/local.py)."""
+        """`reason`: what a trial asks for and what the cluster has (orchestrator/dispatch/ray_cluster.py)."""
         return cls(f"no trial of sweep {study!r} can run on this Ray cluster: {reason} (run on nodes that have "
                    f"them, join another cluster with --ray-address, or change gpu, nodes or gpus_per_node)")
 

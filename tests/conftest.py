@@ -69,6 +69,23 @@ def postgres():
         yield server
 
 
+@pytest.fixture
+def sweep_spec(tmp_path):
+    """The one way a test builds a sweep spec: `sweep_spec(name, *bases, root=None, **changes)` is
+    tests/sweep_helpers.spec_data (tiny-moe, analytic, its stores and trial directories in the test's tmp_path, or in
+    `root`) with the dicts `bases` (a module's own defaults, in order) and then `changes` replacing whole fields.
+    A dict: `parse_spec` it for the SweepSpec a sweep runs, `write_spec` it for the CLI."""
+    from tests.sweep_helpers import spec_data
+
+    def make(name: str = "sweep", *bases: dict, root=None, **changes) -> dict:
+        merged: dict = {}
+        for base in bases:
+            merged.update(base)
+        return spec_data(tmp_path if root is None else root, name, **{**merged, **changes})
+
+    return make
+
+
 _MLFLOW_URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 

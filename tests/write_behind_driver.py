@@ -29,6 +29,7 @@ def _sweep(spec_json: str, mode: str) -> None:
     from orchestrator.sweep import run_sweep
     from orchestrator.sweep.lease import Lease
     from orchestrator.tracking import tracker as tracking
+    from orchestrator.tracking import write_behind as behind_module
 
     started: list[bool] = []
     write_behind = tracking.Tracker.write_behind
@@ -60,7 +61,7 @@ def _sweep(spec_json: str, mode: str) -> None:
             if len(calls) % 2 == 0:
                 raise LeaseLost("the quiet time ran out between two writes")
 
-        tracking._before = every_second_write
+        behind_module._before = every_second_write  # the writer's fence (WriteBehind._write_behind)
     spec = parse_spec(json.loads(spec_json))
     outcome = run_sweep(spec, prior=Prior(spec), show_progress=False)
     print(json.dumps({"exit_code": outcome.exit_code, "writers": started}))

@@ -287,7 +287,8 @@ def ddp_config_kwargs(layout: Layout, on_cpu: bool) -> dict[str, Any]:
         overlap_grad_reduce=overlap,
         overlap_param_gather=overlap and layout.distributed_optimizer,
         use_distributed_optimizer=layout.distributed_optimizer,
-        # fp8 weights gathered in fp8; MXFP8's borrow the gradient buffer for it (orchestrator/export.py)
+        # fp8 weights gathered in fp8; MXFP8's borrow the gradient buffer for it
+        # (orchestrator/outputs/export/layout_fields.py)
         **({"fp8_param_gather": True, "reuse_grad_buf_for_mxfp8_param_ag": layout.precision == "mxfp8"}
            if layout.fp8_param_gather else {}),
     )

@@ -490,33 +490,14 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
 
 
 def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> None:
-    steps = args.warmup + args.steps
-    loss = []
-    for step in range(steps):
-        parts = [g["losses"][step] for g in gathered if g["losses"] and g["losses"][step]]
-        total, tokens = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        loss.append(total / tokens if tokens else float("nan"))
     # Each step ends when the slowest rank finishes it.
     step_times = [max(g["step_times"][i] for g in gathered) for i in range(args.steps)]
     schedule = [max(g["forward_backward_times"][i] for g in gathered) for i in range(args.steps)]
     step_time = statistics.mean(step_times) if step_times else None
-
-    per_rank = [{k: v / measure.GIB for k, v in g["memory_bytes"].items()} for g in gathered]
-
-    def inflight(r: int) -> float:
-        return measure.inflight_microbatches(gathered[r]["pipeline_rank"], layout.pp, layout.vpp,
-                                             applied["microbatches"])
-
-    def load(r: int) -> float:
-        """Static memory plus the activations of the microbatches this rank holds at once (the cost
-        model's "most loaded rank": under 1F1B the first pipeline stage holds the most)."""
-        m = per_rank[r]
-        return m["weights"] + m["gradients"] + m["optimizer_states"] + inflight(r) * m["activations_per_microbatch"]
-
-    heaviest = max(range(world), key=load)
+    per_rank, heaviest, inflight, components = _heaviest_rank(layout, world, gathered, applied["microbatches"])
     peaks = [g["peak"]["allocated"] for g in gathered]
 
-    result.loss = loss
+    result.loss = _step_losses(args.warmup + args.steps, gathered)
     result.step_times_s = step_times
     result.step_time_s = step_time
     result.applied = applied
@@ -537,24 +518,55 @@ def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> 
         # what a proxy trial's composition needs: the schedule (forward, backward, pipeline) and the optimizer
         step_parts_s={"forward_backward": statistics.mean(schedule) if schedule else None,
                       "optimizer": statistics.mean(t - f for t, f in zip(step_times, schedule)) if schedule else None},
-        inflight_microbatches=inflight(heaviest),
-        peak_components_gib=load(heaviest),  # the peak the cost model predicts, without buffers and runtime
+        inflight_microbatches=inflight,
+        peak_components_gib=components,  # the peak the cost model predicts, without buffers and runtime
         # CPU work of a step, all ranks together (ranks sharing a host's cores cannot finish it faster than
         # cores allow: what a proxy's composition needs on CPU)
         cpu_seconds_per_step=sum(statistics.mean(g["cpu_times"]) for g in gathered if g["cpu_times"]),
         host_cores=host_cores(),
     )
-    packing = gathered[0]["packing"]  # every rank draws the same documents
-    if packing is not None:
-        result.extra["packing"] = packing
-    if step_time:
-        # real tokens only: padding is computed, never counted
-        share = packing["useful_token_share"] if packing is not None else 1.0
-        result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world * share
-        result.tflops_per_gpu = _model_flops(args, model, layout) / step_time / world / 1e12
-        result.mfu = result.tflops_per_gpu / gpu.peak(layout.precision)
+    _fill_throughput(result, args, layout, model, gpu, world, step_time, gathered[0]["packing"])
     # the sweep's own judgement (layout in effect, finite numbers, TF/s and tokens/s below the chip's peak,
     # memory within the device, tokens/s agreeing with the step time) on the spot
     result.status = "ok"
     judged = validation.validate(result, layout, gpu, model=model, seq_len=args.seq_len, num_gpus=world)
     result.status, result.error = judged.status, judged.error
+
+
+def _step_losses(steps: int, gathered) -> list[float]:
+    """Each step's loss over every rank's tokens (NaN for a step no rank reported a loss of)."""
+    loss = []
+    for step in range(steps):
+        parts = [g["losses"][step] for g in gathered if g["losses"] and g["losses"][step]]
+        total, tokens = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        loss.append(total / tokens if tokens else float("nan"))
+    return loss
+
+
+def _heaviest_rank(layout, world: int, gathered, microbatches: int) -> tuple[list[dict], int, float, float]:
+    """Every rank's memory in GiB, the most loaded rank (the cost model's: static memory plus the activations of
+    the microbatches it holds at once; under 1F1B the first pipeline stage holds the most), that rank's in-flight
+    microbatches and its load."""
+    per_rank = [{k: v / measure.GIB for k, v in g["memory_bytes"].items()} for g in gathered]
+
+    def inflight(r: int) -> float:
+        return measure.inflight_microbatches(gathered[r]["pipeline_rank"], layout.pp, layout.vpp, microbatches)
+
+    def load(r: int) -> float:
+        m = per_rank[r]
+        return m["weights"] + m["gradients"] + m["optimizer_states"] + inflight(r) * m["activations_per_microbatch"]
+
+    heaviest = max(range(world), key=load)
+    return per_rank, heaviest, inflight(heaviest), load(heaviest)
+
+
+def _fill_throughput(result, args, layout, model, gpu, world: int, step_time, packing) -> None:
+    """Tokens/s per GPU (real tokens only: padding is computed, never counted), TF/s per GPU and MFU from the mean
+    step time; a packed run's packing figures (every rank draws the same documents: rank 0's)."""
+    if packing is not None:
+        result.extra["packing"] = packing
+    if step_time:
+        share = packing["useful_token_share"] if packing is not None else 1.0
+        result.tokens_per_sec_per_gpu = layout.gbs * args.seq_len / step_time / world * share
+        result.tflops_per_gpu = _model_flops(args, model, layout) / step_time / world / 1e12
+        result.mfu = result.tflops_per_gpu / gpu.peak(layout.precision)

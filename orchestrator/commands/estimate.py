@@ -202,18 +202,26 @@ def space(
         extra["software"] = software_label(cal, gpu_spec.name)
         echo(json_line({**result.to_dict(), **extra}, "space --json"))
         return 0
-    from rich.table import Table
-
     out = console()
     out.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
-                  f"{result.total:,} combinations, {result.legal_count:,} legal "
-                  f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
-                  f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
+              f"{result.total:,} combinations, {result.legal_count:,} legal "
+              f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
+              f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
     out.print(f"software assumed: {software_label(cal, gpu_spec.name)}")
     if result.cut_short:
         out.print(f"cut short: --budget {budget:g} s ran out after ranking {result.grids_ranked:,} parallel grids "
                   f"(of at most --max-grids {max_grids:,}): this ranking depends on the machine's speed; "
                   f"raise --budget")
+    _print_space_tables(out, result, top)
+    if versus_full:
+        print_comparison(versus_full)
+    return 0
+
+
+def _print_space_tables(out, result, top: int) -> None:
+    """`space`'s two tables on `out`: the layouts each rule rejected, and the fastest `top` that fit."""
+    from rich.table import Table
+
     rej = Table(title="rejections per rule")
     rej.add_column("rule")
     rej.add_column("layouts", justify="right")
@@ -228,9 +236,6 @@ def space(
         best.add_row(str(i), row["key"], f"{p['tokens_per_sec_per_gpu']:,.1f}", f"{p['tflops_per_gpu']:,.1f}",
                      f"{p['mfu']:.1%}", f"{p['peak_memory_gib']:.1f}")
     out.print(best)
-    if versus_full:
-        print_comparison(versus_full)
-    return 0
 
 
 def _fixed(fix: list[str]) -> dict:

@@ -40,7 +40,7 @@ def _study_and_tracking(study_name: Optional[str], storage: str, tracking_uri: O
 def _existing_registry(tracking_uri: Optional[str]) -> str:
     """Point MLflow at the registry a read (rollback, export of a version) uses; it must already exist."""
     from orchestrator.outputs import registry
-    from orchestrator.tracking.tracker import require_existing_store
+    from orchestrator.tracking.client import require_existing_store
 
     uri = registry.use_tracking_uri(tracking_uri)
     require_existing_store(uri)

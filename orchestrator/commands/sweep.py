@@ -62,7 +62,7 @@ def sweep(
         from orchestrator.commands.interrupts import unwind_on_signals
         from orchestrator.dispatch.slurm_job import job_tags
         from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
-        from orchestrator.tracking.tracker import preload_store
+        from orchestrator.tracking.client import preload_store
 
         if ahead is not None:
             preload_store(spec.tracking_uri)  # while the child explores

@@ -22,12 +22,13 @@ from mlflow import MlflowClient
 
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator.records import HEADLINE, PROMOTION_TAG, StudyRecord, TrialRecord, metrics, queries
+from orchestrator.records import HEADLINE, PROMOTION_TAG, TRIAL_TAG, StudyRecord, TrialRecord, metrics, queries
 from orchestrator.redact import redact_text
 from orchestrator.spec.schema import tracks_rejections
 from orchestrator.storage import open_mlflow, studies
 from orchestrator.storage.connections import BoundedClient
-from orchestrator.tracking.tracker import PROXY_PARAM, SUPERSEDED_TAG, TRIAL_TAG, layout_params, require_existing_store
+from orchestrator.tracking.client import require_existing_store
+from orchestrator.tracking.views import PROXY_PARAM, SUPERSEDED_TAG, layout_params
 
 # the figures logged as one MLflow metric of the same name that must equal the study's (records.HEADLINE)
 CHECKED_METRICS = tuple(m.name for m in metrics(HEADLINE))

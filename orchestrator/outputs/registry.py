@@ -80,7 +80,7 @@ def _writing_client():
     line before anything is written (MLflow logs a traceback per refused statement and stops half way)."""
     import mlflow
 
-    from orchestrator.tracking.tracker import check_store
+    from orchestrator.tracking.client import check_store
 
     check_store(mlflow.get_registry_uri())
     return _client()

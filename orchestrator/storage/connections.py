@@ -12,7 +12,7 @@ within a stated time naming it (its password redacted), never a hang and never a
   answer (MLflow retries a failing engine ten times over about 100 s).
 - SQLite: a file another process holds locked is waited for SQLITE_BUSY_S, then one line.
 
-`mlflow_client(uri)` makes every MlflowClient of the orchestrator (through stores.open_mlflow, which readies a
+`mlflow_client(uri)` makes every MlflowClient of the orchestrator (through TrackingStore.open, which readies a
 SQLite store first): bounded, and a call that cannot reach the store raises TrackingError naming it; an answer of
 the server (an error it gives) passes through unchanged, but for a failure the caller names (a full disk:
 TrackingFull). Optuna's storage and our own probes take `engine_kwargs`.
@@ -107,7 +107,7 @@ def sql_engine(url: str):
 
 def probe_sql(url: str, what: str, error: type[Exception] = TrackingError) -> None:
     """Connect to a database server once, within the bounds; one line (`unreachable`, an `error`) when it cannot
-    be reached. SQLite files are not probed here (stores.py reads them)."""
+    be reached. SQLite files are not probed here (sqlite_files.py reads them)."""
     if scheme(url) in ("", "sqlite") or not is_sql(url):
         return
     import sqlalchemy
@@ -187,7 +187,7 @@ def _db_unusable(exc: BaseException) -> bool:
 
 class BoundedClient:
     """An MlflowClient under the bounds: a call that cannot reach the store raises TrackingError (one line naming
-    the store); a failure `known` names (e.g. a full disk: stores.open_mlflow) raises what it returns; whatever
+    the store); a failure `known` names (e.g. a full disk: TrackingStore.open) raises what it returns; whatever
     else the store answers (including its errors) passes through."""
 
     def __init__(self, uri: str, known: Callable[[BaseException], Exception | None] | None = None):
@@ -220,7 +220,7 @@ class BoundedClient:
 
 def mlflow_client(uri: str, known: Callable[[BaseException], Exception | None] | None = None) -> BoundedClient:
     """The orchestrator's MlflowClient of `uri` (tracking and registry), bounded. A database server behind the
-    URI is probed first (MLflow would retry it for ~100 s); a SQLite file is left to stores.py."""
+    URI is probed first (MLflow would retry it for ~100 s); a SQLite file is left to mlflow_sqlite.py."""
     bound_mlflow()
     probe_sql(uri, MLFLOW)
     try:

@@ -13,7 +13,7 @@ is fenced: `fence()` reads the lease from the storage and, when another driver (
 was released, raises `LeaseLost`: the driver stops with one line and exit code 5, writing nothing more.
 (Optuna's storage has no compare-and-set, so a driver paused between the fence's read and the write that
 follows it could still make that one write; the fence is read right before each group of Optuna writes and
-before every single MLflow call that writes, orchestrator/tracking/tracker.py's _FencedClient.) Within half the timeout
+before every single MLflow call that writes, orchestrator/tracking/client.py's FencedClient.) Within half the timeout
 of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
 read per heartbeat there, not one per write.
 
@@ -236,7 +236,8 @@ class Lease:
     def quiet_until(self) -> float:
         """The monotonic time (the host's clock, shared by its processes) before which no rival can have taken
         the lease: where `fence` reads nothing. 0 once it is lost or before it is held. The sweep's MLflow writer,
-        another process of this host, writes only before it (orchestrator/tracking/tracker.py, Tracker.write_behind)."""
+        another process of this host, writes only before it (orchestrator/tracking/write_behind.py,
+        Tracker.write_behind)."""
         if self.lost or not self._beat:
             return 0.0
         return self._beat + stale_after_s() / 2

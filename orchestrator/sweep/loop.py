@@ -259,7 +259,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
             messages.append(f"MLflow: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         if pending:
             messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
-                            f"storage and {session.tracker.spool_path}; rerun with --resume to deliver them")
+                            f"storage and {session.tracker.spool.path}; rerun with --resume to deliver them")
     n_infeasible = sum(1 for r in queries.finished_records(study) if r.status == "infeasible")
     unplaced = sum(1 for r in queries.finished_records(study) if r.status == "unschedulable")
     if unplaced:

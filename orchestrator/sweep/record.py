@@ -30,7 +30,7 @@ from orchestrator.storage import studies
 from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.session import INTERRUPTED, Session
-from orchestrator.tracking.tracker import RunRecord
+from orchestrator.tracking.runs import RunRecord
 
 log = logging.getLogger("moe_autotune")
 
@@ -141,7 +141,7 @@ class Recorder:
             self._fence_if_readable()
             self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
             raise
-        # each of its MLflow writes passes the lease's fence (tracking._FencedClient)
+        # each of its MLflow writes passes the lease's fence (orchestrator/tracking/client.py, FencedClient)
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial).with_attrs(**attrs))
                     if self.tracker else None)
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,

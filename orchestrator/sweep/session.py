@@ -37,7 +37,8 @@ from orchestrator.sweep.fidelity import TrialSize, trial_size
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.sweep.writes import DirectWrites, SweepWrites, sweep_writes
-from orchestrator.tracking.tracker import RunRecord, Tracker
+from orchestrator.tracking.runs import RunRecord
+from orchestrator.tracking.tracker import Tracker
 
 log = logging.getLogger("moe_autotune")
 

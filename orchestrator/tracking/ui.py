@@ -5,7 +5,7 @@ consumers, for GenAI jobs); a sweep's store needs none, so they are turned off
 (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false) and one uvicorn worker serves the page on 127.0.0.1. The server
 runs in a process group of its own: Ctrl-C (or SIGTERM, SIGHUP) stops that whole group, and the command exits 0.
 The printed URL opens the experiment's runs page in the model-training view on the trials view
-(tracking.runs_page_url, tracking.trials_view).
+(views.runs_page_url, views.trials_view).
 """
 
 from __future__ import annotations
@@ -31,13 +31,8 @@ from orchestrator.errors import OutputError, TrackingError
 from orchestrator.redact import redact_uri
 from orchestrator.storage import open_mlflow, tracking_store
 from orchestrator.storage.connections import BoundedClient
-from orchestrator.tracking.tracker import (
-    PARENT_TAG,
-    mark_training_experiment,
-    require_existing_store,
-    runs_page_url,
-    unusable,
-)
+from orchestrator.tracking.client import require_existing_store, unusable
+from orchestrator.tracking.views import PARENT_TAG, mark_training_experiment, runs_page_url
 from orchestrator.userio import echo
 
 HOST = "127.0.0.1"

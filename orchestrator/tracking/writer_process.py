@@ -1,7 +1,8 @@
 """A forked process that answers a stream of requests, in order, while its parent goes on.
 
-The sweep uses one to make MLflow's records of finished trials on the second core (orchestrator/tracking/tracker.py,
-Tracker.write_behind): the parent sends each request and goes on; it reads the answers when it needs them.
+The sweep uses one to make MLflow's records of finished trials on the second core
+(orchestrator/tracking/write_behind.py, Tracker.write_behind): the parent sends each request and goes on; it reads
+the answers when it needs them.
 
 What the parent can count on:
 - every request is answered, in order, or the writer is gone (`alive` False) and the requests it left unanswered

@@ -95,6 +95,18 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
     model = load_model(model) if isinstance(model, str) else model
     gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
     gbs = gbs or default_gbs(seq_len, gpu)
+    huge = model.total_params() > 300e9
+    offload = 1.0 if (huge and seq_len >= 131072 and not gpu.is_cpu) else 0.0
+    rcs = [r for r in recompute_options(model, gpu.is_cpu) if r not in ("core_attn",)]
+    # rule 3: selective small modules first; the heavy selective set before none when offload is needed
+    order = [r for r in rcs if r not in ("none", "full")] + ["none", "full"]
+    candidates = _seed_candidates(model, gpu, num_gpus, seq_len, gbs, offload, order)
+    return _best_per_grid(model, gpu, num_gpus, seq_len, distinct(candidates), limit, cal)
+
+
+def _seed_tp_cp(model: ModelSpec, gpu: GPUSpec, seq_len: int) -> list[tuple[int, int]]:
+    """The (TP, CP) pairs the rules of thumb try, the rule-of-thumb CP first (each CP capped by what the model's
+    attention can run)."""
     cp0 = rule_of_thumb_cp(seq_len)
     tp_cp = [(1, cp0)]
     if gpu.nvlink_domain > 8 and cp0 >= 2:
@@ -102,14 +114,14 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
     elif cp0 >= 2:
         tp_cp += [(2, cp0 // 2)]
     tp_cp += [(1, max(cp0 // 2, 1)), (1, cp0 * 2)]
-    tp_cp = list(dict.fromkeys((tp, attention_cp_cap(model, gpu, tp, cp)) for tp, cp in tp_cp))
-    huge = model.total_params() > 300e9
-    offload = 1.0 if (huge and seq_len >= 131072 and not gpu.is_cpu) else 0.0
-    rcs = [r for r in recompute_options(model, gpu.is_cpu) if r not in ("core_attn",)]
-    # rule 3: selective small modules first; the heavy selective set before none when offload is needed
-    order = [r for r in rcs if r not in ("none", "full")] + ["none", "full"]
+    return list(dict.fromkeys((tp, attention_cp_cap(model, gpu, tp, cp)) for tp, cp in tp_cp))
+
+
+def _seed_candidates(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, gbs: int, offload: float,
+                     order: list[str]) -> list[Layout]:
+    """Every legal layout of the rules of thumb's (TP, CP), PP, EP and VPP choices with each recompute of `order`."""
     candidates: list[Layout] = []
-    for tp, cp in tp_cp:
+    for tp, cp in _seed_tp_cp(model, gpu, seq_len):
         if num_gpus % (tp * cp):
             continue
         rest = num_gpus // (tp * cp)
@@ -133,13 +145,18 @@ def seed_layouts(model: ModelSpec | str, gpu: GPUSpec | str, num_gpus: int, seq_
                             continue
                         if not check(model, gpu, num_gpus, seq_len, layout):
                             candidates.append(layout)
-    candidates = distinct(candidates)
+    return candidates
+
+
+def _best_per_grid(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, candidates: list[Layout],
+                   limit: int, cal: Calibration | None) -> list[Layout]:
+    """Up to `limit` of the first 400 candidates, those predicted to fit first, fastest first: one layout per
+    parallel grid (the best recompute choice for each)."""
     scored = []
     for layout in candidates[:400]:
         est = estimate(model, gpu, num_gpus, seq_len, layout, cal=cal)
         scored.append((not est.fits, -(est.tokens_per_sec_per_gpu or 0.0), layout))
     scored.sort(key=lambda x: (x[0], x[1]))
-    # one layout per parallel grid: the best recompute choice for each
     seen, out = set(), []
     for _, _, layout in scored:
         grid = (layout.tp, layout.cp, layout.ep, layout.pp, layout.vpp)

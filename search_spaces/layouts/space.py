@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import itemgetter
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec, load_gpu
@@ -224,28 +224,7 @@ def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims
     """Legal parallel grids (dicts of GRID_FIELDS + gbs), pruning by rule as early as possible."""
     v = dims.values
     feat_size = math.prod(len(v[f]) for f in FEATURE_FIELDS)
-    base = {f: v[f][0] for f in FEATURE_FIELDS}
-    base.update(gbs=v["gbs"][0], **{k: v[k][0] for k in ("sequence_parallel", "recompute_method",
-                                                          "recompute_num_layers") if k in v})
-    plain = {**base, "recompute": "none", "cuda_graphs": (), "optimizer_offload": 0.0,
-             "precision": "fp32" if gpu.is_cpu else "bf16", "dispatcher": "alltoall", "cp_comm_type": "p2p"}
-    plain.pop("gbs")
-
-    memo: dict[tuple, str | None] = {}
-
-    def probe(level: str, **grid) -> str | None:  # computed once per distinct value of the fields it reads
-        key = (level,) + tuple(grid[k] for k in _LEVEL_READS[level])
-        if key not in memo:
-            memo[key] = _probe(level, **grid)
-        return memo[key]
-
-    def _probe(level: str, **grid) -> str | None:
-        layout = Layout(**{**_defaults_grid(), **grid},
-                        **{k: plain[k] for k in ("precision", "dispatcher", "cp_comm_type")},
-                        gbs=grid.get("mbs", 1) * 1, **({"sequence_parallel": plain["sequence_parallel"]}
-                                                       if "sequence_parallel" in plain else {}))
-        return _first(check(model, gpu, num_gpus, seq_len, layout), _LEVEL_RULES[level])
-
+    probe = _level_probe(model, gpu, num_gpus, seq_len, v)
     sizes = {k: len(v[k]) for k in GRID_FIELDS}
     for pp, vpp in itertools.product(v["pp"], v["vpp"]):
         rest = sizes["tp"] * sizes["cp"] * sizes["ep"] * sizes["etp"] * sizes["mbs"] * feat_size
@@ -285,6 +264,36 @@ def iter_grids(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims
                             continue
                         yield {"pp": pp, "vpp": vpp, "tp": tp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs,
                                "gbs": gbs}
+
+
+def _level_probe(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int,
+                 v: dict[str, list[Any]]) -> Callable[..., str | None]:
+    """iter_grids' probe: `probe(level, **grid)` is the first of the level's rules (_LEVEL_RULES) that a layout of the
+    partial grid, every other field plain, breaks (None: it keeps them); computed once per distinct value of the
+    fields the level reads."""
+    base = {f: v[f][0] for f in FEATURE_FIELDS}
+    base.update(gbs=v["gbs"][0], **{k: v[k][0] for k in ("sequence_parallel", "recompute_method",
+                                                          "recompute_num_layers") if k in v})
+    plain = {**base, "recompute": "none", "cuda_graphs": (), "optimizer_offload": 0.0,
+             "precision": "fp32" if gpu.is_cpu else "bf16", "dispatcher": "alltoall", "cp_comm_type": "p2p"}
+    plain.pop("gbs")
+
+    memo: dict[tuple, str | None] = {}
+
+    def probe(level: str, **grid) -> str | None:  # computed once per distinct value of the fields it reads
+        key = (level,) + tuple(grid[k] for k in _LEVEL_READS[level])
+        if key not in memo:
+            memo[key] = _probe(level, **grid)
+        return memo[key]
+
+    def _probe(level: str, **grid) -> str | None:
+        layout = Layout(**{**_defaults_grid(), **grid},
+                        **{k: plain[k] for k in ("precision", "dispatcher", "cp_comm_type")},
+                        gbs=grid.get("mbs", 1) * 1, **({"sequence_parallel": plain["sequence_parallel"]}
+                                                       if "sequence_parallel" in plain else {}))
+        return _first(check(model, gpu, num_gpus, seq_len, layout), _LEVEL_RULES[level])
+
+    return probe
 
 
 def _defaults_grid() -> dict[str, int]:

@@ -55,14 +55,11 @@ if __name__ == "__main__":
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-def _spec_data(tmp_path: Path, name: str = "chaos", **extra) -> dict:
-    from tests.sweep_helpers import FAKE_TRAINER, spec_data  # not at the top: this module is also a trainer
-
-    return spec_data(tmp_path, name, **{
-        **FAKE_TRAINER, "gpus_per_node": 1, "seq_len": 128, "gbs": 4, "budget": {"n_trials": 3}, "seed": 5,
-        "steps": 2, "free": ["mbs", "recompute"], "tracking_uri": "none", "trial_timeout_s": 300,
-        "fixed": {"precision": "fp32", "cuda_graphs": "none", "dispatcher": "alltoall", "optimizer_offload": 0},
-        **extra})
+# this module's sweeps: tests/sweep_helpers.FAKE_TRAINER with CHAOS over it (each test imports FAKE_TRAINER: not at
+# the top, this module is also a trainer), through the sweep_spec fixture (tests/conftest.py)
+CHAOS = {"gpus_per_node": 1, "seq_len": 128, "gbs": 4, "budget": {"n_trials": 3}, "seed": 5, "steps": 2,
+         "free": ["mbs", "recompute"], "tracking_uri": "none", "trial_timeout_s": 300,
+         "fixed": {"precision": "fp32", "cuda_graphs": "none", "dispatcher": "alltoall", "optimizer_offload": 0}}
 
 
 def _processes_mentioning(text: str) -> list:
@@ -152,18 +149,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # ---- real trainer: OOM and hard crash ------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
+def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_path, sweep_spec, monkeypatch):
     """Three real trainer runs at once: one OOMs at step 1, one is SIGKILLed at step 1, one succeeds."""
     from orchestrator.records import queries
     from orchestrator.spec.schema import parse_spec
     from orchestrator.sweep import run_sweep
-    from tests.sweep_helpers import prior_for
+    from tests.sweep_helpers import FAKE_TRAINER, prior_for
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.delenv("MOE_AUTOTUNE_FAULT", raising=False)
     monkeypatch.setenv("MOE_AUTOTUNE_CHAOS_PLAN", "oom@1,crash@1,-")
     monkeypatch.setenv("MOE_AUTOTUNE_CHAOS_DIR", str(tmp_path / "slots"))
-    spec = parse_spec(_spec_data(tmp_path, name="real-faults", trainer_module="tests.orchestrator.test_chaos",
+    spec = parse_spec(sweep_spec("real-faults", FAKE_TRAINER, CHAOS, trainer_module="tests.orchestrator.test_chaos",
                                  launcher="torchrun", budget={"n_trials": 3, "max_concurrent": 3},
                                  trial_timeout_s=600))
     outcome = run_sweep(spec, prior=prior_for(spec), show_progress=False)
@@ -200,16 +197,17 @@ def test_real_trainer_oom_and_crash_are_recorded_and_the_sweep_continues(tmp_pat
 # ---- hang: killed with its whole tree; every trial failing gives a summary, not a crash ----------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_hanging_trials_are_killed_with_their_tree_and_all_failing_is_a_clear_summary(tmp_path, monkeypatch,
-                                                                                       capsys):
+def test_hanging_trials_are_killed_with_their_tree_and_all_failing_is_a_clear_summary(tmp_path, sweep_spec,
+                                                                                       monkeypatch, capsys):
     import yaml
 
     from orchestrator.cli import main
+    from tests.sweep_helpers import FAKE_TRAINER
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.setenv("MOE_AUTOTUNE_FAULT", "hang@0")
     runs = tmp_path / "runs"
-    data = _spec_data(tmp_path, name="all-hang", launcher="torchrun", trial_timeout_s=25,
+    data = sweep_spec("all-hang", FAKE_TRAINER, CHAOS, launcher="torchrun", trial_timeout_s=25,
                       budget={"n_trials": 2, "max_concurrent": 2})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
 
@@ -251,7 +249,7 @@ def test_hanging_trials_are_killed_with_their_tree_and_all_failing_is_a_clear_su
 # ---- a Ray worker killed mid-trial: retried once, then recorded ----------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, monkeypatch):
+def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, sweep_spec, monkeypatch):
     import psutil
 
     from search_spaces.layouts.layout import Layout
@@ -259,10 +257,11 @@ def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, m
     from orchestrator.dispatch.base import TrialRequest
     from orchestrator.dispatch.local import LocalRayBackend
     from orchestrator.spec.schema import parse_spec
+    from tests.sweep_helpers import FAKE_TRAINER
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     monkeypatch.delenv("MOE_AUTOTUNE_FAULT", raising=False)
-    spec = parse_spec(_spec_data(tmp_path, budget={"n_trials": 2, "max_concurrent": 2}))
+    spec = parse_spec(sweep_spec("chaos", FAKE_TRAINER, CHAOS, budget={"n_trials": 2, "max_concurrent": 2}))
     kills_wanted = {"once": 1, "twice": 2}
     killed: Counter = Counter()
     killed_workers: set[int] = set()
@@ -315,7 +314,7 @@ def test_a_ray_worker_killed_mid_trial_is_retried_once_then_recorded(tmp_path, m
 # ---- the orchestrator SIGKILLed, then --resume (real console script, real MLflow server) ---------------
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path):
+def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path, sweep_spec):
     """Extends test_sweep_resume.py: the real `moe-autotune` command, two trials in flight, an MLflow server."""
     import optuna
     import yaml
@@ -323,10 +322,11 @@ def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path):
 
     from orchestrator.records import queries
     from tests.mlflow_server import MlflowServer
+    from tests.sweep_helpers import FAKE_TRAINER
 
     n_trials = 4
     with MlflowServer(tmp_path / "mlflow") as server:
-        data = _spec_data(tmp_path, name="kill-me", tracking_uri=server.uri,
+        data = sweep_spec("kill-me", FAKE_TRAINER, CHAOS, tracking_uri=server.uri,
                           budget={"n_trials": n_trials, "max_concurrent": 2})
         (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
         env = _env(FAKE_TRAINER_SECONDS="4")
@@ -378,7 +378,7 @@ def test_sigkilled_console_sweep_resumes_with_a_real_mlflow_server(tmp_path):
 # ---- the MLflow server down for a while ----------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
+def test_mlflow_down_for_a_while_loses_nothing(tmp_path, sweep_spec):
     """(a) down mid-sweep and back before the end: every trial reaches MLflow, exit 0;
     (b) down until the end: the sweep says so and exits non-zero, keeps the records, and --resume delivers them."""
     import yaml
@@ -386,6 +386,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
 
     from orchestrator.records import queries
     from tests.mlflow_server import MlflowServer, free_port
+    from tests.sweep_helpers import FAKE_TRAINER
 
     port = free_port()
     server = MlflowServer(tmp_path / "mlflow", port=port).start()
@@ -414,7 +415,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
 
     try:
         # (a) down while trials 2-3 run, back before the sweep ends
-        data = _spec_data(tmp_path, name="flaky-mlflow", tracking_uri=server.uri, budget={"n_trials": 6})
+        data = sweep_spec("flaky-mlflow", FAKE_TRAINER, CHAOS, tracking_uri=server.uri, budget={"n_trials": 6})
         (tmp_path / "a.yaml").write_text(yaml.safe_dump(data))
         proc = subprocess.Popen(_cli("sweep", str(tmp_path / "a.yaml"), "--quiet"), cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -438,7 +439,7 @@ def test_mlflow_down_for_a_while_loses_nothing(tmp_path):
         check_all_delivered("flaky-mlflow", data["storage"])
 
         # (b) down until the end: loud, kept, delivered by --resume
-        data = _spec_data(tmp_path, name="mlflow-gone", tracking_uri=server.uri, budget={"n_trials": 3})
+        data = sweep_spec("mlflow-gone", FAKE_TRAINER, CHAOS, tracking_uri=server.uri, budget={"n_trials": 3})
         (tmp_path / "b.yaml").write_text(yaml.safe_dump(data))
         proc = subprocess.Popen(_cli("sweep", str(tmp_path / "b.yaml"), "--quiet"), cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -32,13 +32,9 @@ from orchestrator.search.table import SEARCH_KINDS
 from orchestrator.spec.schema import SweepSpec, parse_spec
 from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
-from tests.sweep_helpers import FAKE_TRAINER, make_spec
+from tests.sweep_helpers import FAKE_TRAINER
 
 STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted", "unschedulable"}
-
-
-def _spec(tmp_path, name: str, **extra):
-    return make_spec(tmp_path, name, **{"seed": 11, **extra})
 
 
 def _sweep(spec):
@@ -52,8 +48,8 @@ def _keys(study) -> list[str]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("search", list(SEARCH_KINDS))
-def test_every_search_keeps_the_contract(tmp_path, search):
-    spec = _spec(tmp_path, f"conf-{search}", search=search)
+def test_every_search_keeps_the_contract(sweep_spec, search):
+    spec = parse_spec(sweep_spec(f"conf-{search}", seed=11, search=search))
     out, study = _sweep(spec)
     measured = queries.measured_trials(study)
     assert 1 <= out.n_measured == len(measured) <= spec.budget.n_trials
@@ -72,33 +68,36 @@ def test_every_search_keeps_the_contract(tmp_path, search):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("search", list(SEARCH_KINDS))
-def test_every_search_is_reproducible_from_its_seed(tmp_path, search):
+def test_every_search_is_reproducible_from_its_seed(tmp_path, sweep_spec, search):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    first = _sweep(_spec(tmp_path / "a", "again", search=search))[1]
-    second = _sweep(_spec(tmp_path / "b", "again", search=search))[1]
+    first = _sweep(parse_spec(sweep_spec("again", root=tmp_path / "a", seed=11, search=search)))[1]
+    second = _sweep(parse_spec(sweep_spec("again", root=tmp_path / "b", seed=11, search=search)))[1]
     assert _keys(first) == _keys(second)
 
 
-def _backend_spec(tmp_path, backend: str):
+def _backend_spec(sweep_spec, tmp_path, backend: str) -> SweepSpec:
+    """The contract sweep of `backend`: for the replay backend a table recorded first, for one that runs a trainer
+    the fake trainer (sweep_spec: tests/conftest.py)."""
     extra = {}
     if backend == "replay":  # a recorded table: the analytic backend's sweep, as `status --csv` writes it
         (tmp_path / "record").mkdir()
-        source = _spec(tmp_path / "record", "record", budget={"n_trials": 10}, search="grid")
+        source = parse_spec(sweep_spec("record", root=tmp_path / "record", seed=11, budget={"n_trials": 10},
+                                       search="grid"))
         run_sweep(source, show_progress=False)
         table = tmp_path / "table.csv"
         assert main(["status", source.name, "--storage", source.storage, "--csv", str(table)]) == 0
         extra = {"replay_table": str(table), "search": "grid"}
     elif not BACKENDS[backend].what_if:  # a real trainer process per trial; this one returns at once
         extra = {**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "budget": {"n_trials": 3}}
-    return _spec(tmp_path, f"conf-{backend}", **{**extra, "backend": backend})
+    return parse_spec(sweep_spec(f"conf-{backend}", seed=11, **{**extra, "backend": backend}))
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", [pytest.param(name, marks=[] if kind.what_if else [pytest.mark.slow])
                                      for name, kind in BACKENDS.items()])
-def test_every_backend_keeps_the_contract(tmp_path, backend, monkeypatch):
+def test_every_backend_keeps_the_contract(tmp_path, sweep_spec, backend, monkeypatch):
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
-    spec = _backend_spec(tmp_path, backend)
+    spec = _backend_spec(sweep_spec, tmp_path, backend)
     out, study = _sweep(spec)
     measured = queries.measured_trials(study)
     assert out.n_measured == len(measured) >= 1
@@ -121,8 +120,8 @@ def test_backend_names_and_aliases_come_from_the_table():
 
 
 @pytest.mark.parametrize("search", list(SEARCH_KINDS))
-def test_every_search_makes_a_sampler_with_the_loops_hooks(tmp_path, search):
-    spec = _spec(tmp_path, f"hooks-{search}", search=search)
+def test_every_search_makes_a_sampler_with_the_loops_hooks(sweep_spec, search):
+    spec = parse_spec(sweep_spec(f"hooks-{search}", seed=11, search=search))
     prior = Prior(spec)
     sampler = make_sampler(search, SweepSpace.from_prior(prior), prior, spec.seed)
     assert isinstance(sampler, optuna.samplers.BaseSampler) and isinstance(sampler, SweepSampler)

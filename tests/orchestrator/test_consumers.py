@@ -88,8 +88,8 @@ CASES = [
          4096, 16),
 ]
 H100 = load_gpu("h100")
-# What the launch script adds to the exported flags (orchestrator/outputs/export.py sbatch_script), and the one fused
-# kernel Megatron-LM turns on by default that needs Transformer Engine's kernels, which this CPU machine lacks.
+# What the launch script adds to the exported flags (orchestrator/outputs/export/slurm.py sbatch_script), and the one
+# fused kernel Megatron-LM turns on by default that needs Transformer Engine's kernels, which this CPU machine lacks.
 RUN_FLAGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "100", "--lr", "1e-4"]
 NO_TE_KERNELS = ["--no-rope-fusion"]
 

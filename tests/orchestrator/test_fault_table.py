@@ -142,7 +142,7 @@ FAST_FAULTS = {"stdout: closed pipe", "optuna store: corrupted"}
 CREATES = {("sweep", "optuna"), ("sweep", "mlflow"), ("promote", "mlflow")}
 # Found by this table and not fixed yet (reported on issue 34), not run: remove a row once fixed. None is open:
 # the last ones (an MLflow store locked under sweep and promote, or in an immutable folder under ui) met MLflow's
-# engine retry, ~100 s of WARNING paragraphs and a logged traceback before the line; stores.py now refuses such
+# engine retry, ~100 s of WARNING paragraphs and a logged traceback before the line; mlflow_sqlite.py now refuses such
 # a store first.
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # Found by this table, failing now and cheap to run: strict, so the fix turns it into a failure to remove

@@ -21,17 +21,14 @@ from search_spaces.layouts.layout import Layout
 
 from orchestrator.cli import main
 from orchestrator.outputs.check import check
-from orchestrator.records import queries
+from orchestrator.records import TRIAL_TAG, queries
 from orchestrator.sweep.spool import ResultSpool
-from orchestrator.tracking.tracker import SUPERSEDED_TAG, TRIAL_TAG, Tracker, layout_params
-from tests.sweep_helpers import direct_writes, measured_count, spec_data, write_spec
+from orchestrator.tracking.tracker import Tracker
+from orchestrator.tracking.views import SUPERSEDED_TAG, layout_params
+from tests.sweep_helpers import direct_writes, measured_count, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
-
-
-def _spec(tmp_path: Path, **extra) -> dict:
-    return spec_data(tmp_path, "integrity", **extra)
 
 
 def _write(tmp_path: Path, data: dict, name: str = "spec.json") -> Path:
@@ -53,9 +50,9 @@ def _consistent(data: dict) -> optuna.Study:
 # ---- 1. two drivers on one study ---------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_taken_over(tmp_path):
-    data = _spec(tmp_path, backend="local", launcher="python", trainer_module="tests.fake_trainer",
-                 gpus_per_node=1, budget={"n_trials": 4}, free=["mbs", "recompute"])
+def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_taken_over(tmp_path, sweep_spec):
+    data = sweep_spec("integrity", backend="local", launcher="python", trainer_module="tests.fake_trainer",
+                      gpus_per_node=1, budget={"n_trials": 4}, free=["mbs", "recompute"])
     spec = _write(tmp_path, data)
     gate = tmp_path / "hold"  # the first driver's second trial waits while it exists: it cannot finish early
     gate.touch()
@@ -89,8 +86,8 @@ def test_a_second_driver_on_a_running_study_refuses_and_a_dead_ones_lease_is_tak
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_resumes_started_together_measure_each_layout_once(tmp_path):
-    data = _spec(tmp_path, budget={"n_trials": 4})
+def test_two_resumes_started_together_measure_each_layout_once(tmp_path, sweep_spec):
+    data = sweep_spec("integrity", budget={"n_trials": 4})
     spec = _write(tmp_path, data)
     assert main(["sweep", str(spec), "--quiet"]) == 0
     bigger = _write(tmp_path, {**data, "budget": {"n_trials": 30}}, "bigger.json")
@@ -109,8 +106,8 @@ def test_two_resumes_started_together_measure_each_layout_once(tmp_path):
 # ---- 2. resume with another situation ---------------------------------------------------------------
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
-def test_resume_refuses_another_situation_and_accepts_another_budget(tmp_path, capsys):
-    data = _spec(tmp_path, budget={"n_trials": 3})
+def test_resume_refuses_another_situation_and_accepts_another_budget(tmp_path, sweep_spec, capsys):
+    data = sweep_spec("integrity", budget={"n_trials": 3})
     assert main(["sweep", str(_write(tmp_path, data)), "--quiet"]) == 0
     for field, value in (("seq_len", 512), ("gpus_per_node", 8), ("gbs", 16), ("backend", "local"),
                          ("model", "tiny-mla-moe")):
@@ -147,9 +144,9 @@ def test_a_child_run_of_another_layout_is_superseded_not_reused(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_then_resume_without_a_seed_keeps_every_run_with_its_own_trial(tmp_path):
-    data = _spec(tmp_path, seed=None, budget={"n_trials": 120}, track_rejected=True, gpus_per_node=8,
-                 seq_len=512, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
+def test_sigkill_then_resume_without_a_seed_keeps_every_run_with_its_own_trial(tmp_path, sweep_spec):
+    data = sweep_spec("integrity", seed=None, budget={"n_trials": 120}, track_rejected=True, gpus_per_node=8,
+                      seq_len=512, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
     spec = _write(tmp_path, data)
     proc = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -182,11 +179,11 @@ def _read_only_dir(tmp_path: Path) -> Path:
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["bogus scheme", "read-only directory"])
-def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_path, capsys, where):
+def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_path, sweep_spec, capsys, where):
     ro = _read_only_dir(tmp_path) if where == "read-only directory" else None
     try:
         uri = "bogus://x" if ro is None else f"sqlite:///{ro / 'mlflow.db'}"
-        data = _spec(tmp_path, tracking_uri=uri)
+        data = sweep_spec("integrity", tracking_uri=uri)
         assert main(["sweep", str(_write(tmp_path, data)), "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: cannot use the MLflow tracking URI"), err
@@ -202,11 +199,11 @@ def test_an_unusable_tracking_store_is_one_line_and_leaves_no_study_behind(tmp_p
 
 # ---- 5. the storage refuses a measured result -----------------------------------------------------------
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
-def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_again(tmp_path, monkeypatch):
+def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_again(tmp_path, sweep_spec, monkeypatch):
     """The storage fails exactly at the third measured result (a fake failure; the full disk below is real,
     and may land at a proposal instead): the result survives in the spool and --resume records it."""
     direct_writes(monkeypatch)  # a measured result's contract (an analytic trial not stored is asked again)
-    data = _spec(tmp_path)
+    data = sweep_spec("integrity")
     spec = _write(tmp_path, data)
     real_tell, told = optuna.Study.tell, []
 
@@ -238,14 +235,14 @@ def test_a_result_the_storage_refuses_is_kept_and_recorded_on_resume_not_run_aga
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
-def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp_path):
+def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp_path, sweep_spec):
     disk = tmp_path / "disk"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        data = _spec(tmp_path, storage=f"sqlite:///{disk / 'optuna.db'}", gpus_per_node=8, seq_len=512,
-                     budget={"n_trials": 150}, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
+        data = sweep_spec("integrity", storage=f"sqlite:///{disk / 'optuna.db'}", gpus_per_node=8, seq_len=512,
+                          budget={"n_trials": 150}, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
         spec = _write(tmp_path, data)
         filler = disk / "filler"
         filler.write_bytes(b"\0" * (15 * 2 ** 20 + 200 * 1024))  # leaves room for some dozens of trials

@@ -18,26 +18,20 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 
 from orchestrator.records import queries
-from tests.sweep_helpers import spec_data
+from tests.sweep_helpers import write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 8
 TRIALS_PER_WORKER = 125  # 8 x 125 = 1,000
 
 
-def _spec(tmp: Path, name: str, storage: str, n_trials: int) -> Path:
-    # a space where nearly every proposal is legal, so the trials (not rejections) dominate
-    data = spec_data(tmp, name, seq_len=1024, gpu="b200", gpus_per_node=8, gbs=64,
-                     free=["mbs", "recompute", "cuda_graphs", "dispatcher", "optimizer_offload"],
-                     fixed={"tp": 1, "cp": 1, "ep": 4, "etp": 1, "pp": 1, "vpp": 1, "precision": "bf16"},
-                     budget={"n_trials": n_trials, "max_concurrent": 8}, tracking_uri="none", storage=storage,
-                     seed=abs(hash(name)) % 1000)
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+# a space where nearly every proposal is legal, so the trials (not rejections) dominate; each sweep adds its
+# storage, budget and seed (sweep_spec: tests/conftest.py)
+LOAD = {"seq_len": 1024, "gpu": "b200", "gpus_per_node": 8, "gbs": 64,
+        "free": ["mbs", "recompute", "cuda_graphs", "dispatcher", "optimizer_offload"],
+        "fixed": {"tp": 1, "cp": 1, "ep": 4, "etp": 1, "pp": 1, "vpp": 1, "precision": "bf16"}, "tracking_uri": "none"}
 
 
 @pytest.fixture
@@ -71,10 +65,12 @@ def _check_study(storage: str, name: str, n_trials: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_thousand_analytic_trials_from_eight_concurrent_sweeps(tmp_path, fast_storage):
+def test_thousand_analytic_trials_from_eight_concurrent_sweeps(tmp_path, sweep_spec, fast_storage):
     start = time.monotonic()
-    procs = {f"load-{i}": _start(_spec(tmp_path, f"load-{i}", fast_storage, TRIALS_PER_WORKER), tmp_path)
-             for i in range(WORKERS)}
+    specs = {name: write_spec(tmp_path / f"{name}.yaml", sweep_spec(
+        name, LOAD, budget={"n_trials": TRIALS_PER_WORKER, "max_concurrent": 8}, storage=fast_storage,
+        seed=abs(hash(name)) % 1000)) for name in (f"load-{i}" for i in range(WORKERS))}
+    procs = {name: _start(spec, tmp_path) for name, spec in specs.items()}
     outputs = {name: proc.communicate(timeout=1700) for name, proc in procs.items()}
     elapsed = time.monotonic() - start
     for name, proc in procs.items():
@@ -90,10 +86,12 @@ def test_thousand_analytic_trials_from_eight_concurrent_sweeps(tmp_path, fast_st
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_sweeps_racing_for_one_study_name(tmp_path, fast_storage):
+def test_two_sweeps_racing_for_one_study_name(tmp_path, sweep_spec, fast_storage):
     """Started at the same moment with the same name: one runs, the other is refused; never both in one study."""
     n_trials = 20
-    spec = _spec(tmp_path, "contested", fast_storage, n_trials)
+    spec = write_spec(tmp_path / "contested.yaml", sweep_spec(
+        "contested", LOAD, budget={"n_trials": n_trials, "max_concurrent": 8}, storage=fast_storage,
+        seed=abs(hash("contested")) % 1000))
     procs = [_start(spec, tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=800) for p in procs]
     codes = sorted(p.returncode for p in procs)

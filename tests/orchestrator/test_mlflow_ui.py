@@ -18,15 +18,9 @@ from mlflow import MlflowClient
 from orchestrator.cli import main
 from orchestrator.errors import TrackingError
 from orchestrator.sweep import run_sweep
-from orchestrator.tracking.tracker import (
-    EXPERIMENT_KIND_TAG,
-    PARENT_TAG,
-    STUDY_TAG,
-    TRIALS_VIEW,
-    VIEW_TAG_PREFIX,
-    Tracker,
-)
+from orchestrator.tracking.tracker import Tracker
 from orchestrator.tracking.ui import open_sweep
+from orchestrator.tracking.views import EXPERIMENT_KIND_TAG, PARENT_TAG, STUDY_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX
 from tests.mlflow_server import free_port
 from tests.sweep_helpers import make_spec, prior_for
 

@@ -19,17 +19,17 @@ from orchestrator.dispatch.replay import ReplayBackend, load_table
 from orchestrator.records import queries
 from orchestrator.search.calibrated import CalibratedSearch
 from orchestrator.search.prior import make_prior
+from orchestrator.spec.schema import parse_spec
 from orchestrator.storage import studies
-from tests.sweep_helpers import make_spec
 
 TABLE = Path(__file__).parents[1] / "data" / "replay_small.csv"
 BUDGET = 20  # of the table's 40 rows
 DRIVER_BUDGET = 12  # of the 40 rows: the calibrated sweep (3 rules of thumb first) found the best by trial 9-11 here
 
 
-def _spec(tmp_path: Path, seed: int = 3, name: str = "replay", table: Path = TABLE, n_trials: int = BUDGET):
-    return make_spec(tmp_path, name, seq_len=128, backend="replay", replay_table=str(table), seed=seed,
-                     budget={"n_trials": n_trials}, tracking_uri="none", fixed={})
+# this module's sweep: the replay backend answering from TABLE (sweep_spec: tests/conftest.py)
+REPLAY = {"seq_len": 128, "backend": "replay", "replay_table": str(TABLE), "seed": 3, "budget": {"n_trials": BUDGET},
+          "tracking_uri": "none", "fixed": {}}
 
 
 def _table_best_key() -> str:
@@ -77,15 +77,15 @@ def test_bad_table_is_one_clear_spec_error(tmp_path, change, message):
         load_table(path)
 
 
-def test_missing_table_and_wrong_situation(tmp_path):
+def test_missing_table_and_wrong_situation(tmp_path, sweep_spec):
     with pytest.raises(SpecError, match="does not exist"):
         load_table(tmp_path / "nope.csv")
-    spec = _spec(tmp_path).model_copy(update={"seq_len": 4096})
+    spec = parse_spec(sweep_spec("replay", REPLAY)).model_copy(update={"seq_len": 4096})
     with pytest.raises(SpecError, match="records seq_len 128, but the sweep has seq_len 4096"):
         make_prior(spec)
 
 
-def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path):
+def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path, sweep_spec):
     table = load_table(TABLE)
     backend = ReplayBackend(table)
     row = next(r for r in table.rows.values() if r.status == "ok")
@@ -99,16 +99,16 @@ def test_backend_answers_from_the_row_and_refuses_other_layouts(tmp_path):
     outside = row.layout.replace(mbs=8, gbs=64)
     assert outside.key() not in table.rows
     assert backend.submit(request(outside)).result().status == "invalid"
-    prior = make_prior(_spec(tmp_path))
+    prior = make_prior(parse_spec(sweep_spec("replay", REPLAY)))
     assert not prior.predict(outside).feasible
     assert prior.predict(row.layout).legal
 
 
 # ---- searching the table ------------------------------------------------------------------------------
 
-def _calibrated_sweep(tmp_path: Path, seed: int) -> list[str]:
+def _calibrated_sweep(sweep_spec, tmp_path: Path, seed: int) -> list[str]:
     """CalibratedSearch proposing, the replay backend measuring: the proposed keys in order."""
-    spec = _spec(tmp_path, seed=seed)
+    spec = parse_spec(sweep_spec("replay", REPLAY, seed=seed))
     prior = make_prior(spec)
     search = CalibratedSearch.from_prior(prior, seed=seed)
     backend = ReplayBackend(prior.table)
@@ -126,20 +126,20 @@ def _calibrated_sweep(tmp_path: Path, seed: int) -> list[str]:
     return proposed
 
 
-def test_calibrated_search_finds_the_best_row_reproducibly(tmp_path):
+def test_calibrated_search_finds_the_best_row_reproducibly(tmp_path, sweep_spec):
     table_keys = set(load_table(TABLE).rows)
-    first = _calibrated_sweep(tmp_path, seed=5)
+    first = _calibrated_sweep(sweep_spec, tmp_path, seed=5)
     assert set(first) <= table_keys
     assert len(set(first)) == len(first)
     assert _table_best_key() in first
-    assert _calibrated_sweep(tmp_path, seed=5) == first
+    assert _calibrated_sweep(sweep_spec, tmp_path, seed=5) == first
 
 
-def _driver_sweep(tmp_path: Path, seed: int, name: str) -> tuple[list[str], object]:
+def _driver_sweep(sweep_spec, seed: int, name: str) -> tuple[list[str], object]:
     """A sweep through orchestrator.sweep (make_prior/make_backend pick the replay prior and backend)."""
     from orchestrator.sweep import run_sweep
 
-    spec = _spec(tmp_path, seed=seed, name=name, n_trials=DRIVER_BUDGET)
+    spec = parse_spec(sweep_spec(name, REPLAY, seed=seed, budget={"n_trials": DRIVER_BUDGET}))
     outcome = run_sweep(spec, show_progress=False)
     ran = sorted(queries.measured_trials(outcome.study), key=lambda t: t.number)
     return [t.user_attrs["layout_key"] for t in ran], outcome
@@ -147,10 +147,10 @@ def _driver_sweep(tmp_path: Path, seed: int, name: str) -> tuple[list[str], obje
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(tmp_path):
+def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(sweep_spec):
     table = load_table(TABLE)
-    keys, outcome = _driver_sweep(tmp_path, 11, "replay-a")
-    again, _ = _driver_sweep(tmp_path, 11, "replay-b")
+    keys, outcome = _driver_sweep(sweep_spec, 11, "replay-a")
+    again, _ = _driver_sweep(sweep_spec, 11, "replay-b")
     assert keys and set(keys) <= set(table.rows)
     assert len(keys) <= DRIVER_BUDGET
     assert _table_best_key() in keys

@@ -17,6 +17,8 @@ from search_spaces.cost.breakdown import COUNT_KEYS
 
 from orchestrator.cli import main
 from orchestrator.outputs import report
+from orchestrator.outputs.report import charts
+from orchestrator.outputs.winner import views
 from tests.orchestrator.test_promote import make_study
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -73,8 +75,8 @@ def test_pareto_front_and_best_so_far(tmp_path):
     assert [p[2] for p in front] == [4, 1, 2]
     _, study = make_study(tmp_path)
     # trial 2 is faster but does not fit: it never raises the best-so-far
-    assert report.best_so_far(report.views(study)) == [(0, 1000.0), (1, 1500.0), (2, 1500.0), (3, 1500.0),
-                                                       (4, 1500.0), (5, 1500.0)]
+    assert report.best_so_far(views(study)) == [(0, 1000.0), (1, 1500.0), (2, 1500.0), (3, 1500.0),
+                                                (4, 1500.0), (5, 1500.0)]
 
 
 def write_report(tmp_path: Path, monkeypatch) -> tuple[Path, object, str]:
@@ -171,7 +173,7 @@ def test_sig_rounds_to_four_significant_digits():
 def test_memory_chart_plots_gib_components_only_predicted_beside_measured(tmp_path):
     # the cost model's breakdown carries parameter and microbatch counts beside the GiB components
     _, study = make_study(tmp_path, costmodel=True)
-    trials = report.views(study)
+    trials = views(study)
     winner = next(v for v in trials if v.number == 1)
     assert winner.prediction["breakdown"]["memory_gib"]["params_on_rank"] > 1000
     fig = report.figures(study, trials, winner)["winner_breakdown"]
@@ -232,8 +234,8 @@ def test_the_page_every_sweep_writes_leaves_the_importance_to_report(tmp_path, m
 
     _, study = make_study(tmp_path)
     asked = []
-    real = report._importance_figure
-    monkeypatch.setattr(report, "_importance_figure", lambda s: asked.append(s) or real(s))
+    real = charts._importance_figure
+    monkeypatch.setattr(charts, "_importance_figure", lambda s: asked.append(s) or real(s))
     full = report.write(study, tmp_path / "full", pngs=False)
     assert len(asked) == 1 and 'id="fig-importance"' in full.html_path.read_text()
     assert "Parameter importance" in full.html_path.read_text()

@@ -135,7 +135,7 @@ def _set_secret_environment(monkeypatch) -> list[str]:
 
 
 def test_safe_environment_strips_passwords_from_names_and_uris(monkeypatch):
-    from orchestrator.tracking.tracker import safe_environment
+    from orchestrator.tracking.parent_run import safe_environment
 
     values = _set_secret_environment(monkeypatch)
     env = safe_environment()

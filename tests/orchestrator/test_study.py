@@ -8,24 +8,20 @@ import pytest
 from search_spaces.errors import SpecError
 
 from orchestrator.cli import main
-from orchestrator.records import queries
+from orchestrator.records import TABLE_COLUMNS, queries
 from orchestrator.search.prior import Prior
-from orchestrator.spec.schema import load_spec
+from orchestrator.spec.schema import load_spec, parse_spec
 from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
-from tests.sweep_helpers import make_spec, prior_for
+from tests.sweep_helpers import prior_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _spec(tmp_path, name: str = "analytic-small", **extra):
-    return make_spec(tmp_path, name, **{"budget": {"n_trials": 8}, **extra})
-
-
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
-def test_analytic_sweep_storage_contract(tmp_path):
-    spec = _spec(tmp_path)
+def test_analytic_sweep_storage_contract(sweep_spec):
+    spec = parse_spec(sweep_spec("analytic-small", budget={"n_trials": 8}))
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     study = studies.load_study(spec.storage, spec.name)
     for key in ("spec", "model", "seq_len", "gpu", "num_gpus", "backend", "mlflow_experiment_id",
@@ -52,8 +48,8 @@ def test_analytic_sweep_storage_contract(tmp_path):
     assert all(queries.fits(t) for t in out.pareto)
 
 
-def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_models_best(tmp_path, monkeypatch):
-    prior = prior_for(_spec(tmp_path))
+def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_models_best(sweep_spec, monkeypatch):
+    prior = prior_for(parse_spec(sweep_spec("analytic-small", budget={"n_trials": 8})))
     thumbs = [s.replace(**prior.pinned) for s in prior.rules_of_thumb]
     best = prior.predict(prior.ranked(limit=1)[0]).tokens_per_sec_per_gpu
     seeds = prior.seeds()
@@ -66,31 +62,32 @@ def test_the_first_fitting_rule_of_thumb_is_tried_and_the_rest_only_near_the_mod
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
-def test_existing_study_needs_resume_and_resume_adds_trials(tmp_path):
-    spec = _spec(tmp_path, budget={"n_trials": 4})
+def test_existing_study_needs_resume_and_resume_adds_trials(sweep_spec):
+    spec = parse_spec(sweep_spec("analytic-small", budget={"n_trials": 4}))
     run_sweep(spec, prior=prior_for(spec), show_progress=False)
     with pytest.raises(SpecError, match="--resume"):
         run_sweep(spec, prior=prior_for(spec), show_progress=False)
-    bigger = _spec(tmp_path, budget={"n_trials": 6})
+    bigger = parse_spec(sweep_spec("analytic-small", budget={"n_trials": 6}))
     out = run_sweep(bigger, resume=True, prior=prior_for(bigger), show_progress=False)
     assert out.n_measured == 6
     keys = [t.user_attrs["layout_key"] for t in queries.measured_trials(out.study)]
     assert len(keys) == len(set(keys)) == 6
     with pytest.raises(SpecError, match="no study"):
-        run_sweep(_spec(tmp_path, name="never-ran"), resume=True, prior=prior_for(spec), show_progress=False)
+        run_sweep(parse_spec(sweep_spec("never-ran", budget={"n_trials": 8})), resume=True, prior=prior_for(spec),
+                  show_progress=False)
 
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
-def test_status_prints_and_writes_replay_csv(tmp_path, capsys):
-    spec = _spec(tmp_path, budget={"n_trials": 4})
+def test_status_prints_and_writes_replay_csv(tmp_path, sweep_spec, capsys):
+    spec = parse_spec(sweep_spec("analytic-small", budget={"n_trials": 4}))
     run_sweep(spec, prior=prior_for(spec), show_progress=False)
     csv = tmp_path / "board.csv"
     assert main(["status", spec.name, "--storage", spec.storage, "--csv", str(csv)]) == 0
     out = capsys.readouterr().out
     assert "best that fits" in out and spec.name in out
     frame = pd.read_csv(csv)
-    assert list(frame.columns[1:1 + len(studies.TABLE_COLUMNS)]) == studies.TABLE_COLUMNS
+    assert list(frame.columns[1:1 + len(TABLE_COLUMNS)]) == TABLE_COLUMNS
     assert (frame["status"] != "infeasible").sum() == 4
     ok = frame[frame["status"] == "ok"]["tokens_per_sec_per_gpu"].tolist()
     assert ok == sorted(ok, reverse=True)

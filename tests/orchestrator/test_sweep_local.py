@@ -14,13 +14,13 @@ from search_spaces.layouts.layout import Layout
 
 from orchestrator.dispatch.base import TrialRequest
 from orchestrator.records import queries
+from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep import run_sweep
-from tests.sweep_helpers import FAKE_TRAINER, make_spec, prior_for
+from tests.sweep_helpers import FAKE_TRAINER, prior_for
 
-
-def _spec(tmp_path, **extra):
-    return make_spec(tmp_path, "local-fake", **{**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "seed": 5,
-                                                "budget": {"n_trials": 4, "max_concurrent": 2}, **extra})
+# this module's sweep: the fake trainer on 2 ranks, 4 trials two at a time (sweep_spec: tests/conftest.py)
+LOCAL_FAKE = {**FAKE_TRAINER, "gpus_per_node": 2, "seq_len": 128, "seed": 5,
+              "budget": {"n_trials": 4, "max_concurrent": 2}}
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -39,9 +39,9 @@ def _processes_mentioning(text: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_local_sweep_records_optuna_and_mlflow(tmp_path, monkeypatch):
+def test_local_sweep_records_optuna_and_mlflow(sweep_spec, monkeypatch):
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
-    spec = _spec(tmp_path)
+    spec = parse_spec(sweep_spec("local-fake", LOCAL_FAKE))
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0 and out.n_measured == 4
     ran = queries.measured_trials(out.study)
@@ -71,10 +71,10 @@ def test_local_sweep_records_optuna_and_mlflow(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_hang_is_killed_with_its_tree_and_crash_and_oom_are_results(tmp_path):
+def test_hang_is_killed_with_its_tree_and_crash_and_oom_are_results(tmp_path, sweep_spec):
     from orchestrator.dispatch.local import LocalRayBackend
 
-    spec = _spec(tmp_path, budget={"n_trials": 3, "max_concurrent": 3})
+    spec = parse_spec(sweep_spec("local-fake", LOCAL_FAKE, budget={"n_trials": 3, "max_concurrent": 3}))
     backend = LocalRayBackend(spec)
     try:
         def request(name, fault, timeout):

@@ -181,7 +181,7 @@ def test_check_counts_a_run_begun_for_a_trial_not_yet_stored_as_in_flight_and_a_
     the study's last trial: in flight, as a running trial's run is (--resume completes or closes it). Finished, such
     a run would be a record without its trial."""
     from orchestrator.outputs.check import check
-    from orchestrator.tracking.tracker import TRIAL_TAG
+    from orchestrator.records import TRIAL_TAG
 
     spec = make_spec(tmp_path, "in-flight", budget={"n_trials": 3}, gpus_per_node=8, seq_len=512, free=FREE)
     run_sweep(spec, prior=prior_for(spec), show_progress=False)

@@ -11,32 +11,26 @@ from mlflow.exceptions import MlflowException
 
 from orchestrator.errors import LeaseLost, TrackingError
 from orchestrator.records import queries
+from orchestrator.spec.schema import parse_spec
 from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
-from orchestrator.tracking.tracker import (
-    EXPERIMENT_KIND_TAG,
-    TRIALS_VIEW,
-    VIEW_TAG_PREFIX,
-    RunRecord,
-    Tracker,
-    layout_params,
-    safe_environment,
-)
+from orchestrator.tracking.parent_run import safe_environment
+from orchestrator.tracking.runs import RunRecord
+from orchestrator.tracking.tracker import Tracker
+from orchestrator.tracking.views import EXPERIMENT_KIND_TAG, TRIALS_VIEW, VIEW_TAG_PREFIX, layout_params
 from tests.mlflow_server import free_port  # the session's `mlflow_server` fixture comes from tests/conftest.py
-from tests.sweep_helpers import make_spec, prior_for
+from tests.sweep_helpers import prior_for
 
-
-def _spec(tmp_path, tracking_uri, name: str = "tracked", **extra):
-    return make_spec(tmp_path, name, **{"budget": {"n_trials": 5}, "seed": 2, "tracking_uri": tracking_uri,
-                                        "track_rejected": True, **extra})
+# this module's sweeps, each with its tracking_uri (sweep_spec: tests/conftest.py)
+TRACKED = {"budget": {"n_trials": 5}, "seed": 2, "track_rejected": True}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server, monkeypatch):
+def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, sweep_spec, mlflow_server, monkeypatch):
     monkeypatch.setenv("MOE_AUTOTUNE_API_TOKEN", "do-not-log-me")
     monkeypatch.setenv("NCCL_ALGO", "visible")  # an allowed (tuning) variable
-    spec = _spec(tmp_path, mlflow_server.uri)
+    spec = parse_spec(sweep_spec("tracked", TRACKED, tracking_uri=mlflow_server.uri))
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0
     client = MlflowClient(mlflow_server.uri)
@@ -75,10 +69,10 @@ def test_parent_and_one_child_per_trial_on_a_real_server(tmp_path, mlflow_server
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(120)
-def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, monkeypatch):
+def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, sweep_spec, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
-    spec = _spec(tmp_path, f"http://127.0.0.1:{free_port()}")
+    spec = parse_spec(sweep_spec("tracked", TRACKED, tracking_uri=f"http://127.0.0.1:{free_port()}"))
     with pytest.raises(TrackingError, match="cannot use the MLflow tracking URI"):
         run_sweep(spec, prior=prior_for(spec), show_progress=False)
     # nothing was created that a corrected rerun would trip over ("already exists")
@@ -89,8 +83,9 @@ def test_unreachable_tracking_server_fails_loudly_before_any_trial(tmp_path, mon
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(200)
-def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
-    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", budget={"n_trials": 4})
+def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, sweep_spec, monkeypatch):
+    spec = parse_spec(sweep_spec("tracked", TRACKED, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                 budget={"n_trials": 4}))
     real = Tracker._record
     calls = {"n": 0}
 
@@ -113,7 +108,7 @@ def test_mlflow_outage_spools_then_delivers_or_says_so(tmp_path, monkeypatch):
 
     # never back: exit code says so and the spool keeps the records
     monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
-    spec2 = _spec(tmp_path, spec.tracking_uri, name="tracked-down", budget={"n_trials": 2})
+    spec2 = parse_spec(sweep_spec("tracked-down", TRACKED, tracking_uri=spec.tracking_uri, budget={"n_trials": 2}))
     out2 = run_sweep(spec2, prior=prior_for(spec2), show_progress=False)
     assert out2.exit_code == 3 and out2.mlflow_pending >= 2
     spool = tmp_path / "runs" / "tracked-down" / "mlflow-spool.jsonl"
@@ -145,9 +140,10 @@ def _tear(spool, middle: str | None = None):
 
 
 @pytest.mark.timeout(200)
-def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, monkeypatch, caplog):
+def test_torn_last_spool_line_is_skipped_and_resume_delivers_the_rest(tmp_path, sweep_spec, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
-    spec = _spec(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", name="torn", budget={"n_trials": 3})
+    spec = parse_spec(sweep_spec("torn", TRACKED, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                 budget={"n_trials": 3}))
     real = Tracker._record
     monkeypatch.setattr(Tracker, "_record", lambda self, run: (_ for _ in ()).throw(ConnectionError("down")))
     first = run_sweep(spec, prior=prior_for(spec), show_progress=False)
@@ -175,18 +171,18 @@ def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch,
     tracker.start({"name": "spooled"}, "spooled", resume=False)
     payload = {"layout": {"tp": 1}, "backend": "analytic", "status": "ok", "result": {"tokens_per_sec_per_gpu": 1.0}}
     for number in (0, 1, 2):
-        tracker._spool({"trial_number": number, "payload": payload})
-    _tear(tracker.spool_path, middle='{"trial_number": 7, "payl')  # a damaged record between whole ones
-    tracker._spool({"trial_number": 3, "payload": payload})  # appended after the torn line: must stay whole
-    tracker._spool({"trial_number": 4, "payload": "not a record"})  # valid JSON, not a record
+        tracker.spool.add({"trial_number": number, "payload": payload})
+    _tear(tracker.spool.path, middle='{"trial_number": 7, "payl')  # a damaged record between whole ones
+    tracker.spool.add({"trial_number": 3, "payload": payload})  # appended after the torn line: must stay whole
+    tracker.spool.add({"trial_number": 4, "payload": "not a record"})  # valid JSON, not a record
 
     with caplog.at_level("WARNING"):
         pending = tracker.flush()
-    assert pending == 0 and not tracker.spool_path.exists()
+    assert pending == 0 and not tracker.spool.path.exists()
     assert all(tracker.is_finished(n) for n in (0, 1, 3)) and not tracker.is_finished(2)
     # the fragment of 2 is no longer last once 3 follows it: kept aside like the other damaged lines
-    assert tracker.spool_set_aside == 3 and tracker.spool_torn == 0
-    corrupt = tracker.spool_path.with_name("mlflow-spool.corrupt.jsonl")
+    assert tracker.spool.set_aside == 3 and tracker.spool.torn == 0
+    corrupt = tracker.spool.path.with_name("mlflow-spool.corrupt.jsonl")
     kept = corrupt.read_text().splitlines()
     assert kept[0] == '{"trial_number": 7, "payl' and kept[1].startswith('{"trial_number": 2') and len(kept) == 3
     messages = " ".join(r.getMessage() for r in caplog.records)
@@ -194,12 +190,12 @@ def test_corrupt_spool_lines_are_kept_aside_never_dropped(tmp_path, monkeypatch,
 
     # a torn last line alone (the crash happened during the last write): skipped, said, counted
     for number in (5, 6):
-        tracker._spool({"trial_number": number, "payload": payload})
-    _tear(tracker.spool_path)
+        tracker.spool.add({"trial_number": number, "payload": payload})
+    _tear(tracker.spool.path)
     caplog.clear()
     with caplog.at_level("WARNING"):
         assert tracker.flush() == 0
-    assert tracker.is_finished(5) and tracker.spool_torn == 1 and tracker.spool_set_aside == 3
+    assert tracker.is_finished(5) and tracker.spool.torn == 1 and tracker.spool.set_aside == 3
     assert any("torn" in r.getMessage() for r in caplog.records)
     assert len(corrupt.read_text().splitlines()) == 3
 
@@ -210,11 +206,12 @@ def _parent_artifacts(client, run_id: str) -> set[str]:
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(300)
-def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leaderboard(tmp_path, monkeypatch):
+def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leaderboard(tmp_path, sweep_spec,
+                                                                                        monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # MlflowClient.load_table searches with the global URI
-    spec = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 4}, track_rejected=False)
+    spec = parse_spec(sweep_spec("viewed", TRACKED, tracking_uri=uri, budget={"n_trials": 4}, track_rejected=False))
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert out.exit_code == 0
     client = MlflowClient(uri)
@@ -240,7 +237,7 @@ def test_the_sweep_experiment_opens_as_training_and_its_parent_carries_the_leade
     assert "Pareto front" in pareto and not re.search(r"<script[^>]*\bsrc=", pareto)
 
     # a resumed sweep replaces the table (MLflow's log_table alone would append the old rows again)
-    more = _spec(tmp_path, uri, name="viewed", budget={"n_trials": 6}, track_rejected=False)
+    more = parse_spec(sweep_spec("viewed", TRACKED, tracking_uri=uri, budget={"n_trials": 6}, track_rejected=False))
     again = run_sweep(more, resume=True, prior=prior_for(more), show_progress=False)
     assert again.study.user_attrs["mlflow_parent_run_id"] == parent
     board = queries.leaderboard(again.study)
@@ -403,7 +400,7 @@ def test_a_driver_taken_over_mid_record_makes_no_further_mlflow_write_and_spools
     assert run.info.status == "RUNNING"  # the record's first write (its figures) went, set_terminated did not
     assert run.data.metrics["tokens_per_sec_per_gpu"] == 100.0
     assert "trial.json" not in {a.path for a in MlflowClient(uri).list_artifacts(run_id)}
-    assert not (tmp_path / "w" / "mlflow-spool.jsonl").exists() and tracker.pending == 0
+    assert not (tmp_path / "w" / "mlflow-spool.jsonl").exists() and tracker.spool.pending == 0
     with pytest.raises(LeaseLost):
         tracker.mark_failed(0, "interrupted")  # the fence stays lost
     assert MlflowClient(uri).get_run(run_id).info.status == "RUNNING"

@@ -152,6 +152,8 @@ _NOT_COMMANDS = ("orchestrator.commands", "orchestrator.cli")
     ("orchestrator.dispatch", ("orchestrator.sweep", "orchestrator.search", "orchestrator.tracking",
                                "orchestrator.outputs", *_NOT_COMMANDS)),
     *((backend, ("orchestrator.storage",)) for backend in ("orchestrator.dispatch.base", "orchestrator.dispatch.local",
+                                                           "orchestrator.dispatch.trainer_process",
+                                                           "orchestrator.dispatch.ray_cluster",
                                                            "orchestrator.dispatch.analytic",
                                                            "orchestrator.dispatch.replay")),
     ("orchestrator.records", ("orchestrator.dispatch", "orchestrator.sweep", "orchestrator.storage",

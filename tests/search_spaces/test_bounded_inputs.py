@@ -31,7 +31,8 @@ from search_spaces.inputs import EXCERPT_CHARS, excerpt
 
 from orchestrator.dispatch.replay import load_table
 from orchestrator.sweep.spool import ResultSpool
-from orchestrator.tracking.tracker import _saved_view, _spool_record
+from orchestrator.tracking.record_spool import _spool_record
+from orchestrator.tracking.views import _saved_view
 from orchestrator.userio import json_line
 from tests.search_spaces.test_hostile_properties import PROPERTY, assert_answered, inside, run, snapshot
 

@@ -21,7 +21,6 @@ from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 from orchestrator.cli import main
 from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep.fidelity import trial_size
-from tests.sweep_helpers import spec_data
 
 DSV3, H100 = load_model("deepseek-v3"), load_gpu("h100")
 QWEN, TINY, CPU = load_model("qwen3-235b-a22b"), load_model("tiny-moe"), load_gpu("cpu")
@@ -110,8 +109,8 @@ def _layers_per_rank(model, layout) -> list[int]:
 
 # ---- the sweep's choice --------------------------------------------------------------------------------
 
-def _spec(tmp_path: Path, **extra):
-    return spec_data(tmp_path, "proxies", **{"seed": 1, "trial_gpus": 2, **extra})
+# this module's sweep: trials of 2 GPUs on the 4-rank CPU cluster (sweep_spec: tests/conftest.py)
+PROXIES = {"seed": 1, "trial_gpus": 2}
 
 
 @pytest.mark.parametrize("fidelity, layout, expect", [
@@ -119,29 +118,29 @@ def _spec(tmp_path: Path, **extra):
     ("auto", Layout(ep=4, gbs=8), (None, 4)),  # EP 4 needs all 4 ranks: no smaller proxy, over trial_gpus
     ("full", Layout(ep=2, gbs=8), ("full", 4)),
 ])
-def test_the_sweep_runs_full_size_when_it_fits_else_a_proxy(tmp_path, fidelity, layout, expect):
+def test_the_sweep_runs_full_size_when_it_fits_else_a_proxy(sweep_spec, fidelity, layout, expect):
     extra = {"fidelity": fidelity} if fidelity == "auto" else {"fidelity": fidelity, "trial_gpus": None}
-    spec = parse_spec(_spec(tmp_path, **extra))
+    spec = parse_spec(sweep_spec("proxies", PROXIES, **extra))
     size = trial_size(spec, TINY, CPU, layout)
     assert (None if size.refusal else size.fidelity, size.world) == expect
     if size.refusal:
         assert "trial_gpus" in size.refusal
 
 
-def test_trial_gpus_above_the_cluster_or_below_a_full_fidelity_is_refused(tmp_path, capsys):
+def test_trial_gpus_above_the_cluster_or_below_a_full_fidelity_is_refused(tmp_path, sweep_spec, capsys):
     for extra, words in (({"trial_gpus": 8}, "more than the target cluster"),
                          ({"fidelity": "full", "trial_gpus": 2}, "fidelity full")):
         path = tmp_path / "bad.json"
-        path.write_text(json.dumps(_spec(tmp_path, **extra)))
+        path.write_text(json.dumps(sweep_spec("proxies", PROXIES, **extra)))
         assert main(["sweep", str(path), "--quiet"]) == 2
         assert words in capsys.readouterr().err
 
 
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 @pytest.mark.timeout(600)
-def test_promote_refuses_a_proxy_winner_until_confirm_measures_it_at_full_size(tmp_path, capsys):
+def test_promote_refuses_a_proxy_winner_until_confirm_measures_it_at_full_size(tmp_path, sweep_spec, capsys):
     path = tmp_path / "spec.json"
-    path.write_text(json.dumps(_spec(tmp_path, free=["ep", "pp", "mbs"])))
+    path.write_text(json.dumps(sweep_spec("proxies", PROXIES, free=["ep", "pp", "mbs"])))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     assert main(["sweep", str(path), "--quiet"]) == 0
     out = capsys.readouterr().out

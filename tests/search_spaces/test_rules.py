@@ -294,7 +294,7 @@ def _mcore_lever_verdict(model, layout: Layout) -> str | None:
 
 
 def _megatron_lm_verdict(model, layout: Layout) -> str | None:
-    """What Megatron-LM 0.19.2 says of the layout's flags (orchestrator/outputs/export.py): validate_args
+    """What Megatron-LM 0.19.2 says of the layout's flags (orchestrator/outputs/export/megatron_lm.py): validate_args
     (fp8_param_gather only
     with the distributed optimizer; with optimizer offload only the delayed recipe), then the TransformerConfig it
     builds (fp8_param only with fp8), on an H100's answers (tests/bridge_config.py)."""

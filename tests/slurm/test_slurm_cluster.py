@@ -101,14 +101,14 @@ def _multinode_rendezvous_missing() -> str | None:
     from search_spaces.layouts.layout import Layout
 
     from orchestrator.dispatch.base import TrialRequest
-    from orchestrator.dispatch.local import trainer_argv
+    from orchestrator.dispatch.trainer_process import trainer_argv
 
     request = TrialRequest(layout=Layout(ep=2), model="tiny-moe", seq_len=128, gpu="cpu", num_gpus=2, nodes=2,
                            gpus_per_node=1, steps=2, warmup=1, timeout_s=60, workdir=Path("."), trial_number=0)
     argv = trainer_argv(request, "trainers.megatron_moe", "torchrun", Path("r.json"), 0, "10.0.0.1:1234")
     if not any("is_host" in a for a in argv):
-        return ("orchestrator/dispatch/local.py trainer_argv does not pass `--rdzv-conf is_host=1|0`: on a host "
-                "whose name does not resolve to its Ray node IP no torchrun hosts the c10d store (requested)")
+        return ("orchestrator/dispatch/trainer_process.py trainer_argv does not pass `--rdzv-conf is_host=1|0`: on a "
+                "host whose name does not resolve to its Ray node IP no torchrun hosts the c10d store (requested)")
     return None
 
 

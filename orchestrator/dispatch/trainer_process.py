@@ -1,0 +1,172 @@
+"""The trainer's process tree on one node: how it is launched (argv, environment), run to its end or killed whole,
+and what its trial's result is once every node's tree has ended.
+
+`run_process_tree` runs inside a Ray task (orchestrator/dispatch/local.py): it needs nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from search_spaces import failures
+from search_spaces.result import TrialResult
+
+from orchestrator.dispatch.base import TrialRequest
+
+# Passed from the orchestrator's environment into the trainer's (fault hooks, thread counts, ...).
+_PASS_ENV_PREFIXES = ("MOE_AUTOTUNE_", "OMP_NUM_THREADS", "PYTHONPATH", "CUDA_", "NCCL_", "GLOO_")
+LOG_TAIL_CHARS = 4000
+TRIAL_GPUS_ENV = "MOE_AUTOTUNE_TRIAL_GPUS"
+
+
+def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path: Path,
+                 node_rank: int = 0, rdzv: str | None = None) -> list[str]:
+    """The exact launch command of one node (argv list; never a shell string)."""
+    args = request.layout.to_flags() + [
+        "--model", request.model, "--seq-len", str(request.seq_len), "--gpu", request.gpu,
+        "--steps", str(request.steps), "--warmup", str(request.warmup), "--result", str(result_path)]
+    if request.num_layers:
+        args += ["--num-layers", str(request.num_layers)]
+    if request.hidden_size:
+        args += ["--hidden-size", str(request.hidden_size)]
+    if request.lengths:
+        args += ["--lengths", request.lengths]
+    if launcher == "python":
+        return [sys.executable, "-m", module, *args]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.gpus_per_node)]
+    if request.nodes == 1:
+        run += ["--standalone", "--nnodes", "1"]
+    else:
+        if rdzv is None:  # every node of a multi-node trial meets at the first one's endpoint
+            raise ValueError(f"trial {request.trial_number} spans {request.nodes} nodes but has no rendezvous endpoint")
+        run += ["--nnodes", str(request.nodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rdzv, "--rdzv-id", f"trial-{request.trial_number}",
+                # the first node hosts the rendezvous store even when its hostname does not resolve to
+                # the address Ray advertises (torchrun would otherwise guess from the hostname and wait)
+                "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
+    return [*run, "-m", module, *args]
+
+
+def trainer_env(request: TrialRequest) -> dict[str, str]:
+    """The trainer's environment: the orchestrator's (less Ray's own variables), the passed prefixes, the trial's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k in ("RAY_AUTH_MODE",)}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV_PREFIXES)})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # the trainer module must import from where the orchestrator runs (tests, source checkouts)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+    # the GPUs the trial stands for: a trainer started with launcher "python" (one process per node, no
+    # torchrun) learns the world its per-GPU figures are for from it
+    env[TRIAL_GPUS_ENV] = str(request.num_gpus)
+    env.update(request.env)
+    return env
+
+
+def run_process_tree(argv: list[str], env: dict[str, str], cwd: str, log_path: str,
+                     timeout_s: float) -> dict[str, Any]:
+    """Run argv in a new session; on timeout (or if we are interrupted) kill the whole group."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_tree(proc.pid)
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                _kill_tree(proc.pid)
+                proc.wait()
+            # ranks that escaped torchrun's wait still belong to the group
+            _kill_tree(proc.pid)
+    return {"returncode": rc, "timed_out": timed_out, "wall_time_s": time.monotonic() - start,
+            "log_tail": _tail(log_path), "host": socket.gethostname()}
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill the launcher's process group and every descendant: torchrun starts each rank in a session of its
+    own, so killing the group alone would leave hung ranks behind as orphans."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    _kill_group(pid)
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """Linux: the launcher gets SIGKILL if the Ray worker that started it dies."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux's libc: no parent-death signal; the hang timeout still kills it
+        return
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_CHARS))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def trial_result(request: TrialRequest, result_path: Path, nodes: list[dict], commands) -> TrialResult:
+    """The trial's result from each node's report (run_process_tree's) and the result file the trainer wrote."""
+    tail = "\n".join(n.get("log_tail") or "" for n in nodes)[-LOG_TAIL_CHARS:]
+    info = {"command": commands[0] if len(commands) == 1 else commands,
+            "returncodes": [n.get("returncode") for n in nodes], "log_tail": tail,
+            "launch_wall_s": max((n.get("wall_time_s") or 0.0) for n in nodes)}
+    if any(n.get("timed_out") for n in nodes):
+        error = f"no result after {request.timeout_s:g} s; killed the whole process tree"
+        return TrialResult(status="timeout", extra=info, error=error, failure_class="timeout",
+                           failure_reason=error, wall_time_s=max((n.get("wall_time_s") or 0) for n in nodes))
+    if result_path.is_file():
+        try:
+            result = TrialResult.read(result_path)
+        except (ValueError, TypeError) as exc:
+            return _root_cause(TrialResult(status="error", error=f"unreadable result file: {exc}", extra=info),
+                               result_path, nodes)
+        keep = ("command", "launch_wall_s") if result.status == "ok" else tuple(info)
+        result.extra.update({k: info[k] for k in keep})
+        return _root_cause(result, result_path, nodes)
+    rcs = [n.get("returncode") for n in nodes]
+    last = next((ln for ln in reversed(tail.strip().splitlines()) if ln.strip()), "")
+    return _root_cause(TrialResult(status="error", extra=info,
+                                   error=f"trainer exited {rcs} without a result: {last[-300:]}",
+                                   wall_time_s=max((n.get("wall_time_s") or 0) for n in nodes)),
+                       result_path, nodes)
+
+
+def _root_cause(result: TrialResult, result_path: Path, nodes: list[dict]) -> TrialResult:
+    """A failed trial's root cause, once its process tree has ended (search_spaces/failures.py): every rank's
+    failure record, every node log (gloo and NCCL aborts, torchrun's summary of the ranks that ended by a signal)
+    and the launchers' exit codes; the earliest failure that is not a symptom wins. Other results as they are."""
+    logs = sorted(result_path.parent.glob("node-*.log"))
+    return failures.settle(result, result_path, logs, [n.get("returncode") for n in nodes])
