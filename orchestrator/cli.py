@@ -43,8 +43,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "promote": ("promote", "export", "report"),
     "check": ("check", "confirm"),
     "ui": ("ui",),
+    "dashboard": ("dashboard",),
     "calibrate": ("calibrate",),
     "lengths": ("lengths",),
+    "model": ("model",),
 }
 _MODULE_OF = {command: module for module, commands in COMMANDS.items() for command in commands}
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup: system packages (when root and apt is there), a Python 3.12 venv at .venv,
-# and the project with the trainer (torch, megatron-core), test, team (PostgreSQL driver) and docs (MkDocs) extras. Safe to run twice.
+# and the project with the trainer (torch, megatron-core), test, team (PostgreSQL driver), docs (MkDocs) and dashboard
+# (optuna-dashboard) extras. Safe to run twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +39,7 @@ fi
 PY=$(find_python)
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[train,dev,team,docs]"
+.venv/bin/python -m pip install -q -e ".[train,dev,team,docs,dashboard]"
 # Megatron-Bridge's config layer, for tests/orchestrator/test_consumers.py: without its runtime requirements (GPU-only
 # packages); the light ones its config modules import are in the dev extra.
 .venv/bin/python -m pip install -q --no-deps megatron-bridge==0.6.2

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from orchestrator.commands import store_options
 from orchestrator.spec.schema import DEFAULT_STORAGE
 
 
@@ -21,7 +22,8 @@ def calibrate(
     storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL of the studies"),
     experiment: list[str] = typer.Option([], "--experiment",
                                          help="an MLflow experiment whose measured runs are data (repeatable)"),
-    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI"),
+    tracking_uri: str = typer.Option("sqlite:///mlflow.db", "--tracking-uri", help="MLflow tracking URI",
+                                     callback=store_options.tracking_uri),
     table: list[Path] = typer.Option([], "--table", help="a replay-table CSV of measurements (repeatable)"),
     start: Optional[Path] = typer.Option(None, "--calibration",
                                          help="start from this calibration file (default: the packaged one)"),

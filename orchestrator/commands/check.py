@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from orchestrator.commands import store_options
 from orchestrator.spec.schema import DEFAULT_STORAGE
 
 
@@ -18,7 +19,7 @@ def register(app: typer.Typer) -> None:
 def check(
     study_name: Optional[str] = typer.Argument(None, metavar="[STUDY]", help="default: the last study"),
     storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", callback=store_options.tracking_uri,
                                                help="MLflow tracking URI (default: the one the study recorded)"),
 ) -> int:
     """Verify that nothing was lost, doubled or mixed: exit 0 when the study and MLflow agree, 1 otherwise."""
@@ -44,7 +45,7 @@ def confirm(
     storage: str = typer.Option(DEFAULT_STORAGE, help="Optuna storage URL"),
     trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="GPUs one trial may use now "
                                                                         "(at least the layout's full size)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", callback=store_options.tracking_uri),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
     quiet: bool = typer.Option(False, "--quiet", help="no live progress"),
 ) -> int:

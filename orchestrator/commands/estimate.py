@@ -168,7 +168,7 @@ def space(
     gpu: str = typer.Option(...),
     num_gpus: int = typer.Option(..., "--num-gpus"),
     seq_len: int = typer.Option(..., "--seq-len"),
-    top: int = typer.Option(10, help="how many fitting layouts to list"),
+    top: int = typer.Option(10, min=1, help="how many fitting layouts to list"),
     gbs: Optional[int] = typer.Option(None, help="global batch (default ~16M tokens per step)"),
     fix: list[str] = typer.Option([], "--fix", help="FIELD=VALUE, keep a layout field fixed (repeatable)"),
     free: list[str] = typer.Option([], "--free", help=FREE_HELP),
@@ -196,6 +196,8 @@ def space(
     kwargs = dict(fixed=fixed or None, gbs=gbs, top=top, budget_s=budget, max_grids=max_grids, cal=cal,
                   free=_freed(free))
     result = explore(spec, gpu_spec, num_gpus, seq_len, **kwargs, packing=hist)
+    _refuse_empty(result, f"{spec.name} on {num_gpus} x {gpu_spec.name} at {seq_len} tokens (GBS {result.gbs})",
+                  gpu_spec.memory_gib, max_grids)
     versus_full = compare_full(spec, gpu_spec, num_gpus, seq_len, result, kwargs, hist) if hist else None
     if as_json:
         extra: dict[str, Any] = {"packing": {"versus_full_length": versus_full}} if hist else {}
@@ -216,6 +218,16 @@ def space(
     if versus_full:
         print_comparison(versus_full)
     return 0
+
+
+def _refuse_empty(result, where: str, memory_gib: float, max_grids: int) -> None:
+    """A space that lists no layout is no answer: one line naming the rule(s) that emptied it, or the memory
+    nothing fits in (search_spaces/layouts/emptiness.py), exit 2, never an empty table."""
+    from search_spaces.layouts.emptiness import why_empty
+
+    line = why_empty(result, where, memory_gib, max_grids)
+    if line is not None:
+        raise SpecError(line)
 
 
 def _print_space_tables(out, result, top: int) -> None:

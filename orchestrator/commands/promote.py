@@ -11,6 +11,7 @@ import typer
 from search_spaces.errors import SpecError
 from search_spaces.inputs import check_name, check_optional_name
 
+from orchestrator.commands import store_options
 from orchestrator.spec.schema import DEFAULT_STORAGE
 from orchestrator.userio import echo, output_folder
 
@@ -18,7 +19,7 @@ EXPORT_FORMATS = {"megatron-args": "megatron-args.txt", "bridge-yaml": "bridge-o
                   "sbatch": "launch.sbatch", "layout-yaml": "layout.yaml"}
 
 _STORAGE = typer.Option(DEFAULT_STORAGE, "--storage", help="Optuna storage URL of the sweep.")
-_TRACKING = typer.Option(None, "--tracking-uri",
+_TRACKING = typer.Option(None, "--tracking-uri", callback=store_options.tracking_uri,
                          help="MLflow tracking/registry URI (default: the one the sweep recorded, "
                               "$MLFLOW_TRACKING_URI, sqlite:///mlflow.db).")
 _TRIAL = typer.Option(None, "--trial", help="Trial number (default: the best measured trial that fits).")

@@ -29,9 +29,12 @@ def _opt(help_: str, panel: str = _SITE, **kw):
 def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options: dict, **settings) -> tuple:
     from orchestrator.dispatch import slurm_job
     from orchestrator.spec.schema import load_spec
+    from orchestrator.storage import check_tracking_uri
 
     spec = load_spec(spec_path, {"study_name": sweep_options.get("study_name"),
-                                 "storage": sweep_options.get("storage")})
+                                 "storage": sweep_options.get("storage"),
+                                 "tracking_uri": sweep_options.get("tracking_uri")})
+    check_tracking_uri(spec.tracking_uri, none_ok=True)  # a plain path: refused here, not in the job
     settings["env"] = slurm_job.parse_env_pairs(settings.pop("env"))
     settings["extra_sbatch"] = settings.pop("sbatch_arg") or None
     # the allocation holds one trial at a time: its size is trial_gpus (a proxy's), not the target cluster

@@ -51,6 +51,9 @@ def sweep(
                                  "search": search, "fidelity": fidelity, "trial_gpus": trial_gpus,
                                  "calibration": calibration})
     _check_names(spec)  # a model or GPU the catalogs do not know: refused before the sweep's libraries load
+    from orchestrator.storage import check_tracking_uri
+
+    tracked = check_tracking_uri(spec.tracking_uri, none_ok=True).lower() != "none"  # a plain path: one line, now
     crashlog.here(Path(spec.workdir) / spec.name)  # an internal error of this sweep is logged beside its trials
     if spec.lengths:
         return _family(spec, resume, quiet)
@@ -64,7 +67,7 @@ def sweep(
         from orchestrator.sweep import run_sweep  # Optuna, MLflow, pandas, Ray: only for a spec that passed
         from orchestrator.tracking.client import preload_store
 
-        if ahead is not None:
+        if ahead is not None and tracked:
             preload_store(spec.tracking_uri)  # while the child explores
 
         unwind_on_signals()  # scancel / kill / Ctrl-C: running trials are recorded as interrupted

@@ -16,6 +16,8 @@ from orchestrator.spec import economics
 
 # the study's objectives: tokens/s per GPU (up), peak memory (down)
 DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
+# their names, as Optuna keeps them (study.metric_names): optuna-dashboard and Optuna's plots label the axes with them
+METRIC_NAMES = ["tokens/s/GPU", "peak memory GiB"]
 
 
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

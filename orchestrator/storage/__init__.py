@@ -10,7 +10,10 @@ or imports a backend's library. Backend modules are imported only when their URL
 | `sqlite:///path` | sqlite.SqliteStudyStore | mlflow_sqlite.MlflowSqliteStore |
 | `postgresql://...` (any SQL server) | postgresql.DatabaseStudyStore | mlflow_server.MlflowDatabaseStore |
 | `http(s)://...` | | mlflow_server.MlflowServerStore |
-| `file:///path`, a plain path | | mlflow_file.MlflowFileStore |
+| `file:///path` | | mlflow_file.MlflowFileStore |
+
+A tracking URI without a scheme (a plain path such as `mlflow.db`) is refused in one line naming the schemes accepted
+(`check_tracking_uri`): MLflow would take it for the folder of a file store and answer with its own maintenance text.
 """
 
 from __future__ import annotations
@@ -19,15 +22,19 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
+from search_spaces.errors import SpecError
+
 from orchestrator.storage.base import StudyStore, TrackingStore
 
-__all__ = ["StudyStore", "TrackingStore", "open_mlflow", "require_mlflow_store", "study_store", "tracking_store"]
+__all__ = ["TRACKING_SCHEMES", "StudyStore", "TrackingStore", "check_tracking_uri", "open_mlflow",
+           "require_mlflow_store", "study_store", "tracking_store"]
 
 _STUDY_STORES = {"journal": "journal.JournalStore", "sqlite": "sqlite.SqliteStudyStore"}
 _STUDY_DEFAULT = "postgresql.DatabaseStudyStore"  # any other URL: SQLAlchemy's (a server, or one line)
 _TRACKING_STORES = {"sqlite": "mlflow_sqlite.MlflowSqliteStore", "http": "mlflow_server.MlflowServerStore",
-                    "https": "mlflow_server.MlflowServerStore", "file": "mlflow_file.MlflowFileStore",
-                    "": "mlflow_file.MlflowFileStore"}
+                    "https": "mlflow_server.MlflowServerStore", "file": "mlflow_file.MlflowFileStore"}
+# what a tracking URI may be, as the refusal of one without a scheme names it
+TRACKING_SCHEMES = "sqlite:///PATH, file:///PATH (a file store's folder), http(s)://HOST:PORT, postgresql://HOST/DB"
 _SQL_SERVERS = ("postgresql", "postgres", "mysql", "mariadb", "mssql", "oracle")
 
 
@@ -51,9 +58,20 @@ def study_store(url: str) -> StudyStore:
     return _make(_STUDY_STORES.get(_scheme(url), _STUDY_DEFAULT), url)
 
 
+def check_tracking_uri(uri: str, none_ok: bool = False) -> str:
+    """`uri`, when it names its store by a URL scheme; a plain path (`mlflow.db`, `./mlruns`) is one SpecError line
+    naming the schemes accepted. `none_ok`: a sweep's `none` (no MLflow records) is accepted, and named."""
+    if none_ok and uri.lower() == "none":  # as the sweep reads it (orchestrator/sweep/session.py)
+        return uri
+    if not _scheme(uri):
+        raise SpecError(f"tracking URI {uri!r} has no URL scheme: give {TRACKING_SCHEMES}"
+                        + (", or none (no MLflow records)" if none_ok else ""))
+    return uri
+
+
 def tracking_store(uri: str) -> TrackingStore:
-    """The MLflow store (base.TrackingStore) of a tracking URI."""
-    scheme = _scheme(uri)
+    """The MLflow store (base.TrackingStore) of a tracking URI (one without a scheme: check_tracking_uri's line)."""
+    scheme = _scheme(check_tracking_uri(uri))
     where = "mlflow_server.MlflowDatabaseStore" if scheme in _SQL_SERVERS else _TRACKING_STORES.get(
         scheme, "mlflow_server.MlflowServerStore")  # another scheme: MLflow's client answers for it
     return _make(where, uri)

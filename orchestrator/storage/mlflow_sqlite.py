@@ -4,6 +4,7 @@ retry it for minutes), and made again when an older version left it half made an
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -40,6 +41,12 @@ class MlflowSqliteStore(TrackingStore):
         path = self.path
         if path is None:
             return
+        target = path if path.exists() else path.parent
+        if not target.exists():
+            raise TrackingError(f"cannot use the MLflow tracking URI {self.url!r}: "
+                                f"directory {str(target)!r} does not exist")
+        if not os.access(target, os.W_OK):
+            raise TrackingError(f"cannot use the MLflow tracking URI {self.url!r}: {str(target)!r} is not writable")
         try:  # an immutable folder, a damaged or locked file: one line now, not MLflow's minutes of retries
             require_writable(path, self.url, "MLflow store")
             if path.exists():

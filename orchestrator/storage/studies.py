@@ -4,6 +4,7 @@ leaderboard) is orchestrator/records/queries.py."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from search_spaces.errors import SpecError
 
 from orchestrator.errors import StorageError
 from orchestrator.records import StudyRecord
-from orchestrator.records.queries import DIRECTIONS
+from orchestrator.records.queries import DIRECTIONS, METRIC_NAMES
 from orchestrator.redact import redact_uri
 from orchestrator.storage import study_store
 
@@ -113,9 +114,24 @@ def create_or_resume(storage: optuna.storages.BaseStorage, storage_url: str, nam
     return study, False
 
 
+def name_metrics(study: optuna.Study) -> None:
+    """Name the study's objectives in Optuna (METRIC_NAMES: optuna-dashboard and Optuna's plots show them), once: a
+    study made before they were named gets them on --resume."""
+    if study.metric_names != METRIC_NAMES:
+        with warnings.catch_warnings():  # experimental since Optuna 3.2, and stable in use since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
+
+
 def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
     """A study of an existing storage (the newest when unnamed); a SpecError naming what is missing."""
     store = open_existing_storage(storage)
+    return optuna.load_study(study_name=study_named(store, storage, study_name), storage=store)
+
+
+def study_named(store: optuna.storages.BaseStorage, storage: str, study_name: str | None) -> str:
+    """The name of study `study_name` of the opened `store` (URL `storage`), the newest when None; a SpecError naming
+    what is missing."""
     names = [s.study_name for s in stored_studies(store)]
     if study_name is None:
         if not names:
@@ -123,7 +139,7 @@ def load_study(storage: str, study_name: str | None = None) -> optuna.Study:
         study_name = names[-1]
     if study_name not in names:
         raise SpecError(f"no study {study_name!r} in {redact_uri(storage)}; found: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=study_name, storage=store)
+    return study_name
 
 
 def family_members(storage: str, name: str) -> list[optuna.Study]:

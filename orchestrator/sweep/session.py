@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from search_spaces.errors import SpecError
 from search_spaces.failures import RECORD_SUFFIX
+from search_spaces.layouts.emptiness import why_empty
 from search_spaces.layouts.space import explore
 from search_spaces.result import MEASURED_STATUSES
 
@@ -212,6 +213,7 @@ def _start(session: Session, storage: studies.StudyStorage, existed: bool, run_t
             source = "previous length" if seed in carried else "rule-of-thumb"
             enqueue(study, session.space.params(seed), skip_if_exists=True, proposed_by=source)
     StudyRecord.write(study, budget=spec.budget.model_dump())
+    studies.name_metrics(study)  # a new study, or an older one resumed: Optuna's tools name its two objectives
     if session.tracker:
         parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
         StudyRecord.write(study, mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
@@ -244,10 +246,8 @@ def _check_something_fits(spec: SweepSpec, prior: Prior) -> None:
     fixed = f" with fixed {dict(spec.fixed)}" if spec.fixed else ""
     found = explore(prior.model, prior.gpu, spec.num_gpus, spec.seq_len, fixed=prior.pinned, gbs=spec.gbs, top=1,
                     free=spec.free)
-    if found.legal_count == 0:
-        rule, count = max(found.rejected_by_rule.items(), key=lambda kv: kv[1], default=("?", 0))
-        raise SpecError(f"no legal layout of {where}{fixed}: rule {rule!r} binds "
-                        f"(rejects {count} of {found.total} combinations)")
+    if found.legal_count == 0:  # the rules that emptied the space, as `space` names them
+        raise SpecError(str(why_empty(found, f"{where}{fixed}", prior.memory_limit_gib)))
     raise SpecError(f"nothing fits in memory: none of the {found.legal_count} legal layouts of {where}{fixed} "
                     f"fits the {prior.memory_limit_gib:.1f} GiB per GPU (memory binds; try more GPUs, "
                     f"a shorter seq_len, or free recompute/offload/precision)")

@@ -15,6 +15,7 @@ from search_spaces.calibration.calibration_file import Calibration
 from search_spaces.catalog.hardware import GPUSpec
 from search_spaces.catalog.models import ModelSpec
 from search_spaces.cost.costmodel import Estimate, estimate
+from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import BY_NAME, SEARCH_DIMENSIONS, Layout
 
 # knobs whose values are ordered (sizes, fractions, recompute from light to heavy): their neighbours are adjacent
@@ -87,7 +88,11 @@ def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layo
             continue
         ordered = BY_NAME[name].kind in ORDERED_KINDS
         for value in neighbour_values(values[name], _current(layout, name), ordered):
-            est = estimate(model, gpu, num_gpus, seq_len, _switch(layout, name, value), cal=cal, packing=packing)
+            try:
+                switched = _switch(layout, name, value)
+            except SpecError:  # no layout at all (MBS 2 of a global batch of 1): no neighbour to show
+                continue
+            est = estimate(model, gpu, num_gpus, seq_len, switched, cal=cal, packing=packing)
             out.append(_entry(name, value, est, base))
     return out
 

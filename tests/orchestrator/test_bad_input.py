@@ -341,7 +341,7 @@ READ_ONLY_CASES = {
                                                               "--tracking-uri", _absent(w, "absent-mlflow.db")],
     "promote --rollback: storage missing": lambda w: ["promote", "--rollback", "--storage",
                                                       _absent(w, "absent-optuna.db")],
-    "ui: MLflow file store missing": lambda w: ["ui", "--tracking-uri", str(w["root"] / "absent-mlruns")],
+    "ui: MLflow file store missing": lambda w: ["ui", "--tracking-uri", f"file://{w['root'] / 'absent-mlruns'}"],
     "status: an empty file is no storage": lambda w: ["status", "--storage", _absent(w, "empty.db")],
     "check: an empty file is no MLflow store": lambda w: ["check", EXISTING, "--storage", w["storage"],
                                                           "--tracking-uri", _absent(w, "empty.db")],

@@ -95,6 +95,7 @@ COMMANDS: dict[str, Callable[[dict], list[str]]] = {
     "check": lambda w: ["check", STUDY, "--storage", w["storage"], "--tracking-uri", w["tracking"]],
     "confirm": lambda w: ["confirm", STUDY, "--storage", w["storage"], "--tracking-uri", w["tracking"], "--quiet"],
     "ui": lambda w: ["ui", STUDY, "--tracking-uri", w["tracking"], "--port", str(w["port"])],
+    "dashboard": lambda w: ["dashboard", STUDY, "--storage", w["storage"], "--port", str(w["port"])],
     "calibrate": lambda w: ["calibrate", "--study", STUDY, "--storage", w["storage"], "--experiment", STUDY,
                             "--tracking-uri", w["tracking"], "--table", TABLE, "--out", w["cal"], "--no-published",
                             "--holdout", "0"],
@@ -104,6 +105,7 @@ COMMANDS: dict[str, Callable[[dict], list[str]]] = {
                                "--tracking-uri", w["tracking"], "--workdir", w["root"]],
     "slurm link-run": lambda w: ["slurm", "link-run", w["spec"], "--storage", w["storage"]],
     "lengths": lambda w: ["lengths", w["documents"], "--column", "tokens", "--out", w["histogram"]],
+    "model": lambda w: ["model", "tiny-moe"],
 }
 NOT_RUN = {
     "slurm wait-ray": "a step inside a Slurm job, against its Ray cluster (tests/slurm/test_slurm_cluster.py)",
@@ -111,6 +113,8 @@ NOT_RUN = {
 }
 # commands that take a store only to pass it along (into a batch script): they never open it
 PASSES_STORES_ALONG = {"slurm render", "slurm submit"}
+# commands that serve until Ctrl-C (the user's Ctrl-C comes once they say so: CtrlCOnceServing)
+SERVES = {"ui", "dashboard"}
 # a finished analytic sweep has no proxy-measured trial to confirm: `confirm` answers so (one line, exit 2)
 REFUSES_ON_THE_WORLD = {"confirm"}
 
@@ -217,7 +221,7 @@ def world(finished, tmp_path, monkeypatch) -> dict:
 
 
 def _free_port() -> int:
-    """A port of its own for `ui` (two workers' cases serving on MLflow's 5000 at once: "in use")."""
+    """A port of its own for `ui` and `dashboard` (two workers' cases serving on one port at once: "in use")."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -350,7 +354,7 @@ def test_every_command_answers_on_the_finished_sweep(world, command):
     """The rows are meaningful: each argv runs (exit 0) where nothing fails."""
     if command == "ui":
         pytest.skip("ui serves until Ctrl-C: its clean run is tests/orchestrator/test_mlflow_ui.py's")
-    code, out, err = run(COMMANDS[command](world))
+    code, out, err = run(COMMANDS[command](world), CtrlCOnceServing() if command in SERVES else None)
     if command in REFUSES_ON_THE_WORLD:
         one_line(code, err)
     else:
@@ -392,7 +396,7 @@ def test_every_command_meets_every_fault_with_one_line(world, command, fault):
             silent = changes.pop("silent", None)
             faulty = [changes.get(a, a) for a in argv]
             after_fault = tree(root)
-            code, out, err = run(faulty, CtrlCOnceServing() if command == "ui" else None)
+            code, out, err = run(faulty, CtrlCOnceServing() if command in SERVES else None)
             if code == 0:
                 assert kind not in unusable or command in PASSES_STORES_ALONG or (
                     (command, which) in CREATES and kind == "missing"), f"exit 0 on an unusable store: {err[-2000:]}"

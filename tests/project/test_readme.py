@@ -46,6 +46,8 @@ REAL_TRAINER_TRIALS = 2
 MAPPED = {
     ("moe-autotune", "ui"): ("tests/orchestrator/test_mlflow_ui.py",
                              "test_ui_opens_on_the_trials_with_a_tokens_column_and_stops_on_ctrl_c"),
+    ("moe-autotune", "dashboard"): ("tests/orchestrator/test_dashboard.py",
+                                    "test_the_dashboard_serves_the_default_journal_study_with_its_trials_and_stops_on_ctrl_c"),
     ("bash", "scripts/setup.sh"): (".ci/run", "bash scripts/setup.sh"),
     ("bash", "scripts/test.sh"): (".ci/run", "bash scripts/test.sh"),
 }

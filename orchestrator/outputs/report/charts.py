@@ -13,6 +13,8 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from search_spaces.layouts.layout import DEFAULT_FREE
+
 from orchestrator.outputs.report.trial_series import (
     best_so_far,
     component_order,
@@ -23,6 +25,7 @@ from orchestrator.outputs.report.trial_series import (
 )
 from orchestrator.outputs.report.values import finite_number, layout_key, sig, trial_label
 from orchestrator.outputs.winner import TrialView, views
+from orchestrator.records import StudyRecord, TrialRecord
 from orchestrator.storage import studies
 
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
@@ -79,24 +82,46 @@ class _Snapshot(optuna.Study):
         return self.get_trials(deepcopy=False)
 
 
-def _snapshot(study: optuna.Study) -> optuna.Study:
-    """An in-memory copy of the finished trials: Optuna's importance reads every trial many times, and from a
-    SQLite storage that is most of a report's time."""
+def measured_snapshot(study: optuna.Study) -> optuna.Study:
+    """An in-memory copy of the trials that measured a throughput (finished, status ok): what parameter importance
+    learns from. A proposal the cost model rejected, a trial that failed or ran out of memory is told 0 tokens/s,
+    which is no measurement. In memory: Optuna's importance reads every trial many times, and from a SQLite storage
+    that is most of a report's time."""
     storage = studies.in_memory()
     storage.create_new_study(study.directions, study.study_name)
     copy = _Snapshot(study_name=study.study_name, storage=storage)
-    copy.add_trials([t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
+    copy.add_trials([t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                     if TrialRecord.of(t).status == "ok" and t.values and finite_number(t.values[0]) is not None])
     return copy
 
 
+def searched_params(study: optuna.Study, measured: list[optuna.trial.FrozenTrial]) -> list[str]:
+    """The parameters the sweep searched: the spec's free dimensions less its fixed ones (a study that recorded no
+    spec: the default free ones), among those every measured trial has."""
+    spec = StudyRecord.of(study).spec
+    fixed = spec.get("fixed") or {}
+    return [p for p in (spec.get("free") or DEFAULT_FREE)
+            if p not in fixed and measured and all(p in t.params for t in measured)]
+
+
 def _importance_figure(study: optuna.Study) -> go.Figure:
+    measured = measured_snapshot(study)
+    params = searched_params(study, measured.trials)
+    fig = go.Figure()
+    if len(measured.trials) < 2 or not params:
+        why = (f"{len(measured.trials)} trial(s) measured a throughput; it needs 2" if params or not measured.trials
+               else "the sweep searched no parameter (every one fixed)")
+        fig.add_annotation(text=f"parameter importance unavailable: {why}", showarrow=False)
+        fig.update_layout(title="Parameter importance (Optuna)")
+        return fig
     try:
         with _negated_target_ok():
             fig = optuna.visualization.plot_param_importances(
-                _snapshot(study), target=_importance_target, target_name="tokens/s/GPU")
-        fig.update_layout(title="Parameter importance for tokens/s/GPU (Optuna)")
-    except Exception as exc:  # noqa: BLE001 -- too few trials, or nothing varied: the figure says so instead
-        fig = go.Figure().add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
+                measured, params=params, target=_importance_target, target_name="tokens/s/GPU")
+        fig.update_layout(title=f"Parameter importance for tokens/s/GPU (Optuna; {len(measured.trials)} measured "
+                                f"trials, {len(params)} searched parameters)")
+    except Exception as exc:  # noqa: BLE001 -- nothing varied: the figure says so instead
+        fig.add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
         fig.update_layout(title="Parameter importance (Optuna)")
     return fig
 

@@ -1,0 +1,54 @@
+"""`moe-autotune model CONFIG`: how a model's config.json (or a catalog model) was read: its decoder layers by
+kind in compressed form, experts, top-k, shared experts, total and active parameters, the fields ignored and
+what the cost model approximates (search_spaces/catalog/reading.py). A config is refused in one line (exit 2)
+where it holds a field the reader does not know or a cost-changing field it does not model."""
+
+from __future__ import annotations
+
+import typer
+
+MODEL_HELP = ("a catalog name (as `estimate --model`) or the path of a Hugging Face config.json (or its folder). "
+              "Read: DeepSeek-V2/V3 and Kimi-K2, GLM-4.5, Qwen2/3-MoE and Qwen3-Next, Llama(-4, its text_config), "
+              "Mixtral/Mistral, gpt-oss and ERNIE-4.5-MoE fields")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("model")(model)
+
+
+def model(
+    config: str = typer.Argument(..., help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> int:
+    """Show how a model's config was read: layers by kind, experts, top-k, shared experts, total and active
+    parameters, the fields ignored (and why) and what the estimate approximates."""
+    from search_spaces.catalog.models import load_model
+    from search_spaces.catalog.reading import billions, describe
+
+    from orchestrator.userio import console, echo, json_line
+
+    d = describe(load_model(config))
+    if as_json:
+        echo(json_line(d, "model --json"))
+        return 0
+    lines = [d["model"] + (" (the text model, read from text_config)" if d["text_config"] else ""),
+             f"layers: {d['layers']} = {d['pattern']}"]
+    if d["experts"]:
+        shared = (f", {d['shared_experts']} shared ({d['shared_expert_ffn_hidden_size']:,} wide in all)"
+                  if d["shared_experts"] else ", no shared expert")
+        dense = f" ({', '.join(f'{w:,}' for w in d['dense_ffn_hidden_size'])} wide)" if d["dense_layers"] else ""
+        lines.append(f"experts: {d['experts']} routed, each {d['expert_ffn_hidden_size']:,} wide, top-{d['topk']}"
+                     f"{shared}; {d['moe_layers']} MoE and {d['dense_layers']} dense layers{dense}")
+    if d["mtp_layers"]:
+        lines.append(f"MTP layers: {d['mtp_layers']}")
+    lines.append(f"parameters: {billions(d['total_params'])} total, {billions(d['active_params'])} active per token")
+    lines += [f"approximated: {note}" for note in d["approximated"]]
+    lines += [f"note: {note}" for note in d["notes"]]
+    by_reason: dict[str, list[str]] = {}
+    for item in d["ignored"]:
+        by_reason.setdefault(item["why"], []).append(item["field"])
+    lines += [f"ignored: {', '.join(fields)}: {why}" for why, fields in by_reason.items()]
+    out = console()
+    for line in lines:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
