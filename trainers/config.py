@@ -39,6 +39,12 @@ def capability_gaps(model, layout: Layout) -> list[str]:
     gaps = []
     if model.mtp_layers:
         gaps.append(f"{model.mtp_layers} MTP layer(s): this trainer does not build multi-token prediction")
+    width_gap = model.dense_width_gap()
+    if width_gap:
+        gaps.append(width_gap)
+    if "C" in (getattr(model, "attention_layout", "") or "") or getattr(model, "attention_chunk_size", 0) > 0:
+        gaps.append(f"chunked local attention (chunks of {model.attention_chunk_size} tokens, Llama-4): "
+                    "Megatron-Core has no chunked attention; this trainer would build full attention instead")
     if "full_iteration" in layout.cuda_graphs:
         gaps.append("full_iteration CUDA graphs are not supported by this trainer")
     elif layout.cuda_graphs and model.num_experts:
@@ -94,8 +100,11 @@ def _model_architecture_kwargs(model) -> dict[str, Any]:
             # ModelSpec gives the total width of the shared experts, as Megatron wants it.
             kwargs["moe_shared_expert_intermediate_size"] = model.shared_expert_ffn_hidden_size
             kwargs["moe_shared_expert_gate"] = bool(model.shared_expert_gate)
+        layers = model.moe_layer_list()  # interleaved dense and MoE layers (Llama-4, Qwen's decoder_sparse_step)
         first_dense = int(getattr(model, "first_k_dense", 0) or 0)
-        if first_dense:
+        if layers is not None:
+            kwargs["moe_layer_freq"] = layers
+        elif first_dense:
             kwargs["moe_layer_freq"] = [0] * first_dense + [1] * (model.num_layers - first_dense)
     kwargs.update(_attention_variant_kwargs(model))
     if model.is_mla:

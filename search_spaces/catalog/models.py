@@ -142,6 +142,28 @@ class ModelSpec:
         """Megatron-Core's `moe_layer_freq` as a list: 1 for each MoE decoder layer, 0 for a dense one."""
         return [int(self.layer_is_moe(i)) for i in range(self.num_layers)]
 
+    def dense_width_gap(self) -> str | None:
+        """Why Megatron-Core cannot build this model's dense layers, or None: it builds every dense MLP at
+        ffn_hidden_size (the experts at moe_ffn_hidden_size), so a pattern of several dense widths (or one other
+        than ffn_hidden_size) cannot be expressed."""
+        widths = sorted({int(w) for w in self.mlp_pattern if w})
+        if widths and widths != [self.ffn_hidden_size]:
+            return (f"dense layers of widths {widths}: Megatron-Core builds every dense MLP at one ffn_hidden_size "
+                    f"({self.ffn_hidden_size})")
+        return None
+
+    def moe_layer_list(self) -> list[int] | None:
+        """Megatron-Core's moe_layer_freq as a per-layer list where the MLP pattern is not `first_k_dense` dense
+        layers then MoE (a non-empty `mlp_pattern`: Llama-4's interleaved layers, Qwen's decoder_sparse_step),
+        else None (that simple form, and a dense model). Each dense layer is built at ffn_hidden_size: a pattern
+        of other dense widths is refused (SpecError)."""
+        if not self.mlp_pattern or not self.is_moe:
+            return None
+        gap = self.dense_width_gap()
+        if gap:
+            raise SpecError(f"model {self.name}: {gap}")
+        return self.moe_layer_freq()
+
     def read_attention_kind(self, index: int) -> str:
         """The attention kind of decoder layer `index` as the config describes it (READ_ATTENTION_KINDS: chunked
         where the cost terms' `attention_kind` says full)."""

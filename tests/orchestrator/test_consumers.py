@@ -381,3 +381,55 @@ def test_the_bridge_yaml_keeps_mxfp8_weights_in_fp8(bridge, tmp_path):
     from search_spaces.errors import SpecError
     with pytest.raises(SpecError, match="blockwise"):
         export.bridge_overrides(layout.replace(precision="fp8-blockwise"), 4096, model)
+
+
+# ---- a model read from its config.json whose dense and MoE layers interleave (issue 55) -------------------
+
+MAVERICK = "tests/data/hf_configs/llama-4-maverick-17b-128e-instruct.json"  # every other layer MoE
+
+
+def test_megatron_lm_builds_an_interleaved_models_moe_layers(megatron_parser, monkeypatch):
+    """Llama-4-Maverick's dense and MoE layers alternate: Megatron-LM's parser evaluates the exported
+    --moe-layer-freq to the model's per-layer list, and the dense layers' own width (intermediate_size_mlp) is
+    ffn_hidden_size beside the experts' moe_ffn_hidden_size."""
+    import megatron.training.arguments as mlm_arguments
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.training.argument_utils import core_transformer_config_from_args
+
+    model, layout, world = load_model(MAVERICK), Layout.from_dict(dict(ep=8, gbs=8)), 8
+    assert model.moe_layer_freq() == [0, 1] * 24
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    argv = export.megatron_args(layout, model, 4096) + RUN_FLAGS + NO_TE_KERNELS + [
+        "--vocab-size", str(model.vocab_size)]
+    assert argv[argv.index("--moe-layer-freq") + 1] == "([0,1]*24)"
+    with bridge_config.on_h100_node(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = megatron_parser.parse_args(argv)
+        args.world_size, args.rank = world, 0
+        mlm_arguments.validate_args(args)
+        cfg = core_transformer_config_from_args(args, TransformerConfig)
+    assert list(cfg.moe_layer_freq) == model.moe_layer_freq()
+    assert (cfg.ffn_hidden_size, cfg.moe_ffn_hidden_size, cfg.moe_shared_expert_intermediate_size) == (
+        16384, 8192, 8192)
+
+
+def test_the_bridge_yaml_sets_an_interleaved_models_moe_layers(bridge, tmp_path):
+    """Over a recipe of first-k-dense layers, the bridge-yaml's moe_layer_freq is what Bridge builds."""
+    model, layout = load_model(MAVERICK), Layout.from_dict(dict(ep=8, gbs=8))
+    path = tmp_path / "bridge-overrides.yaml"
+    path.write_text(export.bridge_overrides_yaml(layout, 4096, model))
+    recipe = {**trainer_config.transformer_config_kwargs(model, Layout(), on_cpu=False), "mtp_num_layers": None,
+              "moe_layer_freq": [0] + [1] * (model.num_layers - 1)}
+    cfg, refused = bridge_config.apply_yaml(bridge, recipe, False, str(path), 8)
+    assert refused == []
+    assert list(cfg.model.moe_layer_freq) == model.moe_layer_freq() == yaml.safe_load(path.read_text())["model"][
+        "moe_layer_freq"]
+
+
+def test_catalog_models_keep_their_first_k_dense_moe_layers():
+    """The catalog's models (no per-layer pattern) keep the first-k-dense rendering and no Bridge override."""
+    for name, freq in (("deepseek-v3", "([0]*3+[1]*58)"), ("qwen3-30b-a3b", None)):
+        model = load_model(name)
+        argv = export.megatron_args(Layout(), model, 4096)
+        assert (argv[argv.index("--moe-layer-freq") + 1] if "--moe-layer-freq" in argv else None) == freq
+        assert "moe_layer_freq" not in export.bridge_overrides(Layout(), 4096, model)["model"]

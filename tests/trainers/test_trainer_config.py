@@ -440,3 +440,48 @@ def test_cpu_attention_windows_and_sinks_equal_megatrons_local_softmax(monkeypat
     weights = logits.exp() / (logits.exp().sum() + torch.exp(torch.tensor(2.0)))
     assert torch.allclose(out[i, 0, h * dim:(h + 1) * dim], weights @ vr[i - 31:i + 1, 0, h], atol=1e-6)
     assert not torch.allclose(full(q, k, v)[i], out[i])  # the full layer sees the whole prefix
+
+
+INTERLEAVED = "tests/data/models/tiny-interleaved-moe.json"  # decoder_sparse_step 2: dense, MoE, dense, MoE
+
+
+def test_the_trainer_builds_an_interleaved_models_moe_layers_or_names_what_it_cannot():
+    model = load_model(INTERLEAVED)
+    assert model.mlp_widths() == (256, 0, 256, 0)
+    kw = config.transformer_config_kwargs(model, L(), on_cpu=True)
+    assert (kw["moe_layer_freq"], kw["ffn_hidden_size"], kw["moe_ffn_hidden_size"]) == ([0, 1, 0, 1], 256, 96)
+    assert config.capability_gaps(model, L()) == []
+    maverick = load_model("tests/data/hf_configs/llama-4-maverick-17b-128e-instruct.json")
+    assert config.transformer_config_kwargs(maverick, L(), on_cpu=False)["moe_layer_freq"] == [0, 1] * 24
+    gaps = " ".join(config.capability_gaps(maverick, L()))
+    assert "chunked local attention" in gaps and "8192" in gaps  # refused, not built as full attention
+    import dataclasses
+    two_widths = dataclasses.replace(model, mlp_pattern=(256, 0, 128, 0))
+    assert "widths [128, 256]" in " ".join(config.capability_gaps(two_widths, L()))
+
+
+_COUNT = """
+import json, sys, types
+from search_spaces.catalog.models import load_model
+from search_spaces.layouts.layout import Layout
+from trainers import run
+model = load_model(sys.argv[1])
+built = run._build(types.SimpleNamespace(comm_timeout=60, seed=0, seq_len=64, packing_histogram=None), Layout(),
+                   model, on_cpu=True)
+print(json.dumps([sum(p.numel() for c in built.chunks for p in c.parameters()), model.total_params()]))
+"""
+
+
+@pytest.mark.slow  # builds the model with Megatron-Core in a process of its own (a world of one), ~5 s
+@pytest.mark.parametrize("name", ["tiny-moe", INTERLEAVED])
+def test_the_built_model_has_the_models_parameter_count(name):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _COUNT, name], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built, counted = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert built == counted

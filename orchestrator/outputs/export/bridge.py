@@ -19,7 +19,7 @@ from orchestrator.outputs.export.layout_fields import (
     fp8_param_fields,
     offload_fields,
 )
-from orchestrator.outputs.export.model_fields import family_fields, moe_kernel_fields
+from orchestrator.outputs.export.model_fields import family_fields, moe_kernel_fields, moe_layer_list
 
 
 def _optimizer_state_fields(layout: Layout) -> dict[str, Any]:
@@ -130,6 +130,9 @@ def bridge_overrides(layout: Layout, seq_len: int, model: Any = None) -> dict[st
     # With the model, the pipeline split is written whole (a recipe's own layout would not fit another PP).
     model_fields = {} if model is None else {**moe_kernel_fields(model),
                                              **megatron_split_fields(model, layout.pp, layout.vpp)}
+    layers = None if model is None else moe_layer_list(model)
+    if layers is not None:  # interleaved dense and MoE layers: a recipe's first-k-dense pattern would not fit
+        model_fields["moe_layer_freq"] = layers
     out: dict[str, Any] = {"model": {"seq_length": int(seq_len), **family, **model_fields},
                            "train": {}, "optimizer": {}, "ddp": {}, "dataset": {"seq_length": int(seq_len)}}
     for dim in DIMENSIONS:

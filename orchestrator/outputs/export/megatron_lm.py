@@ -17,7 +17,13 @@ from orchestrator.outputs.export.layout_fields import (
     fp8_param_fields,
     offload_fields,
 )
-from orchestrator.outputs.export.model_fields import family_fields, model_attr, moe_kernel_fields
+from orchestrator.outputs.export.model_fields import (
+    family_fields,
+    list_expression,
+    model_attr,
+    moe_kernel_fields,
+    moe_layer_list,
+)
 
 # Megatron-LM flags whose name is not the config field's (`--field-name` otherwise).
 _LM_FLAG_OF_FIELD = {"fp8": "--fp8-format"}
@@ -109,7 +115,11 @@ def layout_args(layout: Layout) -> list[str]:
 # ---- the model's flags ---------------------------------------------------------------------------
 
 def _moe_layer_freq(model: Any) -> str | None:
-    """Megatron's --moe-layer-freq pattern: the first k layers dense, the rest MoE."""
+    """Megatron's --moe-layer-freq pattern: the model's per-layer list (`moe_layer_list`: interleaved dense and
+    MoE layers), else the first k layers dense, the rest MoE."""
+    layers = moe_layer_list(model)
+    if layers is not None:
+        return list_expression(layers)
     k = int(model_attr(model, "first_k_dense", 0))
     if not k:
         return None

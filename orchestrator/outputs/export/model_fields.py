@@ -12,10 +12,25 @@ def model_attr(model: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def moe_layer_list(model: Any) -> list[int] | None:
+    """ModelSpec.moe_layer_list, for a model that has it (None: the first-k-dense form or a dense model)."""
+    return model.moe_layer_list() if hasattr(model, "moe_layer_list") else None
+
+
 def moe_kernel_fields(model: Any) -> dict[str, Any]:
     """Grouped expert GEMMs, as Megatron-Bridge's MoE providers and our trainer run them: Megatron-Core
     refuses the selective recompute of moe_act without them."""
     return {"moe_grouped_gemm": True} if model_attr(model, "num_experts", 0) else {}
+
+
+def list_expression(bits: list[int]) -> str:
+    """A per-layer list as the Python list expression Megatron-LM's --moe-layer-freq evaluates: its shortest
+    repeating unit times the repeats ("([0,1]*24)"), or the whole list."""
+    for n in range(1, len(bits) + 1):
+        if len(bits) % n == 0 and bits[:n] * (len(bits) // n) == bits:
+            unit = "[" + ",".join(map(str, bits[:n])) + "]"
+            return f"({unit}*{len(bits) // n})" if len(bits) > n else unit
+    return "[" + ",".join(map(str, bits)) + "]"
 
 
 def _layer_pattern(kinds: list[str], kind: str, last: str) -> str:
@@ -53,6 +68,8 @@ def family_fields(model: Any) -> dict[str, Any]:
                         ("shared_expert_gate", "moe_shared_expert_gate")):
         if model_attr(model, flag, False):
             out[field] = True
+    if str(hf.get("model_type", "")) in ("llama4", "llama4_text"):  # Llama4TextMoe: top-1 sigmoid score, applied
+        out.update(moe_router_score_function="sigmoid", moe_apply_probs_on_input=True)  # to the expert's input
     if str(hf.get("model_type", "")) == "qwen3_next":
         out["layernorm_zero_centered_gamma"] = True  # Qwen3-Next's (1 + weight) norms
     if model_attr(model, "linear_bias", False):
