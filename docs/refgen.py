@@ -288,6 +288,31 @@ def models_reference() -> str:
                       rows))
 
 
+READING_EXAMPLES = (  # three families, as their authors publish them (tests/data/hf_configs/SOURCES.json)
+    ("Llama-4-Maverick (nested text_config, interleaved MoE, chunked attention)",
+     "tests/data/hf_configs/llama-4-maverick-17b-128e-instruct.json"),
+    ("DeepSeek-V3 (MLA, leading dense layers, a shared expert, MTP)", "tests/data/hf_configs/deepseek-v3.json"),
+    ("gpt-oss-120b (sliding window and full attention alternating, sinks)", "tests/data/hf_configs/gpt-oss-120b.json"),
+)
+
+
+def model_reading_reference() -> str:
+    from search_spaces.catalog.models import load_model
+    from search_spaces.catalog.reading import describe
+
+    from orchestrator.commands.model import reading_lines
+
+    parts = []
+    for title, path in READING_EXAMPLES:
+        lines = reading_lines(describe(load_model(str(ROOT / path))))
+        parts.append(f"## {title}\n\n`moe-autotune model {path}`\n\n```\n" + "\n".join(lines) + "\n```")
+    return page("How a model's config is read", "`search_spaces.catalog.reading` (`moe-autotune model`)",
+                "`moe-autotune model CONFIG` shows how a Hugging Face `config.json` (or a catalog model) was read: "
+                "the decoder layers by kind, the experts, the parameters, what the estimate approximates and the "
+                "fields read past. A field the reader does not know, or one that changes the cost and is not "
+                "modelled, is refused in one line instead (exit 2).", *parts)
+
+
 def gpus_reference() -> str:
     from search_spaces import GPUS
 
@@ -512,6 +537,7 @@ def pages() -> dict[str, str]:
         "reference/rules.md": rules_reference(),
         "reference/failures.md": failures_reference(),
         "reference/models.md": models_reference(),
+        "reference/model-reading.md": model_reading_reference(),
         "reference/gpus.md": gpus_reference(),
         "reference/accuracy.md": accuracy_reference(),
         "reference/example.md": example_reference(),

@@ -23,7 +23,7 @@ def model(
     """Show how a model's config was read: layers by kind, experts, top-k, shared experts, total and active
     parameters, the fields ignored (and why) and what the estimate approximates."""
     from search_spaces.catalog.models import load_model
-    from search_spaces.catalog.reading import billions, describe
+    from search_spaces.catalog.reading import describe
 
     from orchestrator.userio import console, echo, json_line
 
@@ -31,6 +31,17 @@ def model(
     if as_json:
         echo(json_line(d, "model --json"))
         return 0
+    out = console()
+    for line in reading_lines(d):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def reading_lines(d: dict) -> list[str]:
+    """The lines `model` prints of a reading (search_spaces.catalog.reading.describe); the docs' model-reading page
+    shows the same."""
+    from search_spaces.catalog.reading import billions
+
     lines = [d["model"] + (" (the text model, read from text_config)" if d["text_config"] else ""),
              f"layers: {d['layers']} = {d['pattern']}"]
     if d["experts"]:
@@ -48,7 +59,4 @@ def model(
     for item in d["ignored"]:
         by_reason.setdefault(item["why"], []).append(item["field"])
     lines += [f"ignored: {', '.join(fields)}: {why}" for why, fields in by_reason.items()]
-    out = console()
-    for line in lines:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0
+    return lines

@@ -730,8 +730,11 @@ def _reading_notes(c: HFConfig, spec: ModelSpec, nested: bool, ignored: list[tup
             notes.append(f"{letters.count('F')} of {layers} layers use no position encoding (NoPE) and full "
                          "attention; RoPE is element-wise, so NoPE costs the same")
     if spec.mlp_pattern:
-        notes.append("the estimate follows this per-layer MLP pattern; the CPU trainer and the Megatron-LM export "
-                     "still build first_k_dense dense layers, then MoE layers (not this pattern)")
+        notes.append("the estimate, the Megatron-LM and Megatron-Bridge exports (a moe_layer_freq list) and the CPU "
+                     "trainer follow this per-layer MLP pattern")
+    if "C" in letters:
+        notes.append("Megatron-Core has no chunked local attention: the CPU trainer refuses this model, and an "
+                     "exported job builds full attention in those layers")
     if spec.mtp_layers:
         notes.append(f"{spec.mtp_layers} MTP layer(s) are counted in the total and active parameters")
     return {"text_config": nested, "ignored": [[k, why] for k, why in ignored], "approximated": approximated,
