@@ -121,12 +121,18 @@ def test_space_says_when_its_budget_cut_the_ranking_short(monkeypatch):
     rc, text = _space("--json")
     whole = json.loads(text)
     assert rc == 0 and whole["cut_short"] is False and whole["grids_ranked"] > 0
-    with racing_clock(monkeypatch):
+    with racing_clock(monkeypatch, step_s=5.0):  # a few grids ranked before the budget's 30 s run out
         rc, text = _space("--json", "--budget", "30")
         cut = json.loads(text)
-        assert rc == 0 and cut["cut_short"] is True and cut["grids_ranked"] < whole["grids_ranked"]
+        assert rc == 0 and cut["cut_short"] is True and 0 < cut["grids_ranked"] < whole["grids_ranked"]
         rc, text = _space("--budget", "30")
         assert rc == 0 and "cut short" in text and "--budget 30 s" in text
+    with racing_clock(monkeypatch):  # the budget runs out before any grid is ranked: no answer, and it says why
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc, text = _space("--json", "--budget", "30")
+        lines = err.getvalue().strip().splitlines()
+        assert rc == 2 and text == "" and len(lines) == 1 and "--budget ran out first" in lines[0], lines
     rc, text = _space()
     assert rc == 0 and "cut short" not in text
 
