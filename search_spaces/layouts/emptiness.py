@@ -10,22 +10,8 @@ line names them first, with why each exists, then every count.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 from search_spaces.layouts.rules import LEVELS, REGISTRY
-
-
-class _Found(Protocol):
-    """What `explore` returns (space.Exploration), as far as this module reads it."""
-    legal_count: int
-    fitting_count: int
-    rejected_by_rule: dict[str, int]
-    total: int
-    top: list[dict[str, Any]]
-    grids: int
-    grids_ranked: int
-    cut_short: bool
-
+from search_spaces.layouts.space import Exploration
 
 _DEPTH: dict[str | None, int] = {**{level: i for i, level in enumerate(LEVELS)}, None: len(LEVELS)}  # features: last
 _RULES = {r.name: r for r in REGISTRY}
@@ -42,7 +28,7 @@ def binding_rules(rejected_by_rule: dict[str, int]) -> list[str]:
     return sorted((r for r in counted if depth[r] == deepest), key=lambda r: -counted[r])
 
 
-def why_empty(found: _Found, where: str, memory_gib: float, max_grids: int | None = None) -> str | None:
+def why_empty(found: Exploration, where: str, memory_gib: float, max_grids: int | None = None) -> str | None:
     """The one line that says why `found` lists no layout (None when it lists one): no legal layout (naming the
     rules that emptied the space), none that fits `memory_gib` per GPU, or none found within the search's limits
     (`--budget`, `--max-grids`). `where`: the situation, in words."""
@@ -62,7 +48,7 @@ def why_empty(found: _Found, where: str, memory_gib: float, max_grids: int | Non
             "recompute/offload/precision)")
 
 
-def _no_legal(found: _Found, where: str) -> str:
+def _no_legal(found: Exploration, where: str) -> str:
     binding = binding_rules(found.rejected_by_rule)
     named = "; ".join(f"{rule} ({_RULES[rule].why})" if rule in _RULES else rule for rule in binding)
     counts = ", ".join(f"{rule} {n:,}" for rule, n in sorted(found.rejected_by_rule.items(), key=lambda kv: -kv[1]))
