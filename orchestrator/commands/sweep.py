@@ -102,33 +102,39 @@ def _check_names(spec) -> None:
 
 
 def _print_outcome(outcome) -> None:
-    from rich.table import Table
-
-    from orchestrator import records
-    from orchestrator.records import TrialRecord
     from orchestrator.redact import redact_uri
 
+    found = outcome.summary
     out = console()
-    out.print(f"sweep {outcome.study.study_name}: {outcome.n_measured} trials run, {outcome.n_infeasible} "
-                  f"proposals rejected by the cost model, {outcome.wall_time_s:.1f} s")
-    out.print(_gpu_hours_line(outcome.study))
-    if outcome.pareto:
-        table = Table(title="Pareto front (tokens/s/GPU vs peak memory)")
-        for col in ("trial", "layout", "fidelity", "tokens/s/GPU", "peak GiB"):
-            table.add_column(col)
-        for t in map(TrialRecord.of, outcome.pareto):
-            table.add_row(str(t.number), t.layout_key or "", _fidelity(t), f"{t.values[0]:,.1f}", f"{t.values[1]:.2f}")
-        out.print(table)
-    if outcome.best is not None:
-        b = outcome.best
-        out.print(f"best layout (trial {b.number}): {TrialRecord.of(b).layout_key}  "
-                      f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB{_train_line(outcome.study, b)}")
+    out.print(f"sweep {found.name}: {found.tally.line()} ({found.measured} count against n_trials), "
+              f"{outcome.wall_time_s:.1f} s")
+    out.print(_gpu_hours_line(found))
+    if found.pareto:
+        out.print(_pareto_table(found))
+    if found.best is not None:
+        b = found.best
+        out.print(f"best layout (trial {b.number}): {found.records[b.number].layout_key}  "
+                  f"{b.values[0]:,.1f} tokens/s/GPU, peak {b.values[1]:.2f} GiB{_train_line(found)}")
     else:
-        statuses = Counter(r.status for r in records.trials(outcome.study) if r.status)
+        statuses = Counter(r.status for r in found.records.values() if r.status)
         typer.echo("error: no trial measured a layout that fits; statuses: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
     for msg in outcome.messages:
         typer.echo(("error: " if outcome.mlflow_pending else "note: ") + redact_uri(msg), err=True)
+
+
+def _pareto_table(found) -> rich.table.Table:
+    from rich.table import Table
+
+    what = "predicted" if found.predicted else "measured"
+    table = Table(title=f"Pareto front ({what} tokens/s/GPU vs peak memory GiB)")
+    for col in ("trial", "layout", "fidelity", "tokens/s/GPU", "peak GiB"):
+        table.add_column(col)
+    for t in found.pareto:
+        record = found.records[t.number]
+        table.add_row(str(t.number), record.layout_key or "", record.fidelity_label, f"{t.values[0]:,.1f}",
+                      f"{t.values[1]:.2f}")
+    return table
 
 
 def family_table(rows: list[dict], name: str) -> rich.table.Table:
@@ -161,7 +167,7 @@ def status(
 
     from search_spaces.layouts.layout import PARALLEL_SIZES
 
-    from orchestrator.records import TrialRecord, queries
+    from orchestrator.records import queries
     from orchestrator.storage import studies
     from orchestrator.sweep.lease import Holder
     # a length family: its table, then each length's leaderboard
@@ -175,15 +181,12 @@ def status(
     if csv is not None:  # whole or not at all; a full device or a closed pipe is one line (exit 6)
         write_file(csv, "--csv", lambda fh: frame.to_csv(fh, index=False))
     out = console()
-    running = sum(1 for t in study.trials if t.state.name == "RUNNING")
-    ran = len(queries.measured_trials(study))
-    rejected = int((frame["status"] == "infeasible").sum()) if not frame.empty else 0
-    out.print(f"study {study.study_name}: {ran} trials run, {running} running, {rejected} rejected by the "
-                  "cost model")
+    found = queries.summary(study)
+    out.print(f"study {found.name}: {found.tally.line()} ({found.measured} count against n_trials)")
     lease = Holder.of(study)
     if lease:
         out.print(f"being run by pid {lease.pid} on {lease.host}")
-    out.print(_gpu_hours_line(study))
+    out.print(_gpu_hours_line(found))
     table = Table()
     cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",
             "predicted_tokens_per_sec_per_gpu", "peak_memory_gib"]
@@ -195,44 +198,36 @@ def status(
     for _, row in frame.head(top).iterrows():
         table.add_row(*[_failure_cell(row, c) if c.startswith("failure") else _cell(row[c]) for c in cols])
     out.print(table)
-    best = queries.best_fitting_trial(study)
+    best = found.best
     if best is not None:
-        out.print(f"best that fits: trial {best.number} {TrialRecord.of(best).layout_key} "
-                      f"{best.values[0]:,.1f} tokens/s/GPU{_train_line(study, best)}")
+        out.print(f"best that fits: trial {best.number} {found.records[best.number].layout_key} "
+                  f"{best.values[0]:,.1f} tokens/s/GPU{_train_line(found)}")
     return 0
 
 
-def _fidelity(record) -> str:
-    """full, or proxy with the GPUs its proxy ran on."""
-    return f"proxy ({record.proxy_world} GPUs)" if record.proxy else record.runs_at
-
-
-def _gpu_hours_line(study) -> str:
-    """What the sweep spent (and, with proxies, what the same trials would have cost at full size)."""
-    from orchestrator.records import queries
+def _gpu_hours_line(found) -> str:
+    """What the sweep spent (and, with proxies, what the same trials would have cost at full size); a what-if
+    sweep's figure is what its trials would have spent: nothing ran."""
     from orchestrator.spec.economics import money
 
-    spend = queries.sweep_spend(study)
+    spend = found.spend
     usd = f" ({money(spend.usd)})" if spend.usd is not None else ""
-    proxies = sum(1 for r in queries.measured_records(study) if r.proxy)
     full_usd = f" ({money(spend.full_size_usd)})" if spend.full_size_usd is not None else ""
-    saved = (f"; the same trials at full size: {spend.full_size_gpu_hours:,.1f} GPU-h{full_usd} ({proxies} ran "
-             f"as proxies)") if proxies else ""
-    return f"GPU time: {spend.gpu_hours:,.1f} GPU-h{usd}{saved}"
+    saved = (f"; the same trials at full size: {spend.full_size_gpu_hours:,.1f} GPU-h{full_usd} ({found.proxies} "
+             f"ran as proxies)") if found.proxies else ""
+    what = "GPU time the trials would take (predicted: nothing ran)" if found.predicted else "GPU time"
+    return f"{what}: {spend.gpu_hours:,.1f} GPU-h{usd}{saved}"
 
 
-def _train_line(study, trial) -> str:
-    """How long (and how much) the trial's layout takes to train the spec's cost.train_tokens; '' without."""
-    from orchestrator.records import StudyRecord
-    from orchestrator.spec.economics import money, to_train
+def _train_line(found) -> str:
+    """How long (and how much) the best layout takes to train the spec's cost.train_tokens; '' without."""
+    from orchestrator.spec.economics import money
 
-    context = StudyRecord.of(study)
-    found = to_train(trial.values[0], int(context.num_gpus or 0), context.cost)
-    if found is None:
+    if found.train is None:
         return ""
-    usd = f", {money(found.usd)}" if found.usd is not None else ""
-    return (f"; trains {context.cost.train_tokens:.3g} tokens on {context.num_gpus} GPUs in "
-            f"{found.days:,.1f} days{usd}")
+    usd = f", {money(found.train.usd)}" if found.train.usd is not None else ""
+    return (f"; trains {found.context.cost.train_tokens:.3g} tokens on {found.context.num_gpus} GPUs in "
+            f"{found.train.days:,.1f} days{usd}")
 
 
 def _failure_cell(row, col: str) -> str:

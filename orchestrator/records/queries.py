@@ -4,6 +4,7 @@ TrialRecord); this module reads it through those records only, whatever store th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import optuna
@@ -12,6 +13,7 @@ import pandas as pd
 from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator.records import LEADERBOARD_COLUMNS, TABLE_COLUMNS, StudyRecord, TrialRecord, row
+from orchestrator.records.lifecycle import Tally
 from orchestrator.spec import economics
 
 # the study's objectives: tokens/s per GPU (up), peak memory (down)
@@ -49,8 +51,12 @@ def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 def gpu_hours(study: optuna.Study) -> tuple[float, float]:
     """(GPU-hours the study's trials used, GPU-hours the same trials would have used at full size)."""
+    return _gpu_hours(measured_records(study))
+
+
+def _gpu_hours(measured: list[TrialRecord]) -> tuple[float, float]:
     used = full = 0.0
-    for record in measured_records(study):
+    for record in measured:
         seconds, at_full = record.gpu_seconds
         used += seconds or 0.0
         full += at_full or seconds or 0.0
@@ -92,3 +98,45 @@ def replay_table(study: optuna.Study) -> pd.DataFrame:
     """The trials that ran, in the replay backend's CSV format (issue 8)."""
     frame = leaderboard(study, include_infeasible=False)
     return frame[frame["status"].isin(MEASURED_STATUSES)][TABLE_COLUMNS] if not frame.empty else frame[TABLE_COLUMNS]
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """What a study amounts to, read once: every view of it (the sweep's last lines, `status`) prints this."""
+    name: str
+    tally: Tally
+    """The trials by lifecycle state (orchestrator/records/lifecycle.py)."""
+    measured: int
+    """Trials that count against n_trials (search_spaces.result.MEASURED_STATUSES)."""
+    best: optuna.trial.FrozenTrial | None
+    """The best measured trial that fits."""
+    pareto: list[optuna.trial.FrozenTrial]
+    records: dict[int, TrialRecord]
+    """Every trial's record, by number."""
+    run_keys: set[tuple[str | None, str]]
+    """(layout key, fidelity) of every finished trial: a layout runs once at each fidelity."""
+    spend: economics.Spend
+    proxies: int
+    """Measured trials that ran as proxies."""
+    predicted: bool
+    """Its trials are predictions or recordings (a what-if backend's): nothing ran on a cluster."""
+    context: StudyRecord
+    train: economics.Training | None
+    """What training cost.train_tokens takes at the best trial's throughput (None without train_tokens)."""
+
+
+def summary(study: optuna.Study) -> StudySummary:
+    """The study's summary (StudySummary), from one read of its trials."""
+    records = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+    measured = [r for r in records if r.finished and r.status in MEASURED_STATUSES]
+    by_number = {r.number: r for r in records}
+    context = StudyRecord.of(study)
+    best = best_fitting_trial(study)
+    pareto = pareto_trials(study)
+    train = economics.to_train(best.values[0], int(context.num_gpus or 0), context.cost) if best else None
+    predicted = bool(measured) and all(r.estimated or r.source == "replay" for r in measured)
+    return StudySummary(name=study.study_name, tally=Tally.of(records), measured=len(measured), best=best,
+                        pareto=pareto, records=by_number,
+                        run_keys={r.run_key for r in records if r.finished and r.layout_key},
+                        spend=economics.spend(*_gpu_hours(measured), context.cost),
+                        proxies=sum(1 for r in measured if r.proxy), predicted=predicted, context=context, train=train)

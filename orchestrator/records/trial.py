@@ -134,6 +134,11 @@ class TrialRecord(Stored):
         return self.fidelity or "full"
 
     @property
+    def fidelity_label(self) -> str:
+        """full, or proxy with the GPUs its proxy ran on."""
+        return f"proxy ({self.proxy_world} GPUs)" if self.proxy else self.runs_at
+
+    @property
     def run_key(self) -> tuple[str | None, str]:
         """(layout key, fidelity): a layout runs once at each fidelity."""
         return self.layout_key, self.runs_at

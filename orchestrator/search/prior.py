@@ -48,9 +48,14 @@ class Prior:
     carried: list[Layout] = field(default_factory=list)
     # the exploration begun by explore_ahead (not part of what the prior is)
     _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)
+    num_gpus: int = field(init=False)
+    """The target cluster's GPUs (nodes x GPUs per node), read from the spec once."""
 
     # spaces up to this many raw combinations are enumerated whole; larger ones only through explore()
     SMALL_SPACE = 50_000
+
+    def __post_init__(self) -> None:
+        self.num_gpus = self.spec.num_gpus
 
     @cached_property
     def model(self) -> ModelSpec:
@@ -89,7 +94,7 @@ class Prior:
     def rules_of_thumb(self) -> list[Layout]:
         """The rules of thumb (search_spaces.layouts.heuristics), with the spec's fixed values applied."""
         fixed = self.fixed
-        seeds = seed_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, gbs=self.spec.gbs,
+        seeds = seed_layouts(self.model, self.gpu, self.num_gpus, self.spec.seq_len, gbs=self.spec.gbs,
                              cal=self.cal)
         return distinct(s.replace(**fixed) for s in seeds)
 
@@ -131,7 +136,7 @@ class Prior:
     @cached_property
     def dimensions(self) -> dict[str, list[Any]]:
         """The values each layout field takes in the space."""
-        return dict(dimensions(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
+        return dict(dimensions(self.model, self.gpu, self.num_gpus, self.spec.seq_len,
                                fixed=self.pinned, gbs=self.spec.gbs, free=self.spec.free).values)
 
     @cached_property
@@ -142,7 +147,7 @@ class Prior:
     def candidates(self) -> list[Layout]:
         """Legal layouts: all of a small space; of a large one (millions) the cost model's top 512."""
         if self.small_space:
-            return candidate_layouts(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len,
+            return candidate_layouts(self.model, self.gpu, self.num_gpus, self.spec.seq_len,
                                      fixed=self.pinned, gbs=self.spec.gbs, free=self.spec.free)
         return self._explored
 
@@ -172,7 +177,7 @@ class Prior:
     def _explore(self) -> list[Layout]:
         # no time budget (budget_s=None): how much is ranked is a count (explore's max_grids), so a seeded sweep
         # proposes the same layouts on a loaded machine as on a quiet one
-        found = explore(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, fixed=self.pinned,
+        found = explore(self.model, self.gpu, self.num_gpus, self.spec.seq_len, fixed=self.pinned,
                         gbs=self.spec.gbs, top=self.EXPLORED, budget_s=None, cal=self.cal, free=self.spec.free,
                         packing=self.packing)
         return [Layout.from_dict(row["layout"]) for row in found.top]
@@ -184,7 +189,7 @@ class Prior:
         return self._cache[layout]
 
     def _predict(self, layout: Layout) -> Prediction:
-        est = estimate(self.model, self.gpu, self.spec.num_gpus, self.spec.seq_len, layout, cal=self.cal,
+        est = estimate(self.model, self.gpu, self.num_gpus, self.spec.seq_len, layout, cal=self.cal,
                        packing=self.packing)
         reason = None
         if est.violations:

@@ -94,6 +94,15 @@ def check_study(storage: optuna.storages.BaseStorage, storage_url: str, name: st
     return found
 
 
+def open_checked(url: str, name: str, resume: bool) -> optuna.storages.BaseStorage:
+    """The storage a sweep of study `name` will write, opened once it is checked (check_storage) and known to hold
+    the study for --resume, or not to hold it for a new sweep (check_study): nothing is created before."""
+    check_storage(url, resume)
+    storage = open_storage(url)
+    check_study(storage, url, name, resume)  # already there, or nothing to resume
+    return storage
+
+
 def _already(name: str, shown: str) -> str:
     return f"study {name!r} already exists in {shown}; pass --resume to continue it or --study-name for a new one"
 

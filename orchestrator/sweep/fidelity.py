@@ -37,11 +37,6 @@ class TrialSize:
     plan: ProxyPlan | None = None
     refusal: str | None = None  # why it cannot run within trial_gpus
 
-    def gpus_per_node(self, spec: SweepSpec) -> tuple[int, int]:
-        """(nodes, GPUs per node) for `world` GPUs on the spec's nodes."""
-        per_node = min(spec.gpus_per_node, self.world)
-        return math.ceil(self.world / per_node), per_node
-
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fidelity": self.fidelity, "world": self.world}
         if self.plan is not None:
@@ -49,36 +44,65 @@ class TrialSize:
         return out
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What decides a trial's size and its GPU time, read from the spec once (the sweep's door to it)."""
+    model: ModelSpec
+    gpu: GPUSpec
+    num_gpus: int  # the target cluster's
+    gpus_per_node: int
+    limit: int  # the most GPUs one trial may use (trial_gpus, else the whole cluster)
+    fidelity: str  # full | proxy | auto
+    num_layers: int | None  # the spec's model override
+    steps: int  # warm-up included: what a trial runs
+
+    @classmethod
+    def of(cls, spec: SweepSpec, model: ModelSpec, gpu: GPUSpec) -> "Sizing":
+        num_gpus = spec.num_gpus
+        return cls(model, gpu, num_gpus, spec.gpus_per_node, spec.trial_gpus or num_gpus, spec.fidelity,
+                   spec.model_overrides.num_layers, spec.steps + spec.warmup)
+
+    def size(self, layout: Layout) -> TrialSize:
+        """How `layout` runs: at full size, or as its proxy; with the reason when it cannot run within the limit."""
+        full = TrialSize("full", layout, self.num_gpus, self.num_layers)
+        if self.fidelity == "full" or (self.fidelity == "auto" and self.num_gpus <= self.limit):
+            return full
+        plan = derive_proxy(self.model, layout, self.gpu, self.num_gpus)
+        if not plan.strictly_smaller:  # the layout is its own proxy
+            too_big = (f"it needs its full {self.num_gpus} GPUs (no smaller proxy), more than trial_gpus "
+                       f"({self.limit})")
+            return full if self.num_gpus <= self.limit else TrialSize("full", layout, self.num_gpus, self.num_layers,
+                                                                      refusal=too_big)
+        refusal = (f"its proxy needs {plan.world} GPUs, more than trial_gpus ({self.limit})"
+                   if plan.world > self.limit else None)
+        return TrialSize("proxy", plan.layout, plan.world, plan.model.num_layers, plan, refusal)
+
+    def placement(self, world: int) -> tuple[int, int]:
+        """(nodes, GPUs per node) of a trial on `world` GPUs: the cluster's own shape at full size."""
+        per_node = min(self.gpus_per_node, world)
+        return math.ceil(world / per_node), per_node
+
+    def gpu_seconds(self, size: TrialSize, result: TrialResult) -> tuple[float | None, float | None]:
+        """(GPU-seconds the trial used, GPU-seconds the same trial would have used at full size); estimated from
+        the step time for what-if trials (a start-up of STARTUP_S plus the steps)."""
+        steps = self.steps
+        step = result.step_time_s
+        if result.extra.get("source") in WHAT_IF_SOURCES or not result.wall_time_s:
+            if step is None:
+                return None, None
+            proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or step
+            return (STARTUP_S + steps * proxy_step) * size.world, (STARTUP_S + steps * step) * self.num_gpus
+        used = result.wall_time_s * size.world
+        if size.fidelity == "full":
+            return used, used
+        proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or 0.0
+        fixed = max(result.wall_time_s - steps * proxy_step, 0.0)
+        return used, (fixed + steps * (step or proxy_step)) * self.num_gpus
+
+
 def trial_size(spec: SweepSpec, model: ModelSpec, gpu: GPUSpec, layout: Layout) -> TrialSize:
-    limit = spec.trial_gpus or spec.num_gpus
-    full = TrialSize("full", layout, spec.num_gpus, spec.model_overrides.num_layers)
-    if spec.fidelity == "full" or (spec.fidelity == "auto" and spec.num_gpus <= limit):
-        return full
-    plan = derive_proxy(model, layout, gpu, spec.num_gpus)
-    if not plan.strictly_smaller:  # the layout is its own proxy
-        too_big = f"it needs its full {spec.num_gpus} GPUs (no smaller proxy), more than trial_gpus ({limit})"
-        return full if spec.num_gpus <= limit else TrialSize("full", layout, spec.num_gpus, full.num_layers,
-                                                             refusal=too_big)
-    refusal = f"its proxy needs {plan.world} GPUs, more than trial_gpus ({limit})" if plan.world > limit else None
-    return TrialSize("proxy", plan.layout, plan.world, plan.model.num_layers, plan, refusal)
-
-
-def gpu_seconds(size: TrialSize, result: TrialResult, spec: SweepSpec) -> tuple[float | None, float | None]:
-    """(GPU-seconds the trial used, GPU-seconds the same trial would have used at full size); estimated from
-    the step time for what-if trials (a start-up of STARTUP_S plus the steps)."""
-    steps = spec.steps + spec.warmup
-    step = result.step_time_s
-    if result.extra.get("source") in WHAT_IF_SOURCES or not result.wall_time_s:
-        if step is None:
-            return None, None
-        proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or step
-        return (STARTUP_S + steps * proxy_step) * size.world, (STARTUP_S + steps * step) * spec.num_gpus
-    used = result.wall_time_s * size.world
-    if size.fidelity == "full":
-        return used, used
-    proxy_step = (result.extra.get("proxy_measured") or {}).get("step_time_s") or 0.0
-    fixed = max(result.wall_time_s - steps * proxy_step, 0.0)
-    return used, (fixed + steps * (step or proxy_step)) * spec.num_gpus
+    """`layout`'s size under `spec` (Sizing.size)."""
+    return Sizing.of(spec, model, gpu).size(layout)
 
 
 def full_scale(size: TrialSize, raw: TrialResult, gpu: GPUSpec, seq_len: int) -> TrialResult:

@@ -152,7 +152,7 @@ class Lease:
             self._write()
             if self._claim_id(self.epoch + 1) is not None:  # presumed dead while claiming: the next one is taken
                 raise self._taken_at_once(None)
-            StudyRecord.write(self.study, driver_lease_epoch=self.epoch)
+            self._store(driver_lease_epoch=self.epoch)
         finally:
             self._drop_claim(self.epoch)
         for epoch in passed:  # dead claimants' claims: once the lease is ours nobody can take their epochs
@@ -164,7 +164,7 @@ class Lease:
         while len(passed) <= MAX_PASSED_CLAIMS:
             try:
                 claim = self.storage.create_new_study([optuna.study.StudyDirection.MINIMIZE],
-                                                      lease_claim_name(self.study.study_name, epoch))
+                                                      self._claim_name(epoch))
             except optuna.exceptions.DuplicatedStudyError:
                 claimant = self._claimant(epoch)
                 if claimant is not None and claimant.alive:
@@ -197,7 +197,7 @@ class Lease:
 
     def _claim_id(self, epoch: int) -> int | None:
         try:
-            return self.storage.get_study_id_from_name(lease_claim_name(self.study.study_name, epoch))
+            return self.storage.get_study_id_from_name(self._claim_name(epoch))
         except KeyError:  # Optuna's answer for a name it does not hold
             return None
 
@@ -254,7 +254,7 @@ class Lease:
             return
         now = Holder.of(self.study)
         if now and now.token == self.token:
-            StudyRecord.write(self.study, driver_lease=None)
+            self._store(driver_lease=None)
 
     def _lost(self, now: Holder | None) -> LeaseLost:
         by = f"by {now} (epoch {now.epoch})" if now else "and released by another driver"
@@ -266,8 +266,15 @@ class Lease:
         return Holder(self.token, epoch, self.host, self.pid, time.time())
 
     def _write(self) -> None:
-        StudyRecord.write(self.study, driver_lease=self._holder(self.epoch).to_attr())
+        self._store(driver_lease=self._holder(self.epoch).to_attr())
         self._beat = time.monotonic()
+
+    def _store(self, **attrs: Any) -> None:
+        """The lease's one way to write the study's record (StudyRecord)."""
+        StudyRecord.write(self.study, **attrs)
+
+    def _claim_name(self, epoch: int) -> str:
+        return lease_claim_name(self.study.study_name, epoch)
 
 
 def _holder_of(data: Any) -> Holder | None:

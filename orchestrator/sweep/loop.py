@@ -30,16 +30,14 @@ from typing import Any
 
 import optuna
 
-from search_spaces.errors import SpecError
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 
 from orchestrator.dispatch import make_backend
 from orchestrator.dispatch.base import stop, unplaceable
-from orchestrator.records import HEADLINE, TrialRecord, metrics, queries
+from orchestrator.records import HEADLINE, TrialRecord, lifecycle, metrics, queries
 from orchestrator.search.prior import Prior
 from orchestrator.spec.schema import SweepSpec
 from orchestrator.storage import studies
-from orchestrator.sweep.fidelity import trial_size
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
@@ -57,6 +55,8 @@ class SweepOutcome:
     n_measured: int
     n_infeasible: int
     wall_time_s: float
+    summary: queries.StudySummary
+    """The study as every view counts it (its lifecycle tally, spend, best): what the command prints."""
     mlflow_pending: int = 0
     messages: list[str] = field(default_factory=list)
 
@@ -123,11 +123,13 @@ class Sweep:
         self.spec = session.spec
         self.study = session.study
         self.recorder = Recorder(session)
-        self.screen = Screen(session.prior.memory_limit_gib, session.memory_margin)
+        self.screen = Screen(session.memory_limit_gib, session.search.memory_margin)
         self.show_progress = show_progress
+        at_start = queries.summary(self.study)
         # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
-        self.taken = {r.run_key for r in queries.finished_records(self.study) if r.layout_key}
-        self.measured = len(queries.measured_trials(self.study))
+        self.taken = at_start.run_keys
+        self.measured = at_start.measured
+        self.recorder.tally = at_start.tally  # the live line counts on from what the study holds
         self.proposals = 0
         self.stop_reason: str | None = None
         self.messages: list[str] = []
@@ -178,7 +180,7 @@ class Sweep:
                 self.proposals += 1
                 proposal = self._propose(dispatcher.busy)
                 if proposal is None:
-                    view.advance(None, len(dispatcher.running), self.measured)
+                    view.advance(None, len(dispatcher.running), self.measured, self.recorder.tally)
                     continue
                 self.taken.add((proposal.layout.key(), proposal.size.fidelity))
                 dispatcher.submit(proposal)
@@ -189,30 +191,27 @@ class Sweep:
                 dispatcher.settle(future)
                 if row["status"] in MEASURED_STATUSES:  # an unschedulable trial never ran: free, as a rejection
                     self.measured += 1
-                view.advance(row, len(dispatcher.running), self.measured)
+                view.advance(row, len(dispatcher.running), self.measured, self.recorder.tally)
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
         self.session.lease.fence()  # asking creates a trial: a write
-        trial = self.session.writes.study.ask(self.session.space.distributions())
-        queued = TrialRecord.of(trial)
-        if queued.proposed_by is None:  # sampled (not a rule of thumb or a re-run from the queue)
-            if self.session.sampler.exhausted:
+        proposed = self.session.search.propose(self.session.writes.study)
+        trial, layout, prediction = proposed.trial, proposed.layout, proposed.prediction
+        if proposed.queued.proposed_by is None:  # sampled (not a rule of thumb or a re-run from the queue)
+            if self.session.search.exhausted:
                 self.stop_reason = "every layout of the space has been tried"
                 self.recorder.discard(trial, self.stop_reason)
                 return None
-            TrialRecord.write(trial, proposed_by=self.spec.search)
-        try:
-            layout = self.session.space.layout(trial.params)
-        except SpecError as exc:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
-            self.recorder.infeasible(trial, None, None, str(exc))
+            self.recorder.write(trial, proposed_by=self.spec.search)
+        if layout is None or prediction is None:  # not even a valid Layout (e.g. GBS not a multiple of MBS)
+            self.recorder.infeasible(trial, None, None, proposed.invalid or "not a layout")
             return None
-        size = trial_size(self.spec, self.session.prior.model, self.session.prior.gpu, layout)
+        size = self.session.sizing.size(layout)
         taken = (layout.key(), size.fidelity)
         if taken in self.taken or taken in busy:
             self.recorder.discard(trial, f"repeated proposal of {taken[0]} ({taken[1]} size)")
             return None
-        prediction = self.session.prior.predict(layout)
         reason = self.screen(prediction) or size.refusal
         if reason:
             self.recorder.infeasible(trial, layout, prediction, reason)
@@ -224,7 +223,7 @@ class Sweep:
                                      status="unschedulable")
             self.taken.add(taken)  # recorded once: a repeat of it is discarded
             return None
-        proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(queued))
+        proposal = Proposal(trial, layout, prediction, size, measured=_kept_result(proposed.queued))
         self.recorder.start(proposal)
         return proposal
 
@@ -245,8 +244,8 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
     """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
     study = session.study
     session.lease.fence()  # the parent run's summary is a write
-    best = queries.best_fitting_trial(study)
-    pareto = queries.pareto_trials(study)
+    found = queries.summary(study)
+    best, pareto = found.best, found.pareto
     pending = 0
     if session.tracker:
         try:
@@ -260,13 +259,14 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         if pending:
             messages.append(f"MLflow did not receive {pending} trial record(s); they are kept in the Optuna "
                             f"storage and {session.tracker.spool.path}; rerun with --resume to deliver them")
-    n_infeasible = sum(1 for r in queries.finished_records(study) if r.status == "infeasible")
-    unplaced = sum(1 for r in queries.finished_records(study) if r.status == "unschedulable")
+    n_infeasible = found.tally.counts[lifecycle.REJECTED]
+    unplaced = sum(1 for r in found.records.values() if r.status == "unschedulable")
     if unplaced:
         messages.append(f"{unplaced} trial(s) could not be placed on the Ray cluster: status unschedulable, never run "
                         f"(the reason of each: moe-autotune status)")
     return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
-                        wall_time_s=time.monotonic() - start, mlflow_pending=pending, messages=messages)
+                        wall_time_s=time.monotonic() - start, summary=found, mlflow_pending=pending,
+                        messages=messages)
 
 
 def _log_views(tracker: Tracker, study: optuna.Study) -> None:

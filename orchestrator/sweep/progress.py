@@ -9,13 +9,14 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from orchestrator.records.lifecycle import FAILED, REJECTED, Tally
+
 
 class SweepProgress:
     def __init__(self, title: str, total: int, console: Console | None = None, enabled: bool = True):
         self.enabled = enabled
         self.console = console or Console(stderr=True)
         self.rows: list[dict[str, Any]] = []
-        self.rejected = 0
         # elapsed, then the ETA rich estimates from the trials done so far
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TextColumn("eta"),
@@ -38,15 +39,15 @@ class SweepProgress:
         elif self.enabled:
             self.console.print(self._view())
 
-    def advance(self, row: dict[str, Any] | None, running: int, completed: int) -> None:
-        if row is None:
-            self.rejected += 1
-        else:
+    def advance(self, row: dict[str, Any] | None, running: int, completed: int, tally: Tally | None = None) -> None:
+        """A proposal settled (`row`: a trial that ran; None: one that did not), `tally` the study's trials by
+        lifecycle state, counted as every other view counts them (orchestrator/records/lifecycle.py)."""
+        if row is not None:
             self.rows.append(row)
         best = max((r["tokens"] for r in self.rows if r["status"] == "ok" and r["tokens"]), default=None)
         best_text = f" · best {best:,.1f} tok/s/GPU" if best is not None else ""
-        self.bar.update(self.task, completed=completed,
-                        note=f"running {running} · rejected by model {self.rejected}{best_text}")
+        states = (f" · {tally.counts[FAILED]} failed · {tally.counts[REJECTED]} rejected" if tally is not None else "")
+        self.bar.update(self.task, completed=completed, note=f"running {running}{states}{best_text}")
         if self.live:
             self.live.update(self._view())
 

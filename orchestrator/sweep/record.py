@@ -23,11 +23,11 @@ from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import numbers_only, validate
 
-from orchestrator.records import TrialRecord
+from orchestrator.records import TrialRecord, lifecycle
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prediction
 from orchestrator.storage import studies
-from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale, gpu_seconds
+from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.session import INTERRUPTED, Session
 from orchestrator.tracking.runs import RunRecord
@@ -63,13 +63,19 @@ class Recorder:
     def __init__(self, session: Session):
         self.session = session
         self.tracker = session.tracker
-        self.limit = session.prior.memory_limit_gib
+        self.limit = session.memory_limit_gib
         self._unsent: dict[int, RunRecord] = {}  # told, not yet stored (writes.py): MLflow hears of them once stored
+        self.tally = lifecycle.Tally()  # what became of the proposals, as the study will count them (the live line)
+
+    @staticmethod
+    def write(trial: optuna.Trial, **attrs: Any) -> None:
+        """The sweep's one way to store what it knows of a trial (the storage contract: TrialRecord)."""
+        TrialRecord.write(trial, **attrs)
 
     def start(self, p: Proposal) -> None:
         self.session.lease.fence()
         trial = p.trial
-        TrialRecord.write(trial, layout=p.layout, layout_key=p.layout.key(), prediction=p.prediction.data,
+        self.write(trial, layout=p.layout, layout_key=p.layout.key(), prediction=p.prediction.data,
                           backend=self.session.spec.backend, fidelity=p.size.fidelity, trial_size=p.size.record())
         if self.session.writes.direct(trial):  # else its run is begun with its result (finish)
             self._begin_run(p, params_now=True)
@@ -81,7 +87,7 @@ class Recorder:
             return
         run_id = self.tracker.child(p.trial.number, p.layout, self.session.spec.backend, params_now=params_now)
         if run_id:  # else recorded later from the storage (at the end, or on --resume)
-            TrialRecord.write(p.trial, mlflow_run_id=run_id)
+            self.write(p.trial, mlflow_run_id=run_id)
 
     def infeasible(self, trial: optuna.Trial, layout: Layout | None, prediction: Prediction | None,
                    reason: str, status: str = "infeasible") -> None:
@@ -90,32 +96,33 @@ class Recorder:
         self.session.lease.fence()
         memory = (prediction.peak_memory_gib if prediction else None) or 0.0
         if layout is not None:
-            TrialRecord.write(trial, layout=layout, layout_key=layout.key())
+            self.write(trial, layout=layout, layout_key=layout.key())
         else:  # not even a Layout: its params, to show what was proposed
-            TrialRecord.write(trial, layout=dict(trial.params))
+            self.write(trial, layout=dict(trial.params))
         if prediction is not None:
-            TrialRecord.write(trial, prediction=prediction.data)
-        TrialRecord.write(trial, backend=self.session.spec.backend, status=status, reason=redact_text(reason))
+            self.write(trial, prediction=prediction.data)
+        self.write(trial, backend=self.session.spec.backend, status=status, reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
         trial.study.tell(trial, [0.0, _finite(memory)])
+        self.tally.add_status(status)
         tracked = self.tracker and (self.session.track_rejected or status != "infeasible") and layout is not None
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial)) if tracked else None)
 
     def discard(self, trial: optuna.Trial, reason: str) -> None:
         """A proposal that is not a trial at all (a repeat, nothing left to propose)."""
         self.session.lease.fence()
-        TrialRecord.write(trial, reason=reason)
+        self.write(trial, reason=reason)
         trial.study.tell(trial, state=TrialState.FAIL)
+        self.tally.add_status(None)
         self.stored(trial, None)
 
     def finish(self, p: Proposal, result: TrialResult) -> dict[str, Any]:
         """Judge the result, store it, send it to MLflow; a storage that refuses it keeps it in the spool."""
         trial = p.trial
-        spec = self.session.spec
         if p.measured is None:  # a kept result was judged when it was measured: judging it again would, e.g.,
             result = self.judged(p, result)  # compose a proxy's figures to full size twice
-        used, at_full = gpu_seconds(p.size, result, spec)
+        used, at_full = self.session.sizing.gpu_seconds(p.size, result)
         result.extra.update(gpu_seconds=used, full_size_gpu_seconds=at_full)
         memory = result.peak_memory_gib if result.peak_memory_gib is not None else p.prediction.peak_memory_gib
         ok = result.status == "ok" and result.tokens_per_sec_per_gpu is not None
@@ -133,10 +140,11 @@ class Recorder:
         if not self.session.writes.direct(trial):
             self._begin_run(p, params_now=False)
         try:
-            TrialRecord.write(trial, **attrs)
+            self.write(trial, **attrs)
             trial.set_constraint("memory_over_limit_gib", max(over, 0.0))
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
             trial.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
+            self.tally.add_status(result.status)
         except studies.STORAGE_ERRORS:
             self._fence_if_readable()
             self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
@@ -181,7 +189,7 @@ class Recorder:
         full = size.plan.full_layout if size.plan is not None else size.layout
         # a failed run's claims too: what is recorded is a number or nothing
         return numbers_only(validate(result, full, prior.gpu, model=prior.model, seq_len=spec.seq_len,
-                                     num_gpus=spec.num_gpus, memory_measured=not composed))
+                                     num_gpus=self.session.sizing.num_gpus, memory_measured=not composed))
 
     def _fence_if_readable(self) -> None:
         """The fence before the spool: a storage that cannot even be read says nothing about the lease."""
@@ -207,7 +215,7 @@ class Recorder:
             if p.trial.number in settled:
                 continue
             try:
-                TrialRecord.write(p.trial, reason=INTERRUPTED, status="interrupted")
+                self.write(p.trial, reason=INTERRUPTED, status="interrupted")
                 p.trial.study.tell(p.trial, state=TrialState.FAIL)
                 if self.tracker:
                     self.tracker.mark_failed(p.trial.number, INTERRUPTED)

@@ -29,12 +29,11 @@ from orchestrator.errors import ClusterError, LeaseLost
 from orchestrator.records import StudyRecord, TrialRecord, enqueue, queries
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prior, make_prior
-from orchestrator.search.samplers import SweepSampler
-from orchestrator.search.searches import make_sampler
+from orchestrator.search.proposer import Proposer
 from orchestrator.search.space import SweepSpace
 from orchestrator.spec.schema import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.storage import studies
-from orchestrator.sweep.fidelity import TrialSize, trial_size
+from orchestrator.sweep.fidelity import Sizing, TrialSize
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.sweep.writes import DirectWrites, SweepWrites, sweep_writes
@@ -50,9 +49,9 @@ INTERRUPTED = "sweep interrupted"
 @dataclass
 class Session:
     spec: SweepSpec
-    prior: Prior
-    space: SweepSpace
-    sampler: SweepSampler
+    search: Proposer
+    """The search (orchestrator/search/proposer.py): the prior, the space and the sampler, which the loop asks for
+    each proposal."""
     study: optuna.Study
     lease: Lease
     tracker: Tracker | None
@@ -65,26 +64,36 @@ class Session:
     stored (open_session); closed with the session."""
     writes: SweepWrites = field(init=False)
     """Where the loop asks and tells (writes.py): the study itself until the session has started."""
+    sizing: Sizing = field(init=False)
+    """Which size each trial runs at and what it costs (fidelity.py): the spec read once, here."""
+    memory_limit_gib: float = field(init=False)
+    """The memory a GPU has: above it a layout does not fit."""
 
     def __post_init__(self) -> None:
         self.writes = DirectWrites(self.study)
+        self.sizing = Sizing.of(self.spec, self.prior.model, self.prior.gpu)
+        self.memory_limit_gib = self.prior.memory_limit_gib
+
+    @property
+    def prior(self) -> Prior:
+        return self.search.prior
+
+    @property
+    def space(self) -> SweepSpace:
+        return self.search.space
 
     @property
     def track_rejected(self) -> bool:
         return self.spec.tracks_rejections
 
-    @property
-    def memory_margin(self) -> float:
-        return self.sampler.memory_margin
-
     def request(self, number: int, size: TrialSize) -> TrialRequest:
         """What the backend runs: the layout at its size (what-if backends answer for the full layout)."""
         spec = self.spec
         if spec.backend in WHAT_IF_BACKENDS and size.plan is not None:
-            layout, world, layers = size.plan.full_layout, spec.num_gpus, spec.model_overrides.num_layers
+            layout, world, layers = size.plan.full_layout, self.sizing.num_gpus, self.sizing.num_layers
         else:
             layout, world, layers = size.layout, size.world, size.num_layers
-        nodes, per_node = (spec.nodes, spec.gpus_per_node) if world == spec.num_gpus else size.gpus_per_node(spec)
+        nodes, per_node = self.sizing.placement(world)
         lengths = spec.packing.lengths if spec.packing.mode == "packed" else None  # packed has them (Packing)
         return TrialRequest(layout=layout, model=spec.model, seq_len=spec.seq_len, gpu=spec.gpu,
                             num_gpus=world, nodes=nodes, gpus_per_node=per_node,
@@ -138,10 +147,8 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
         if spec.tracking_uri.lower() != "none" else None
     if tracker:
         tracker.check()  # a tracking URI that cannot be used: one line, nothing created
-    studies.check_storage(spec.storage, resume)
     _check_workdir(workdir)
-    storage = studies.open_storage(spec.storage)
-    studies.check_study(storage, spec.storage, spec.name, resume)  # already there, or nothing to resume
+    storage = studies.open_checked(spec.storage, spec.name, resume)
     backend = start_backend(spec, prior)  # a cluster that cannot place a trial at all: refused before anything exists
     try:
         return _create(spec, resume, prior, run_tags, tracker, storage, workdir, backend)
@@ -156,11 +163,10 @@ def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str
     _check_workdir(workdir, create=True)
     if tracker:
         tracker.open()
-    space = SweepSpace.from_prior(prior)
-    sampler = make_sampler(spec.search, space, prior, spec.seed,
-                           runnable=lambda lay: trial_size(spec, prior.model, prior.gpu, lay).refusal is None)
+    sizing = Sizing.of(spec, prior.model, prior.gpu)
+    search = Proposer.make(spec.search, prior, spec.seed, runnable=lambda lay: sizing.size(lay).refusal is None)
     try:
-        study, existed = studies.create_or_resume(storage, spec.storage, spec.name, sampler, resume)
+        study, existed = studies.create_or_resume(storage, spec.storage, spec.name, search.sampler, resume)
     except studies.STORAGE_ERRORS as exc:  # refused or full before the study was made: nothing stored
         raise studies.storage_failure(exc, spec.storage, "cannot create the study in") from None
     try:
@@ -170,7 +176,7 @@ def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str
         raise studies.storage_failure(exc, spec.storage) from None
     if tracker:
         tracker.fence = lease.fence
-    session = Session(spec, prior, space, sampler, study, lease, tracker,
+    session = Session(spec, search, study, lease, tracker,
                       ResultSpool(workdir / "results-spool.jsonl"), workdir, resumed=existed, backend=backend)
     try:
         _start(session, storage, existed, run_tags or {})
@@ -205,13 +211,11 @@ def _start(session: Session, storage: studies.StudyStorage, existed: bool, run_t
     else:
         # stored without credentials (a URI's password, a token): StudyRecord.of reads the URIs back usable
         StudyRecord.write(study, spec=redact_mapping(spec.dump()), situation=spec.situation(), model=spec.model,
-                          seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=spec.num_gpus, backend=spec.backend,
-                          memory_limit_gib=session.prior.memory_limit_gib,
+                          seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=session.sizing.num_gpus, backend=spec.backend,
+                          memory_limit_gib=session.memory_limit_gib,
                           tracking_uri=redact_text(spec.tracking_uri), family=spec.experiment)
-        carried = {lay.replace(**session.prior.pinned) for lay in session.prior.carried}
-        for seed in session.prior.seeds():
-            source = "previous length" if seed in carried else "rule-of-thumb"
-            enqueue(study, session.space.params(seed), skip_if_exists=True, proposed_by=source)
+        for params, source in session.search.seeds():
+            enqueue(study, params, skip_if_exists=True, proposed_by=source)
     StudyRecord.write(study, budget=spec.budget.model_dump())
     studies.name_metrics(study)  # a new study, or an older one resumed: Optuna's tools name its two objectives
     if session.tracker:
