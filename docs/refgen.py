@@ -502,15 +502,22 @@ def example_reference() -> str:
                      for k, v in EXAMPLE["layout"].items())
     command = (f"moe-autotune estimate --model {EXAMPLE['model']} --gpu {EXAMPLE['gpu']} --num-gpus "
                f"{EXAMPLE['num_gpus']} --seq-len {EXAMPLE['seq_len']} {flags}")
-    summary = table(["figure", "value"], [
-        ["fits", f"{est['fits']} ({est['peak_memory_gib']:.1f} of {est['memory_capacity_gib']:.1f} GiB)"],
+    from search_spaces.catalog.hardware import load_gpu
+
+    from orchestrator.commands.estimate import precision_class
+
+    precision = est["layout"]["precision"]
+    peak = load_gpu(str(EXAMPLE["gpu"])).peak(precision)
+    summary = table(["figure", "predicted"], [
+        ["fits", f"{est['fits']} ({est['peak_memory_gib']:.1f} of {est['memory_capacity_gib']:.1f} GiB per GPU)"],
         ["tokens/s per GPU", f"{est['tokens_per_sec_per_gpu']:,.1f}"],
         ["TF/s per GPU (Bridge's FLOP count)", f"{est['tflops_per_gpu']:,.1f}"],
-        ["MFU", f"{100 * est['mfu']:.1f}%"], ["step time", f"{est['step_time_s']:,.2f} s"]])
+        [f"MFU vs {precision_class(precision)} dense peak ({peak:,.1f} TF/s per GPU, {precision})",
+         f"{100 * est['mfu']:.1f}%"], ["step time", f"{est['step_time_s']:,.2f} s"]])
     legend = ", ".join(f"`{u}` {name}" for u, name in UNIT_NAMES.items())
     return page("A worked example: one estimate, drawn", "`search_spaces.estimate` on `EXAMPLE` in docs/refgen.py",
-                "The cost model's answer for the README's first command (DeepSeek-V3 at 128K tokens on 256 H100, "
-                "the seed recipe), computed when this page was built:",
+                "The cost model's answer (predicted, not measured) for the README's first command (DeepSeek-V3 at "
+                "128K tokens on 256 H100, the seed recipe), computed when this page was built:",
                 f"```bash\n{command}\n```", summary,
                 "## Where the layers go",
                 f"Megatron's pipeline layout string `{est['pipeline_layout']}`, one row per pipeline rank and one "

@@ -10,10 +10,11 @@ from typing import Any, Optional
 
 import typer
 
-from search_spaces.cost.breakdown import COMPUTE_PARTS, COUNT_KEYS
+from search_spaces.cost.breakdown import COMPUTE_PARTS, memory_sections
 from search_spaces.errors import SpecError
 
 from orchestrator.commands.layout_options import with_layout_options
+from orchestrator.commands.model import config_reading, print_reading
 from orchestrator.outputs.packing_view import (
     LENGTHS_HELP,
     PACKING_HELP,
@@ -62,16 +63,20 @@ def estimate(
     from search_spaces.layouts.neighbours import neighbours
 
     spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    reading = config_reading(model, spec)
     layout = _layout_of_flags(layout_flags or {}, num_gpus)
     hist = load_packing(packing, lengths, seq_len)
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
     est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal, packing=hist)
     near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal, hist) if est.legal else []
     if as_json:
-        echo(json_line({**est.to_dict(), "neighbours": near, "software": software_label(cal, gpu_spec.name)},
+        echo(json_line({**est.to_dict(), **_estimate_labels(est, gpu_spec), "neighbours": near,
+                        "software": software_label(cal, gpu_spec.name), **_model_reading(reading)},
                        "estimate --json"))
     else:
-        _print_estimate(est)
+        if reading:
+            print_reading(reading)
+        _print_estimate(est, gpu_spec)
         console().print(f"software assumed: {software_label(cal, gpu_spec.name)}")
         for note in _memory_notes(est, spec, gpu_spec, layout):
             console().print(note)
@@ -107,8 +112,42 @@ def _layout_of_flags(flags: dict, num_gpus: int):
     return Layout.from_params(flags)
 
 
-def _print_estimate(est) -> None:
+PREDICTED = "predicted"  # what every figure of `estimate` and `space` is: the cost model's, never measured
+
+
+def precision_class(precision: str) -> str:
+    """The datasheet's name of the dense peak an MFU at `precision` is relative to: FP8 for every fp8 recipe
+    (their peaks are one), MXFP8, BF16, FP32."""
+    if precision == "mxfp8":
+        return "MXFP8"
+    return "FP8" if precision.startswith("fp8") else precision.upper()
+
+
+def _estimate_labels(est, gpu_spec) -> dict[str, Any]:
+    """What `estimate --json` says beside the cost model's object: that its figures are predicted, the dense peak
+    its MFU is relative to, and the memory in groups that do not overlap (`memory_per_gpu_gib`: peak_components
+    sum to `peak`; per_microbatch and host_offloaded are other figures, not parts of it)."""
+    precision = str(est.layout.get("precision", ""))
+    memory: dict[str, Any] = {}
+    if est.memory is not None:
+        memory = {"pipeline_rank": est.memory.counts.pipeline_rank, "peak": est.peak_memory_gib,
+                  **memory_sections(est.memory)}
+    return {"figures": PREDICTED,
+            "mfu_vs_dense_peak_tflops_per_gpu": {precision: gpu_spec.peak(precision)}
+            if gpu_spec.supports(precision) else {},
+            "memory_per_gpu_gib": memory}
+
+
+def _table(title: str, **kwargs: Any):
+    """A rich table whose title stays on one line (a table narrower than its title would wrap it): what a table
+    is of, its units and that its figures are predicted are read in the title."""
     from rich.table import Table  # tables only for the text output (--json needs none)
+
+    return Table(title=title, min_width=len(title) + 4, **kwargs)
+
+
+def _print_estimate(est, gpu_spec) -> None:
+    from rich.table import Table
 
     out = console()
     title = f"{est.model} on {est.num_gpus} x {est.gpu}, {est.seq_len} tokens"
@@ -120,39 +159,65 @@ def _print_estimate(est) -> None:
             table.add_row(v.rule, v.reason)
         out.print(table)
         return
-    summary = Table(title=title, show_header=False)
-    capacity = f"{est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g} GiB"
+    precision = str(est.layout["precision"])
+    summary = _table(f"{title}, {precision}: {PREDICTED} by the cost model")
+    summary.add_column("figure (unit)")
+    summary.add_column(PREDICTED, overflow="fold")
+    capacity = f"{est.peak_memory_gib:.1f} of {est.memory_capacity_gib:g} GiB per GPU"
     summary.add_row("fits", f"{'yes' if est.fits else 'NO'} ({capacity})")
     summary.add_row("tokens/s/GPU", f"{est.tokens_per_sec_per_gpu:,.1f}")
-    summary.add_row("TFLOP/s/GPU", _num(est.tflops_per_gpu))
-    summary.add_row("MFU", f"{est.mfu:.1%}")
-    summary.add_row("step time", f"{est.step_time_s:.3f} s")
+    summary.add_row("model TFLOP/s/GPU", _num(est.tflops_per_gpu))
+    summary.add_row(f"MFU vs {precision_class(precision)} dense peak ({gpu_spec.peak(precision):,.1f} TFLOP/s/GPU)",
+                    f"{est.mfu:.1%}")
+    summary.add_row("step time (s)", f"{est.step_time_s:.3f}")
     summary.add_row("pipeline layout", est.pipeline_layout)
     out.print(summary)
-    counts = est.memory.counts
-    mem = Table(title=f"memory per GPU, GiB (pipeline rank {counts.pipeline_rank}, the most loaded)")
-    mem.add_column("component")
-    mem.add_column("GiB", justify="right")
-    for k, v in est.memory.to_gib().items():
-        if k not in COUNT_KEYS:
-            mem.add_row(k, _num(v))
-    out.print(mem)
-    out.print(f"parameters on that rank: {counts.params_on_rank:,.0f} (dense {counts.dense_params_on_rank:,.0f}, "
-              f"experts {counts.expert_params_on_rank:,.0f}); "
-              f"microbatches in flight per chunk: {counts.inflight_microbatches:.2f}")
-    tim = Table(title="time per step")  # compute's parts indented under it; every other component adds to the step
+    _print_memory(out, est)
+    tim = _table(f"time per step (s, {PREDICTED})")
     tim.add_column("component")
     tim.add_column("seconds", justify="right")
     for k, v in est.time.components().items():
         tim.add_row(f"  {k}" if k in COMPUTE_PARTS else k, f"{v:.4f}")
+    tim.add_section()
+    tim.add_row("step (the sum; compute's parts once)", f"{est.time.step:.4f}")
     out.print(tim)
 
 
-def _print_neighbours(near: list[dict]) -> None:
-    from rich.table import Table
+def _print_memory(out, est) -> None:
+    """The peak's components with their sum (the peak), then, apart, the figures that are not parts of it: one
+    microbatch's activations (inside the peak's `activations`) and what is kept in the host's pinned memory."""
+    counts = est.memory.counts
+    groups = memory_sections(est.memory)
+    peak = _table(f"peak memory per GPU (GiB, {PREDICTED})")
+    peak.add_column("component")
+    peak.add_column("GiB", justify="right")
+    for k, v in groups["peak_components"].items():
+        peak.add_row(k, _num(v))
+    peak.add_section()
+    peak.add_row("peak (the sum of the rows above)", _num(est.peak_memory_gib))
+    out.print(peak)
+    out.print(f"pipeline rank {counts.pipeline_rank} (the most loaded); parameters on it: "
+              f"{counts.params_on_rank:,.0f} (dense {counts.dense_params_on_rank:,.0f}, experts "
+              f"{counts.expert_params_on_rank:,.0f}); microbatches in flight per chunk: "
+              f"{counts.inflight_microbatches:.2f}")
+    other = _table(f"not in the peak (GiB, {PREDICTED})")
+    other.add_column("kind")
+    other.add_column("figure")
+    other.add_column("GiB", justify="right")
+    per_mb = groups["per_microbatch"]
+    other.add_row("per microbatch (in the peak's activations)", "activations_per_microbatch",
+                  _num(per_mb["activations_per_microbatch"]))
+    other.add_row("per microbatch (the output head's share)", "embedding_logits", _num(per_mb["embedding_logits"]))
+    other.add_section()
+    for k, v in groups["host_offloaded"].items():
+        other.add_row("host (CPU-offloaded, pinned memory)", k, _num(v))
+    out.print(other)
 
-    table = Table(title="switching one knob (everything else, the batch included, as above)")
-    for col in ("knob", "to", "tokens/s/GPU", "change", "peak GiB", "change GiB", "note"):
+
+def _print_neighbours(near: list[dict]) -> None:
+    table = _table(f"switching one knob, {PREDICTED} (everything else, the batch included, as above)")
+    columns = ("knob", "to", "tokens/s/GPU", "tokens/s change", "peak GiB/GPU", "peak change GiB", "note")
+    for col in columns:
         table.add_column(col, justify="right" if col not in ("knob", "to", "note") else "left", overflow="fold")
     for n in near:
         if not n["legal"]:
@@ -190,6 +255,7 @@ def space(
     from search_spaces.layouts.space import explore
 
     spec, gpu_spec = load_situation(model, gpu, num_gpus, seq_len, num_layers, hidden_size)
+    reading = config_reading(model, spec)
     fixed = _fixed(fix)
     hist = load_packing(packing, lengths, seq_len)
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
@@ -202,13 +268,15 @@ def space(
     if as_json:
         extra: dict[str, Any] = {"packing": {"versus_full_length": versus_full}} if hist else {}
         extra["software"] = software_label(cal, gpu_spec.name)
+        extra.update(_model_reading(reading))
+        extra.update(figures=PREDICTED, mfu_vs_dense_peak_tflops_per_gpu={
+            p: gpu_spec.peak(p) for p in _top_precisions(result)})
         echo(json_line({**result.to_dict(), **extra}, "space --json"))
         return 0
+    if reading:
+        print_reading(reading)
     out = console()
-    out.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
-              f"{result.total:,} combinations, {result.legal_count:,} legal "
-              f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
-              f"{result.fitting_count:,} found to fit, {result.seconds:.1f} s")
+    _print_space_header(out, spec, gpu_spec, num_gpus, seq_len, result, fixed)
     out.print(f"software assumed: {software_label(cal, gpu_spec.name)}")
     if result.cut_short:
         out.print(f"cut short: --budget {budget:g} s ran out after ranking {result.grids_ranked:,} parallel grids "
@@ -218,6 +286,12 @@ def space(
     if versus_full:
         print_comparison(versus_full)
     return 0
+
+
+def _model_reading(reading: dict | None) -> dict[str, Any]:
+    """--json's "model_reading" key where --model is a config.json path: how it was read (`moe-autotune model
+    --json`'s object, of the model as estimated: --num-layers/--hidden-size applied); none for a catalog name."""
+    return {"model_reading": reading} if reading else {}
 
 
 def _refuse_empty(result, where: str, memory_gib: float, max_grids: int) -> None:
@@ -230,18 +304,43 @@ def _refuse_empty(result, where: str, memory_gib: float, max_grids: int) -> None
         raise SpecError(line)
 
 
-def _print_space_tables(out, result, top: int) -> None:
-    """`space`'s two tables on `out`: the layouts each rule rejected, and the fastest `top` that fit."""
-    from rich.table import Table
+def _top_precisions(result) -> list[str]:
+    """The precisions of the layouts `space` lists, in their order (their MFUs are relative to these peaks)."""
+    return list(dict.fromkeys(str(row["layout"]["precision"]) for row in result.top))
 
-    rej = Table(title="rejections per rule")
-    rej.add_column("rule")
-    rej.add_column("layouts", justify="right")
+
+def _print_space_header(out, spec, gpu_spec, num_gpus: int, seq_len: int, result, fixed: dict) -> None:
+    """`space`'s first line: the space counted, and the precision it ranks (its default is the fastest the GPU
+    runs, FP8 on GPUs: space.py's feature walk tries that precision first; `--fix precision=` another)."""
+    from search_spaces.layouts.space import dimensions
+
+    ranked = _top_precisions(result)
+    if "precision" in fixed:
+        precision = f"precision {', '.join(ranked)} (--fix)"
+    else:
+        choices = dimensions(spec, gpu_spec, num_gpus, seq_len, gbs=result.gbs).values["precision"]
+        default, other = choices[-1], choices[0]
+        where = "" if ranked == [default] else f"; {', '.join(ranked)} where a layout refuses it"
+        precision = (f"precision {default}, space's default on {gpu_spec.name} (the fastest it runs{where}; "
+                     f"--fix precision={other} ranks {precision_class(other)})")
+    out.print(f"{spec.name} on {num_gpus} x {gpu_spec.name}, {seq_len} tokens, GBS {result.gbs}: "
+              f"{result.total:,} combinations, {result.legal_count:,} legal "
+              f"({result.grids:,} parallel grids), {result.estimated:,} estimated, "
+              f"{result.fitting_count:,} {PREDICTED} to fit, {result.seconds:.1f} s; {precision}", soft_wrap=True)
+
+
+def _print_space_tables(out, result, top: int) -> None:
+    """`space`'s two tables on `out`: the layouts each rule rejected, and the fastest `top` predicted to fit."""
+    rej = _table("rejections per rule")
+    rej.add_column("rule (the first a layout breaks)")
+    rej.add_column("layouts (count)", justify="right")
     for rule, n in sorted(result.rejected_by_rule.items(), key=lambda x: -x[1]):
         rej.add_row(rule, f"{n:,}")
     out.print(rej)
-    best = Table(title=f"top {top} predicted (fitting)")
-    for col in ("#", "layout", "tokens/s/GPU", "TF/s/GPU", "MFU", "peak GiB"):
+    classes = {precision_class(p) for p in _top_precisions(result)}
+    mfu = f"MFU vs {classes.pop()} dense peak" if len(classes) == 1 else "MFU vs its precision's dense peak"
+    best = _table(f"top {top} by {PREDICTED} tokens/s/GPU ({PREDICTED} to fit)")
+    for col in ("#", "layout", "tokens/s/GPU", "TFLOP/s/GPU", mfu, "peak GiB/GPU"):
         best.add_column(col, overflow="fold")
     for i, row in enumerate(result.top, 1):
         p = row["prediction"]

@@ -25,16 +25,33 @@ def model(
     from search_spaces.catalog.models import load_model
     from search_spaces.catalog.reading import describe
 
-    from orchestrator.userio import console, echo, json_line
+    from orchestrator.userio import echo, json_line
 
     d = describe(load_model(config))
     if as_json:
         echo(json_line(d, "model --json"))
         return 0
+    print_reading(d)
+    return 0
+
+
+def config_reading(model: str, spec) -> dict | None:
+    """The reading of `spec` (search_spaces.catalog.reading.describe) where `model`, the --model of `estimate` or
+    `space`, is the path of a config.json (or its folder), not a catalog name: what those commands print above
+    their tables and put under "model_reading" in their --json. None for a catalog name."""
+    from search_spaces.catalog.models import MODEL_NAMES
+    from search_spaces.catalog.reading import describe
+
+    return None if str(model).strip() in MODEL_NAMES else describe(spec)
+
+
+def print_reading(d: dict) -> None:
+    """A reading's lines (reading_lines) on the console, as `model` prints them."""
+    from orchestrator.userio import console
+
     out = console()
     for line in reading_lines(d):
         out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0
 
 
 def reading_lines(d: dict) -> list[str]:

@@ -39,7 +39,7 @@ def print_packing(report: dict[str, Any]) -> None:
     from orchestrator.userio import console
 
     d = report["distribution"]
-    table = Table(title="packed documents (THD)", show_header=False)
+    table = Table(title="packed documents (THD; predicted packing)", show_header=False)
     table.add_row("documents", f"mean {d['mean_tokens']:,.0f} tokens, median {d['median_tokens']:,}, p90 "
                                f"{d['p90_tokens']:,}, longest {d['longest_tokens']:,}")
     table.add_row("per sequence", f"{report['documents_per_sequence']:.1f} documents, each padded to a multiple of "
@@ -87,13 +87,24 @@ def print_comparison(cmp: dict[str, Any]) -> None:
     out.print(f"best for full-length documents: {cmp['full_length_best']} "
               f"({cmp['full_length_best_tokens_full']:,.1f} tokens/s/GPU on them, "
               f"{cmp['full_length_best_tokens_packed']:,.1f} on your documents)")
+    if cmp["full_length_best"] == cmp["packed_best"]:
+        out.print(f"best for your documents: the same layout ({cmp['packed_best_tokens_packed']:,.1f} tokens/s/GPU, "
+                  f"predicted): attention per sequence is {cmp['attention_vs_full_length']:.1%} of a full-length "
+                  "sequence's; no other layout is predicted faster on them")
+        return
     out.print(f"best for your documents:        {cmp['packed_best']} "
               f"({cmp['packed_best_tokens_packed']:,.1f} tokens/s/GPU)")
     why = "; ".join(f"{k} {v['full_length_best_s']:.2f} s -> {v['packed_best_s']:.2f} s"
-                    for k, v in cmp["reason"].items())
-    out.print(f"why (per step, both on your documents): attention per sequence is "
-              f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's, so CP "
-              f"{cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}: {why}")
+                    for k, v in cmp["reason"].items() if v["full_length_best_s"] != v["packed_best_s"]) \
+        or "no component of the step moves"
+    out.print(f"why (predicted, per step, both on your documents): attention per sequence is "
+              f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's, so {cp_change(cmp)}: {why}")
+
+
+def cp_change(cmp: dict[str, Any]) -> str:
+    """How CP differs between the full-length best and the packed best, never "CP 16 -> 16"."""
+    before, after = cmp["full_length_best_cp"], cmp["packed_best_cp"]
+    return f"CP {before} -> {after}" if before != after else f"CP stays {before}"
 
 
 def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
@@ -121,14 +132,15 @@ def study_comparison(spec: dict[str, Any], num_gpus: int) -> str:
         return "Packed documents: nothing in this sweep's space is predicted to fit, packed or full-length."
     same = cmp["full_length_best"] == cmp["packed_best"]
     why = "; ".join(f"{k} {v['full_length_best_s']:.3g} s -> {v['packed_best_s']:.3g} s"
-                    for k, v in cmp["reason"].items())
+                    for k, v in cmp["reason"].items() if v["full_length_best_s"] != v["packed_best_s"]) \
+        or "no component of the step moves"
     return (f"Packed documents ({hist.describe()['mean_tokens']:,.0f} tokens on average; attention "
             f"{cmp['attention_vs_full_length']:.1%} of a full-length sequence's): the cost model's best layout for "
             f"full-length documents is {cmp['full_length_best']} ({cmp['full_length_best_tokens_full']:,.0f} "
             f"tokens/s/GPU on them, {cmp['full_length_best_tokens_packed']:,.0f} on these documents); "
             + ("it is also the best for these documents." if same else
                f"for these documents {cmp['packed_best']} ({cmp['packed_best_tokens_packed']:,.0f} tokens/s/GPU; "
-               f"CP {cmp['full_length_best_cp']} -> {cmp['packed_best_cp']}; per step: {why})."))
+               f"{cp_change(cmp)}; per step: {why})."))
 
 
 def load_situation(model: str, gpu: str, num_gpus: int, seq_len: int, num_layers: Optional[int],

@@ -101,6 +101,20 @@ def peak_bytes(weights: float, gradients: float, optimizer_states: float, activa
 
 PEAK_KEYS = tuple(f.name for f in fields(MemoryBreakdown) if f.metadata.get("peak"))
 COUNT_KEYS = tuple(f.name for f in fields(RankCounts))
+# the components that are not part of the peak, by what they are a figure of: one microbatch's saved activations
+# (the peak's `activations` holds every microbatch in flight), and the bytes kept in the host's pinned memory
+PER_MICROBATCH_KEYS = ("activations_per_microbatch", "embedding_logits")
+HOST_KEYS = ("offloaded_to_host",)
+
+
+def memory_sections(memory: MemoryBreakdown) -> dict[str, dict[str, float]]:
+    """The breakdown in GiB, grouped so that no figure is read as a part of another: `peak_components` (PEAK_KEYS,
+    which sum to the peak), `per_microbatch` (one microbatch's activations and its output head's share: inside
+    the peak's `activations`, not beside it) and `host_offloaded` (in the host's pinned memory, not on the GPU)."""
+    gib = memory.to_gib()
+    return {"peak_components": {k: gib[k] for k in PEAK_KEYS},
+            "per_microbatch": {k: gib[k] for k in PER_MICROBATCH_KEYS},
+            "host_offloaded": {k: gib[k] for k in HOST_KEYS}}
 
 
 @dataclass(frozen=True)

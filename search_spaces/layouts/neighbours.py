@@ -2,9 +2,11 @@
 time on a layout (`moe-autotune estimate` prints it, and `--json` carries it under "neighbours").
 
 A knob is a searched dimension (layout.SEARCH_DIMENSIONS, hierarchical_cp with cp_comm_type); its neighbours are the
-values beside the layout's in the space's value list (space.dimensions: the adjacent sizes of TP, CP, EP, ETP, PP,
-VPP, MBS, the adjacent recompute choices, every other precision, dispatcher, CP type, graph scope set, offload).
-Everything else, the global batch included, stays; a neighbour the rules refuse is listed with the rule.
+values beside the layout's among those the space proposes (space.dimensions; a parallel size only where some legal
+grid of the space has it, `proposed_sizes`: the next smaller and next larger sizes of TP, CP, EP, ETP, PP, VPP, MBS,
+the adjacent recompute choices, every other precision, dispatcher, CP type, graph scope set, offload). The layout's
+own value is never a neighbour. Everything else, the global batch included, stays; a neighbour the rules refuse with
+the rest of the layout as it is is listed with the rule.
 """
 
 from __future__ import annotations
@@ -24,10 +26,26 @@ ORDERED_KINDS = ("int", "float", "recompute")
 
 def _values(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layout: Layout) -> dict[str, list]:
     from search_spaces.layouts.space import dimensions, hierarchical_options
-    values = dict(dimensions(model, gpu, num_gpus, seq_len, gbs=layout.gbs).values)
+    dims = dimensions(model, gpu, num_gpus, seq_len, gbs=layout.gbs)
+    values = dict(dims.values)
+    values.update(proposed_sizes(model, gpu, num_gpus, seq_len, dims))
     values["cp_comm_type"] = [kind for kind in values["cp_comm_type"] if kind != "a2a+p2p"] + \
         [("a2a+p2p", sizes) for sizes in hierarchical_options([layout.cp])]
     return values
+
+
+def proposed_sizes(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, dims: Any) -> dict[str, list]:
+    """The values each parallel-grid field (TP, CP, EP, ETP, PP, VPP, MBS) takes in the space's legal grids
+    (space.iter_grids), in the space's order: what a sweep proposes. A raw value no legal grid has is never a
+    neighbour: EP 5 and 10 of 160 experts on 256 GPUs (no ETP*EP*PP of them divides the world), PP 8 of 126
+    layers on 576 GPUs."""
+    from search_spaces.layouts.space import GRID_FIELDS, iter_grids
+
+    seen: dict[str, set] = {name: set() for name in GRID_FIELDS}
+    for grid in iter_grids(model, gpu, num_gpus, seq_len, dims):
+        for name in GRID_FIELDS:
+            seen[name].add(grid[name])
+    return {name: [v for v in dims.values[name] if v in seen[name]] for name in GRID_FIELDS}
 
 
 def _current(layout: Layout, name: str) -> Any:
@@ -44,7 +62,7 @@ def neighbour_values(values: list, current: Any, ordered: bool) -> list:
     if not ordered or current not in values:
         return [v for v in values if v != current]
     i = values.index(current)
-    return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+    return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values) and values[j] != current]
 
 
 def _switch(layout: Layout, name: str, value: Any) -> Layout:
@@ -57,10 +75,15 @@ def _switch(layout: Layout, name: str, value: Any) -> Layout:
     return changed
 
 
+def _shown(name: str, value: Any) -> str:
+    """A knob's value as the neighbours print it."""
+    if name == "cp_comm_type" and isinstance(value, tuple):
+        return f"a2a+p2p [{value[1][0]},{value[1][1]}]"
+    return str(BY_NAME[name].encode(value))
+
+
 def _entry(name: str, value: Any, est: Estimate, base: Estimate) -> dict[str, Any]:
-    hierarchical = name == "cp_comm_type" and isinstance(value, tuple)
-    shown = f"a2a+p2p [{value[1][0]},{value[1][1]}]" if hierarchical else BY_NAME[name].encode(value)
-    out = {"knob": name, "value": str(shown), "legal": est.legal, "fits": est.fits,
+    out = {"knob": name, "value": _shown(name, value), "legal": est.legal, "fits": est.fits,
            "violations": [v.to_dict() for v in est.violations]}
     if est.legal:
         (tokens, peak), (base_tokens, base_peak) = _figures(est), _figures(base)
@@ -84,10 +107,15 @@ def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layo
     values = _values(model, gpu, num_gpus, seq_len, layout)
     out = []
     for name in SEARCH_DIMENSIONS:
-        if name == "hierarchical_cp" or len(values.get(name, [])) < 2 or (name == "cp_comm_type" and layout.cp == 1):
+        if name == "hierarchical_cp" or (name == "cp_comm_type" and layout.cp == 1):
+            continue
+        current = _current(layout, name)
+        if not [v for v in values.get(name, []) if v != current]:  # the space proposes no other value
             continue
         ordered = BY_NAME[name].kind in ORDERED_KINDS
-        for value in neighbour_values(values[name], _current(layout, name), ordered):
+        for value in neighbour_values(values[name], current, ordered):
+            if _shown(name, value) == _shown(name, current):  # one spelling of the layout's own value
+                continue
             try:
                 switched = _switch(layout, name, value)
             except SpecError:  # no layout at all (MBS 2 of a global batch of 1): no neighbour to show
@@ -97,4 +125,4 @@ def neighbours(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_len: int, layo
     return out
 
 
-__all__ = ["neighbours", "neighbour_values"]
+__all__ = ["neighbours", "neighbour_values", "proposed_sizes"]

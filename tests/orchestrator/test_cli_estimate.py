@@ -162,3 +162,58 @@ def test_routing_flag_estimates_each_mode_and_refuses_what_megatron_refuses(caps
     assert main([*base, "--routing", "capacity"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "capacity:F" in err and err.count("\n") == 1
+
+
+# ---- a config.json path: how it was read, above the tables and under "model_reading" (issue 55) -----------------
+TINY_CONFIG = Path(__file__).resolve().parents[2] / "search_spaces" / "catalog" / "hf_configs" / "tiny-moe.json"
+SMALL = ["--gpu", "cpu", "--num-gpus", "2", "--seq-len", "256"]
+
+
+@pytest.fixture
+def config_folder(tmp_path):
+    """A config.json in a folder of its own (the model is named after the folder), the catalog's tiny-moe file."""
+    folder = tmp_path / "my-moe"
+    folder.mkdir()
+    (folder / "config.json").write_text(TINY_CONFIG.read_text())
+    return folder
+
+
+def _model_json(path, capsys) -> dict:
+    assert main(["model", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command,extra", [("estimate", []), ("space", ["--top", "2", "--max-grids", "4"])])
+def test_a_config_path_shows_its_reading_above_the_tables(command, extra, config_folder, capsys):
+    assert main(["model", str(config_folder)]) == 0
+    reading = capsys.readouterr().out
+    assert reading.startswith("my-moe\n") and "parameters:" in reading and "ignored:" in reading
+    assert main([command, "--model", str(config_folder), *SMALL, *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(reading)  # the model command's lines, first, then the tables
+    assert "predicted" in out[len(reading):]
+
+
+@pytest.mark.parametrize("command,extra", [("estimate", []), ("space", ["--top", "2", "--max-grids", "4"])])
+def test_a_config_path_puts_its_reading_in_the_json(command, extra, config_folder, capsys):
+    expected = _model_json(config_folder, capsys)
+    assert main([command, "--model", str(config_folder / "config.json"), *SMALL, *extra, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model_reading"] == expected
+    assert (expected["total_params"], expected["experts"], expected["topk"]) == (493_248, 4, 2)
+
+
+def test_the_reading_is_of_the_model_as_estimated(config_folder, capsys):
+    """--num-layers applies to the reading too: it describes what the figures are of."""
+    assert main(["estimate", "--model", str(config_folder), *SMALL, "--num-layers", "2", "--json"]) == 0
+    reading = json.loads(capsys.readouterr().out)["model_reading"]
+    assert reading["layers"] == 2 and reading["pattern"] == "2 × MoE+full"
+    assert reading["total_params"] < _model_json(config_folder, capsys)["total_params"]
+
+
+def test_a_catalog_name_prints_no_reading(capsys):
+    for command, extra in (("estimate", []), ("space", ["--top", "2", "--max-grids", "4"])):
+        assert main([command, "--model", "tiny-moe", *SMALL, *extra, "--json"]) == 0
+        assert "model_reading" not in json.loads(capsys.readouterr().out)
+        assert main([command, "--model", "tiny-moe", *SMALL, *extra]) == 0
+        assert "parameters:" not in capsys.readouterr().out
