@@ -54,6 +54,12 @@ def state_of_status(status: str | None) -> str:
     return state_of(TrialRecord(number=-1, status=status))
 
 
+def mlflow_status(status: str | None) -> str:
+    """The MLflow status of the child run of a trial recorded with `status`: FINISHED only for a measurement; a
+    rejected proposal (a child run only when the spec asks for one: track_rejected) never ran: KILLED."""
+    return MLFLOW_STATUS.get(state_of_status(status), "KILLED")
+
+
 @dataclass
 class Tally:
     """How many trials are in each lifecycle state."""
@@ -76,4 +82,4 @@ class Tally:
 
 
 __all__ = ["FAILED", "FINISHED", "INTERRUPTED", "MLFLOW_STATUS", "PRUNED", "QUEUED", "REJECTED", "RUNNING",
-           "STATES", "Tally", "state_of", "state_of_status"]
+           "STATES", "Tally", "mlflow_status", "state_of", "state_of_status"]

@@ -59,10 +59,12 @@ class StudyRecord(Stored):
         return cls(name=study.study_name, **read)
 
     @classmethod
-    def lease_of(cls, study: Any) -> dict[str, Any] | None:
-        """The study's `driver_lease` alone, read from the storage now: what the driver's fence asks before each
-        group of writes (orchestrator/sweep/lease.py), without reading the rest of the record back."""
-        return cls._read({"driver_lease": study.user_attrs.get("driver_lease")}).get("driver_lease")
+    def lease_of(cls, study: Any, name: str = "driver_lease") -> Any:
+        """The study's `driver_lease` (or `driver_lease_epoch`) alone, read from the storage now: what the driver's
+        fence asks before each group of writes (orchestrator/sweep/lease.py), without reading the rest back."""
+        if name not in ("driver_lease", "driver_lease_epoch"):
+            raise ValueError(f"{name} is not a field of the lease")
+        return cls._read({name: study.user_attrs.get(name)}).get(name)
 
     @property
     def gpus_per_node(self) -> int:

@@ -7,7 +7,7 @@ sampler itself, so what a search is can change here without the loop knowing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import optuna
@@ -33,6 +33,8 @@ class Proposed:
     prediction: Prediction | None
     invalid: str | None = None
     """Why the params are not even a valid Layout (e.g. GBS not a multiple of MBS)."""
+    exhausted: bool = False
+    """Sampled from nothing: every layout of the space has been tried, the sweep stops asking."""
 
 
 @dataclass
@@ -40,6 +42,15 @@ class Proposer:
     prior: Prior
     space: SweepSpace
     sampler: SweepSampler
+    memory_limit_gib: float = field(init=False)
+    """The memory a GPU has: above it the cost model says a layout does not fit."""
+    memory_margin: float = field(init=False)
+    """Proposals may exceed the cost model's memory prediction by this factor (the sampler's; the screen lets them
+    through)."""
+
+    def __post_init__(self) -> None:
+        self.memory_limit_gib = self.prior.memory_limit_gib
+        self.memory_margin = self.sampler.memory_margin
 
     @classmethod
     def make(cls, search: str, prior: Prior, seed: int | None,
@@ -49,21 +60,12 @@ class Proposer:
         space = SweepSpace.from_prior(prior)
         return cls(prior, space, make_sampler(search, space, prior, seed, runnable=runnable))
 
-    @property
-    def exhausted(self) -> bool:
-        """Nothing untried is left to propose."""
-        return self.sampler.exhausted
-
-    @property
-    def memory_margin(self) -> float:
-        return self.sampler.memory_margin
-
     def propose(self, study: Any) -> Proposed:
         """Ask `study` (the study, or the sweep's in-memory copy of it) for a trial over the space's parameters."""
         trial = study.ask(self.space.distributions())
         queued = TrialRecord.of(trial)
-        if queued.proposed_by is None and self.exhausted:  # sampled from nothing: the sweep stops asking
-            return Proposed(trial, queued, None, None)
+        if queued.proposed_by is None and self.sampler.exhausted:  # sampled from nothing: the sweep stops asking
+            return Proposed(trial, queued, None, None, exhausted=True)
         try:
             layout = self.space.layout(trial.params)
         except SpecError as exc:

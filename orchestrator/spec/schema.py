@@ -32,8 +32,7 @@ from orchestrator.search.table import DEFAULT_SEARCH
 from orchestrator.spec.economics import Cost
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
-# backends whose trials are predictions or recordings: rejected proposals outnumber trials there, so they go
-# to one table on the parent MLflow run instead of a child run each (unless track_rejected says otherwise)
+# backends whose trials are predictions or recordings, not measurements of this cluster
 WHAT_IF_BACKENDS = tuple(name for name, kind in BACKENDS.items() if kind.what_if)
 # the choices of `backend:` and `search:` written out, so that the type checker sees them too; a conformance test
 # (tests/orchestrator/test_conformance.py) holds them equal to their tables, BACKENDS and SEARCH_KINDS
@@ -180,8 +179,9 @@ class SweepSpec(_Strict):
     cost: Cost = Field(default_factory=Cost)
     """Dollars per GPU-hour and the tokens to train: the time and money per layout and for the sweep."""
     track_rejected: bool | None = None
-    """A child MLflow run for each proposal the cost model rejected; default yes, except for what-if backends
-    (analytic, replay), whose rejections go to one table on the parent run."""
+    """A child MLflow run (status KILLED, tag status infeasible) for each proposal the cost model rejected. Default
+    no: a rejected proposal never ran, so it is a row of the parent run's `rejected_by_model` table, not a run that
+    looks like a trial."""
     calibration: str | None = None
     """A calibration file (`moe-autotune calibrate --out FILE`) the cost model uses instead of the packaged
     constants: screening, ranking and the predictions beside each measurement; recorded in MLflow."""
@@ -344,9 +344,9 @@ class SweepSpec(_Strict):
         return out
 
 
-def tracks_rejections(track_rejected: bool | None, backend: str) -> bool:
-    """A child MLflow run per rejected proposal? As asked, else not for what-if backends."""
-    return track_rejected if track_rejected is not None else backend not in WHAT_IF_BACKENDS
+def tracks_rejections(track_rejected: bool | None, backend: str) -> bool:  # noqa: ARG001 -- older studies' callers
+    """A child MLflow run per rejected proposal? Only when asked (issue 56: a rejection is not a trial)."""
+    return bool(track_rejected)
 
 
 def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> SweepSpec:

@@ -211,7 +211,7 @@ class Lease:
             log.debug("the claim of epoch %d was dropped by another driver", epoch)
 
     def _recorded_epoch(self) -> int:
-        return StudyRecord.of(self.study).driver_lease_epoch or 0
+        return StudyRecord.lease_of(self.study, "driver_lease_epoch") or 0
 
     def _taken_at_once(self, other: Holder | None) -> StorageError:
         # the same refusal as a lease found held, in the same words: another driver took it as this one did

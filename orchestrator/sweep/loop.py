@@ -33,7 +33,7 @@ import optuna
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 
 from orchestrator.dispatch import make_backend
-from orchestrator.dispatch.base import stop, unplaceable
+from orchestrator.dispatch.base import stop
 from orchestrator.records import HEADLINE, TrialRecord, lifecycle, metrics, queries
 from orchestrator.search.prior import Prior
 from orchestrator.spec.schema import SweepSpec
@@ -122,14 +122,13 @@ class Sweep:
         self.session = session
         self.spec = session.spec
         self.study = session.study
-        self.recorder = Recorder(session)
+        at_start = queries.summary(self.study)
+        self.recorder = Recorder(session, at_start.tally)  # the live line counts on from what the study holds
         self.screen = Screen(session.memory_limit_gib, session.search.memory_margin)
         self.show_progress = show_progress
-        at_start = queries.summary(self.study)
         # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
         self.taken = at_start.run_keys
         self.measured = at_start.measured
-        self.recorder.tally = at_start.tally  # the live line counts on from what the study holds
         self.proposals = 0
         self.stop_reason: str | None = None
         self.messages: list[str] = []
@@ -199,7 +198,7 @@ class Sweep:
         proposed = self.session.search.propose(self.session.writes.study)
         trial, layout, prediction = proposed.trial, proposed.layout, proposed.prediction
         if proposed.queued.proposed_by is None:  # sampled (not a rule of thumb or a re-run from the queue)
-            if self.session.search.exhausted:
+            if proposed.exhausted:
                 self.stop_reason = "every layout of the space has been tried"
                 self.recorder.discard(trial, self.stop_reason)
                 return None
@@ -217,7 +216,7 @@ class Sweep:
             self.recorder.infeasible(trial, layout, prediction, reason)
             return None
         request = self.session.request(trial.number, size)
-        reason = unplaceable(self.session.backend, request.nodes, request.gpus_per_node)
+        reason = self.session.unplaceable(request)
         if reason:  # larger than any set of the cluster's nodes: refused, never run (free, as a rejection)
             self.recorder.infeasible(trial, layout, prediction, f"never placeable on this Ray cluster: {reason}",
                                      status="unschedulable")

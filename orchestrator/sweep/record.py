@@ -60,12 +60,12 @@ class Screen:
 
 
 class Recorder:
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, tally: lifecycle.Tally):
         self.session = session
         self.tracker = session.tracker
         self.limit = session.memory_limit_gib
         self._unsent: dict[int, RunRecord] = {}  # told, not yet stored (writes.py): MLflow hears of them once stored
-        self.tally = lifecycle.Tally()  # what became of the proposals, as the study will count them (the live line)
+        self.tally = tally  # what became of the proposals, as the study counts them (the live line)
 
     @staticmethod
     def write(trial: optuna.Trial, **attrs: Any) -> None:

@@ -72,7 +72,7 @@ class Session:
     def __post_init__(self) -> None:
         self.writes = DirectWrites(self.study)
         self.sizing = Sizing.of(self.spec, self.prior.model, self.prior.gpu)
-        self.memory_limit_gib = self.prior.memory_limit_gib
+        self.memory_limit_gib = self.search.memory_limit_gib
 
     @property
     def prior(self) -> Prior:
@@ -101,6 +101,10 @@ class Session:
                             workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number,
                             lengths=str(Path(lengths).resolve()) if lengths is not None else None)
+
+    def unplaceable(self, request: TrialRequest) -> str | None:
+        """Why the cluster can never place a trial of `request` (None: it can, or has no such limit)."""
+        return unplaceable(self.backend, request.nodes, request.gpus_per_node)
 
     def mlflow_record(self, record: TrialRecord) -> RunRecord:
         """What a trial's child run gets: its record (the sweep's backend when it records none) and its logs: every

@@ -25,6 +25,7 @@ from search_spaces.layouts.layout import Layout
 
 from orchestrator.errors import LeaseLost, TrackingError
 from orchestrator.records import TRIAL_TAG
+from orchestrator.records.lifecycle import mlflow_status
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.storage import connections, tracking_store
 from orchestrator.tracking import parent_run
@@ -278,8 +279,11 @@ class Tracker(WriteBehind):
             for path in run.logs:
                 if Path(path).is_file():
                     self._log_redacted(run_id, Path(path), "logs")
-        self.client.set_terminated(run_id, "FINISHED")
-        child.status = "FINISHED"
+        # FINISHED for a measurement, FAILED for a trial that failed (its class and reason are tags), KILLED for
+        # one interrupted (orchestrator/records/lifecycle.py)
+        status = mlflow_status(record.status)
+        self.client.set_terminated(run_id, status)
+        child.status = status
 
     def _log_redacted(self, run_id: str, path: Path, folder: str) -> None:
         """A trainer's log as an artifact of the same name, line by line with every credential shape masked."""

@@ -61,7 +61,7 @@ def test_a_sweep_on_a_journal_stores_what_it_stores_on_sqlite(tmp_path, capsys):
     _consistent(journal_url, "journal")
     capsys.readouterr()
     assert main(["status", "journal", "--storage", journal_url]) == 0
-    assert "6 trials run" in capsys.readouterr().out
+    assert "(6 count against n_trials)" in capsys.readouterr().out
     assert main(["export", "journal", "--storage", journal_url, "--allow-estimated"]) == 0, capsys.readouterr().err
 
 

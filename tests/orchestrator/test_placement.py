@@ -91,12 +91,13 @@ def test_trials_the_cluster_can_never_place_are_unschedulable_free_and_tracked(t
     assert refused and all(r.reason == "never placeable on this Ray cluster: a trial asks for 9 nodes; the Ray "
                                       "cluster has 1 node" and r.result is None for r in refused)
     assert any("could not be placed on the Ray cluster" in m for m in out.messages)
-    client = MlflowClient(spec.tracking_uri)  # each has its child run, status unschedulable (no cost-model rejection)
+    # each has its child run, tag status unschedulable (no cost-model rejection), failed (the trial lifecycle)
+    client = MlflowClient(spec.tracking_uri)
     experiment = client.get_experiment_by_name(spec.name).experiment_id
     found = client.search_runs([experiment], "tags.status = 'unschedulable'")
     runs = {run.data.tags.get(TRIAL_TAG): run for run in found}
     assert set(runs) == {str(r.number) for r in refused}
-    assert all(run.info.status == "FINISHED" for run in runs.values())
+    assert all(run.info.status == "FAILED" for run in runs.values())
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
     board = queries.leaderboard(out.study)
     assert set(board[board["status"] == "unschedulable"]["trial"]) == {r.number for r in refused}
