@@ -103,6 +103,16 @@ def open_checked(url: str, name: str, resume: bool) -> optuna.storages.BaseStora
     return storage
 
 
+def let_go(storage: optuna.storages.BaseStorage) -> None:
+    """Close the storage's pooled database connections (a sweep's end), so that none is left for the garbage collector
+    to close later, at a moment nobody chose (SQLite then rewrites its -shm file). The storage stays usable: a later
+    read opens a new connection. A journal file holds no connection."""
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        storage.scoped_session.remove()  # type: ignore[attr-defined]  # RDBStorage's, beside its engine
+        engine.dispose()
+
+
 def _already(name: str, shown: str) -> str:
     return f"study {name!r} already exists in {shown}; pass --resume to continue it or --study-name for a new one"
 

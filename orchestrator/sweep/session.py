@@ -134,6 +134,7 @@ class Session:
         except studies.STORAGE_ERRORS as exc:  # a full disk (its own error line says so): the lease expires
             log.info("could not release the study's lease (%s); it expires when this process is gone",
                      type(studies.storage_failure(exc, self.spec.storage)).__name__)
+        studies.let_go(self.lease.storage)
 
 
 def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = None,

@@ -685,6 +685,7 @@ def from_hf_config(cfg: dict, name: str, source: str | None = None) -> ModelSpec
     try:
         c = HFConfig.model_validate(text)
     except ValidationError as exc:
+        _refuse_unknown(where, _unknown_names(outer, text))  # a misnamed field first: it is why the rest disagrees
         raise SpecError(f"model config {where!r}: {one_line(exc, HFConfig)}") from None
     ignored = _known_fields(where, outer, text, c)
     kind, mla = c.model_type, c.kv_lora_rank > 0
@@ -810,11 +811,22 @@ def _known_fields(where: str, outer: dict, text: dict, c: HFConfig) -> list[tupl
     if unsupported:
         raise SpecError(f"model config {where!r}: field(s) {_field_list(unsupported)} change what the model costs "
                         f"and are not modelled ({UNSUPPORTED[unsupported[0]]})")
+    _refuse_unknown(where, unknown)
+    return ignored + _unused(c, text)
+
+
+def _unknown_names(outer: dict, text: dict) -> list[str]:
+    """The fields of the config that no list of the reader's names (read, ignored, not modelled, the towers)."""
+    known = (*READ_NAMES, *IGNORED, *UNSUPPORTED)
+    return [k for k in text if k not in known and k != "text_config"] + [
+        k for k in outer if k not in text and k not in known and k not in TOWERS]
+
+
+def _refuse_unknown(where: str, unknown: list[str]) -> None:
     if unknown:
         raise SpecError(f"model config {where!r}: unknown field(s) {_field_list(unknown)}: the reader cannot tell "
                         "whether they change the model's cost (see `moe-autotune model --help` for the families it "
                         "reads); remove them from a copy of the config only if they do not")
-    return ignored + _unused(c, text)
 
 
 def _unused(c: HFConfig, text: dict) -> list[tuple[str, str]]:
