@@ -22,8 +22,14 @@ DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
 METRIC_NAMES = ["tokens/s/GPU", "peak memory GiB"]
 
 
+# the Optuna states of a trial told a verdict: measured (COMPLETE), failed (FAIL), rejected (PRUNED)
+TOLD = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+
+
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    """Trials told a verdict (TrialRecord.finished): measured, failed or rejected; not a discarded repeat, nor one
+    interrupted."""
+    return [t for t in study.get_trials(deepcopy=False, states=TOLD) if TrialRecord.of(t).finished]
 
 
 def finished_records(study: optuna.Study) -> list[TrialRecord]:

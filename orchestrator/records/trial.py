@@ -63,8 +63,8 @@ class TrialRecord(Stored):
                                         factory=dict)
     mlflow_run_id: str | None = stored("The trial's MLflow child run.", COLUMN)
     status: str | None = stored("ok | oom | error | invalid | timeout | infeasible | interrupted | unschedulable "
-                                "(search_spaces.result.STATUSES); None while it runs. A failed trial reads as "
-                                "interrupted whatever it stored: only the tell counts a result.", TABLE, TAG)
+                                "(search_spaces.result.STATUSES); None while it runs. A failed trial that stored ok "
+                                "reads as interrupted: only the tell counts a measurement.", TABLE, TAG)
     result: TrialResult | None = stored("What it measured (TrialResult.to_dict() when stored), judged where it "
                                         "entered.", load=load_result, dump=dump_result)
     reason: str | None = stored("Why it was rejected or failed (one line or a trainer's error).", COLUMN, TAG)
@@ -112,7 +112,11 @@ class TrialRecord(Stored):
     # ---- questions ----------------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
-        return self.state == "complete"
+        """Told a verdict: measured (complete), failed (fail, with the status it failed with) or rejected (pruned).
+        A failed trial without a status is a discarded repeat, one whose status is interrupted runs again."""
+        if self.state == "fail":
+            return self.status not in (None, "interrupted")
+        return self.state in ("complete", "pruned")
 
     @property
     def within_constraints(self) -> bool:
@@ -287,9 +291,10 @@ class TrialRecord(Stored):
 
 
 def _told(state: str, attrs: dict[str, Any]) -> dict[str, Any]:
-    """A trial's stored fields as they count: the tell commits a result, so a trial that failed after storing
-    its result (the sweep stopped between the two) was interrupted, whatever status it stored first."""
-    if state == "fail" and attrs.get("status") not in (None, "interrupted", "infeasible"):
+    """A trial's stored fields as they count: the tell commits a result, so a trial that failed after storing an ok
+    result (the sweep stopped between the two) was interrupted. A failed status is the trial's verdict: failed trials
+    are told FAIL (orchestrator/records/lifecycle.py)."""
+    if state == "fail" and attrs.get("status") == "ok":  # a measurement is told complete: this one was cut off
         return {**attrs, "status": "interrupted", "reason": attrs.get("reason") or INTERRUPTED_BEFORE_TELL}
     return attrs
 

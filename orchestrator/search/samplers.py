@@ -29,8 +29,9 @@ from orchestrator.search.calibrated import CalibratedSearch
 from orchestrator.search.prior import Prior
 from orchestrator.search.space import SweepSpace
 
-# a layout is taken while its trial is queued, running or finished (failed trials may run again on resume)
-_TAKEN = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+# a layout is taken while its trial is queued or running, and once it was told a verdict (TrialRecord.finished:
+# measured, failed or rejected; an interrupted trial runs again on resume)
+_PENDING = (TrialState.RUNNING, TrialState.WAITING)
 
 
 @runtime_checkable
@@ -65,6 +66,7 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
         self.exhausted = False
         self._observed: set[int] = set()
         self._keys: dict[int, str] = {}
+        self._verdicts: dict[int, bool] = {}
 
     # ---- what subclasses decide ------------------------------------------------------------------
     def next_layout(self, taken: set[str]) -> Layout | None:
@@ -100,11 +102,11 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
     # ---- reading the study -----------------------------------------------------------------------
     def _learn(self, trials: Iterable[FrozenTrial]) -> None:
         for t in trials:
-            if t.state != TrialState.COMPLETE or t.number in self._observed:
+            if t.number in self._observed or not self._told(t):
                 continue
+            record = TrialRecord.of(t)
             self._observed.add(t.number)
             layout = self._layout_of(t.params)
-            record = TrialRecord.of(t)
             if layout is not None and record.status:
                 self.observe(layout, record.status, record.measured("tokens_per_sec_per_gpu"),
                              record.measured("peak_memory_gib"))
@@ -112,11 +114,19 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
     def _taken(self, trials: Iterable[FrozenTrial], current: int) -> set[str]:
         keys = set()
         for t in trials:
-            if t.state in _TAKEN and t.number != current:
+            if (t.state in _PENDING or self._told(t)) and t.number != current:
                 key = self._key_of(t)
                 if key is not None:
                     keys.add(key)
         return keys
+
+    def _told(self, t: FrozenTrial) -> bool:
+        """Told a verdict (TrialRecord.finished), remembered: a finished trial's verdict never changes."""
+        if not t.state.is_finished():
+            return False
+        if t.number not in self._verdicts:
+            self._verdicts[t.number] = TrialRecord.of(t).finished
+        return self._verdicts[t.number]
 
     def _key_of(self, t: FrozenTrial) -> str | None:
         """The layout key of a trial's params, remembered (a trial's params never change once set)."""

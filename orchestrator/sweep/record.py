@@ -2,8 +2,9 @@
 
 What is stored is the storage contract of orchestrator/records/trial.py (TrialRecord): layout, layout_key,
 prediction, backend, fidelity, trial_size, mlflow_run_id when a trial starts, then status, result, reason,
-command; objectives [tokens/s/GPU, peak GiB]; constraints memory_over_limit_gib and not_measured_ok (feasible
-when both are <= 0). MLflow gets the same record.
+command; then the tell (orchestrator/records/lifecycle.py): a measurement COMPLETE with its objectives [tokens/s/GPU,
+peak GiB], a failed trial FAIL, a rejected proposal PRUNED, each with the constraints memory_over_limit_gib and
+not_measured_ok (feasible when both are <= 0): no value is told that was not measured. MLflow gets the same record.
 
 Every result is judged where it enters (search_spaces.validation: numbers that cannot be true become status
 invalid, never the best), and every write is fenced by the study's lease (a driver taken over writes nothing).
@@ -104,7 +105,9 @@ class Recorder:
         self.write(trial, backend=self.session.spec.backend, status=status, reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
-        trial.study.tell(trial, [0.0, _finite(memory)])
+        # never told a value it did not measure: PRUNED, its constraints saying why (TPE ranks it below every
+        # feasible trial; Optuna's plots and importance leave it out)
+        trial.study.tell(trial, state=TrialState.PRUNED)
         self.tally.add_status(status)
         tracked = self.tracker and (self.session.track_rejected or status != "infeasible") and layout is not None
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial)) if tracked else None)
@@ -143,7 +146,10 @@ class Recorder:
             self.write(trial, **attrs)
             trial.set_constraint("memory_over_limit_gib", max(over, 0.0))
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
-            trial.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu) if ok else 0.0, _finite(memory)])
+            if ok:  # a measurement: its objectives
+                trial.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu), _finite(memory)])
+            else:  # failed (oom, error, timeout, invalid, unschedulable): FAIL, with no value it did not measure
+                trial.study.tell(trial, state=TrialState.FAIL)
             self.tally.add_status(result.status)
         except studies.STORAGE_ERRORS:
             self._fence_if_readable()
