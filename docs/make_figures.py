@@ -3,7 +3,8 @@
     .venv/bin/python docs/make_figures.py [--out docs/figures]
 
 Runs the README's what-if sweep (DeepSeek-V3 at 128K on 1,024 H100, analytic backend, so every figure is an
-estimate) in a scratch folder, writes its report (`moe-autotune report`, whose PNGs need Chromium), starts the
+estimate) in a scratch folder, writes its report (`moe-autotune report`, whose PNGs need Chromium) and checks its
+labels (orchestrator/outputs/report/label_check.py: none hidden, overlapping or cut off), starts the
 MLflow UI on the sweep's store (`moe-autotune ui`) and photographs the trials view with headless Chromium. The
 PNGs are committed (the site build does not run a sweep); tests/project/test_docs.py checks every figure the page
 shows is one this script makes, and its slow test runs the script.
@@ -70,6 +71,12 @@ def _run(argv: list[str], cwd: Path) -> None:
 def _report(work: Path, out: Path) -> None:
     _run([*_cli(), "sweep", EXAMPLE, "--n-trials", TRIALS, "--seed", "0", "--quiet"], work)
     _run([*_cli(), "report", "--no-mlflow", "-o", str(work / "report")], work)
+    # every label of every figure drawn, none over another or cut off, on the page and in each PNG
+    from orchestrator.outputs.report.label_check import check_page
+
+    failures = check_page(work / "report" / "report.html").failures()
+    if failures:
+        raise SystemExit("error: the report's figures fail the label check:\n" + "\n".join(failures))
     for name in REPORT_FIGURES:
         shutil.copyfile(work / "report" / f"{name}.png", out / f"{name}.png")
 

@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from search_spaces.layouts.layout import DEFAULT_FREE
 
+from orchestrator.outputs.report.png_export import PNG_SIZE
 from orchestrator.outputs.report.trial_series import (
     best_so_far,
     component_order,
@@ -32,6 +33,7 @@ FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", 
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
                   "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b",
                   "unschedulable": "#17becf"}
+_ROW_PX = 24  # one category of a horizontal bar chart: its label (12 px) and the gap to the next
 # plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
 _HOVER_FORMAT = ",.4~r"
 
@@ -118,18 +120,28 @@ def _importance_figure(study: optuna.Study) -> go.Figure:
         with _negated_target_ok():
             fig = optuna.visualization.plot_param_importances(
                 measured, params=params, target=_importance_target, target_name="tokens/s/GPU")
-        fig.update_layout(title=f"Parameter importance for tokens/s/GPU (Optuna; {len(measured.trials)} measured "
-                                f"trials, {len(params)} searched parameters)")
+        fig.update_layout(title=f"Parameter importance for tokens/s/GPU (Optuna)<br><sup>{len(measured.trials)} "
+                                f"measured trials, {len(params)} searched parameters</sup>")
+        _one_row_per_bar(fig, len(params))
     except Exception as exc:  # noqa: BLE001 -- nothing varied: the figure says so instead
         fig.add_annotation(text=f"parameter importance unavailable: {exc}", showarrow=False)
         fig.update_layout(title="Parameter importance (Optuna)")
     return fig
 
 
+def _one_row_per_bar(fig: go.Figure, rows: int, row_px: int = _ROW_PX, around_px: int = 170) -> None:
+    """A horizontal bar chart tall enough for every category's label (`row_px` each; `around_px` for the title, the
+    value axis and the margins), every label drawn (plotly skips every other one when rows are crowded), the
+    labels' margin as wide as the longest, the values' text outside the bars at its own size."""
+    fig.update_layout(height=max(PNG_SIZE[1], around_px + row_px * rows))
+    fig.update_yaxes(dtick=1, automargin=True)
+    fig.update_traces(constraintext="none", cliponaxis=False, selector={"type": "bar"})
+
+
 def _importance_left_to_report(study: optuna.Study) -> go.Figure:
     fig = go.Figure().add_annotation(
-        text=f"parameter importance: moe-autotune report {study.study_name} draws it (its fANOVA loads scikit-learn, "
-             "a second or two: left out of the page every sweep writes)", showarrow=False)
+        text=f"parameter importance: moe-autotune report {study.study_name} draws it<br>(its fANOVA loads "
+             "scikit-learn, a second or two: left out of the page every sweep writes)", showarrow=False)
     fig.update_layout(title="Parameter importance (Optuna)")
     return fig
 
@@ -152,24 +164,51 @@ def _predicted_measured_figure(trials: list[TrialView]) -> go.Figure:
 
 
 def _breakdown_figure(winner: TrialView | None) -> go.Figure:
-    """Left: each memory component in GiB, predicted beside measured. Right: predicted time per step."""
+    """Top: each memory component in GiB, predicted beside measured. Below: predicted time per step. Horizontal bars,
+    one labelled row per component (the names are long: upright beside their bars, never rotated into each other)."""
     pred_mem, meas_mem, pred_time = winner_breakdown(winner)
     keys = component_order(pred_mem, meas_mem)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+    sides = sum(1 for values in (pred_mem, meas_mem) if values)  # bars per memory row
+    mem_h = (_ROW_PX + 4 * max(sides - 1, 0)) * max(len(keys), 1)  # a memory row holds its two bars
+    time_h = (_ROW_PX - 4) * max(len(pred_time), 1)
+    gap = 90  # the memory chart's value axis and the time chart's title between the two
+    fig = make_subplots(rows=2, cols=1, row_heights=[mem_h, time_h], vertical_spacing=gap / (mem_h + time_h + gap),
                         subplot_titles=("memory (GiB), predicted vs measured", "time per step (s), predicted"))
     for name, values in (("predicted", pred_mem), ("measured", meas_mem)):
         if values:  # None, not 0, where one side lacks a component: a gap rather than a false zero
-            fig.add_bar(x=keys, y=[values.get(k) for k in keys], name=name, row=1, col=1)
+            fig.add_bar(y=keys, x=[values.get(k) for k in keys], name=name, orientation="h", row=1, col=1)
     if pred_time:
-        fig.add_bar(x=list(pred_time), y=list(pred_time.values()), name="predicted time", row=1, col=2)
-    fig.update_yaxes(title_text="GiB", row=1, col=1)
-    fig.update_yaxes(title_text="s per step", row=1, col=2)
-    # the layout key is long: on its own smaller line, so the title fits the PNG's width
-    title = "Winner breakdown: no winner"
+        fig.add_bar(y=list(pred_time), x=list(pred_time.values()), name="predicted time", orientation="h",
+                    row=2, col=1)
+    fig.update_xaxes(title_text="GiB", row=1, col=1)
+    fig.update_xaxes(title_text="s per step", row=2, col=1)
+    fig.update_yaxes(autorange="reversed", dtick=1, automargin=True)  # the first component on top
+    # the layout key is long: below the title, broken at its slashes into lines that fit the PNG's width; the
+    # title hangs from the top, the plots start below its last line and the first plot's title
+    title, lines = "Winner breakdown: no winner", 1
     if winner:
-        title = f"Winner breakdown: trial {winner.number}<br><sup>{layout_key(winner)}</sup>"
-    fig.update_layout(title=title, barmode="group", margin={"t": 110})
+        key = _wrap(layout_key(winner), "/", 100)
+        lines += key.count("<br>") + 1
+        title = f"Winner breakdown: trial {winner.number}<br><sup>{key}</sup>"
+    top = 20 + 23 * lines + 20
+    fig.update_layout(title={"text": title, "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 20}},
+                      barmode="group", margin={"t": top}, height=max(PNG_SIZE[1], top + mem_h + time_h + gap + 70))
     return fig
+
+
+def _wrap(text: str, sep: str, width: int) -> str:
+    """`text` broken after each `sep` where a line would pass `width` characters (a longer part keeps a line of its
+    own), the lines joined by plotly's <br>."""
+    lines: list[str] = []
+    for part in text.split(sep):
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        elif lines:
+            lines[-1] += sep
+            lines.append(part)
+        else:
+            lines.append(part)
+    return "<br>".join(lines)
 
 
 def _best_so_far_figure(trials: list[TrialView]) -> go.Figure:
@@ -206,6 +245,10 @@ def figures(study: optuna.Study, trials: list[TrialView], winner: TrialView | No
     for fig in figs.values():
         fig.update_xaxes(hoverformat=_HOVER_FORMAT)
         fig.update_yaxes(hoverformat=_HOVER_FORMAT)
+        if not any(len(t.x or ()) or len(t.y or ()) for t in fig.data):
+            # a note, not a chart: no empty axes (plotly's default ones put two "-1" on each other)
+            fig.update_xaxes(visible=False)
+            fig.update_yaxes(visible=False)
     return figs
 
 
@@ -218,14 +261,18 @@ def _gpu_hours_figure(trials: list[TrialView]) -> go.Figure:
     for fidelity in ("full", "proxy"):
         sel = [(v, s) for v, s in ran if v.runs_at == fidelity]
         if sel:
+            # the trial's layout on hover only: drawn as the bar's text it was shrunk to specks (issue 56)
             fig.add_bar(x=[v.number for v, _ in sel], y=[s / 3600 for _, s in sel], name=f"used ({fidelity})",
-                        text=[trial_label(v) for v, _ in sel])
+                        hovertext=[trial_label(v) for v, _ in sel])
     proxies = [(v, full) for v, _ in ran if v.proxy and (full := v.gpu_seconds[1])]  # (trial, at full size)
     if proxies:
         fig.add_scatter(x=[v.number for v, _ in proxies], y=[s / 3600 for _, s in proxies], mode="markers",
                         name="the same trial at full size", marker={"symbol": "line-ew-open", "size": 14})
     fig.update_layout(title="GPU-hours per trial (proxies ran on fewer GPUs)", xaxis_title="trial",
                       yaxis_title="GPU-hours", barmode="group")
+    hours = [y for trace in fig.data for y in trace.y if y and y > 0]
+    if hours and max(hours) > 100 * min(hours):  # proxies' bars would be slivers under their full-size marks
+        fig.update_yaxes(type="log", title_text="GPU-hours (log scale)")
     return fig
 
 

@@ -9,7 +9,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-PNG_SIZE = (1000, 500)  # width, height in pixels
+PNG_SIZE = (1000, 500)  # width, height in pixels: a figure that sets its own height (one bar per row) keeps it
+
+
+def png_size(fig: go.Figure) -> tuple[int, int]:
+    """The PNG's (width, height): PNG_SIZE, but the figure's own height where it set one."""
+    return PNG_SIZE[0], int(fig.layout.height or PNG_SIZE[1])
 
 
 def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path], str | None]:
@@ -24,9 +29,8 @@ def export_pngs(figs: dict[str, go.Figure], out: Path) -> tuple[dict[str, Path],
     )
 
     paths = {name: out / f"{name}.png" for name in figs}
-    width, height = PNG_SIZE
     specs = [{"fig": fig, "path": paths[name], "opts": {"format": "png", "width": width, "height": height}}
-             for name, fig in figs.items()]
+             for name, fig in figs.items() for width, height in [png_size(fig)]]
     # plotly.js comes from the plotly package; MathJax would come from a CDN and no label needs it
     kopts: dict[str, Any] = {"mathjax": False}
     browser = os.environ.get("BROWSER_PATH")
