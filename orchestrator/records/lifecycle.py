@@ -42,10 +42,10 @@ def state_of(record: TrialRecord) -> str:
         return QUEUED
     if record.status == "interrupted":
         return INTERRUPTED
+    if record.status is None or record.status in _REJECTED_STATUSES:  # a discarded repeat stores no status
+        return REJECTED  # (Optuna: PRUNED with its constraints, or FAIL for a repeat)
     if record.status == "pruned" or record.state == "pruned":
         return PRUNED
-    if record.status is None or record.status in _REJECTED_STATUSES:  # a discarded repeat stores no status
-        return REJECTED
     return FINISHED if record.status == "ok" else FAILED
 
 

@@ -8,7 +8,11 @@ child run at all (a row of the parent run's table instead).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pandas as pd
 from hypothesis import given
@@ -19,6 +23,7 @@ from search_spaces.result import STATUSES, TrialResult
 
 from orchestrator.cli import main
 from orchestrator.dispatch.analytic import AnalyticBackend
+from orchestrator.outputs import report
 from orchestrator.records import TrialRecord, lifecycle, queries
 from orchestrator.records.trial import TRIAL_TAG
 from orchestrator.sweep import run_sweep
@@ -44,10 +49,24 @@ def test_every_view_counts_the_same_trials_in_the_same_states(tmp_path, monkeypa
     tally = found.tally.counts
     assert tally[lifecycle.FAILED] == 1 and tally[lifecycle.FINISHED] == 4 and out.n_measured == 5
 
-    # Optuna: every trial's state is one of its lifecycle's
+    # Optuna's API: every trial's state is its lifecycle's; only a measurement has values (none is a made-up 0)
     records = [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
     assert Counter(lifecycle.state_of(r) for r in records) == tally
     assert out.n_infeasible == tally[lifecycle.REJECTED]
+    optuna_states = _optuna_states(study.get_trials(deepcopy=False))
+    assert optuna_states == {"COMPLETE": tally[lifecycle.FINISHED], "FAIL": tally[lifecycle.FAILED],
+                             "REJECTED": tally[lifecycle.REJECTED]}
+    assert all(t.values is None for t in study.get_trials(deepcopy=False) if t.state.name != "COMPLETE")
+
+    # the optuna CLI reads the same study from the same URL, and counts the same
+    optuna_cli = str(Path(sys.executable).with_name("optuna"))
+    listed = subprocess.run([optuna_cli, "trials", "--study-name", spec.name, "--storage", spec.storage, "-f",
+                             "json"], capture_output=True, text=True, timeout=120, check=True)
+    assert _optuna_states(json.loads(listed.stdout)) == optuna_states
+
+    # the report's summary line says the same
+    page = report.write(study, tmp_path / "report", pngs=False, compare_packing=False, importance=False)
+    assert f"trials: {found.tally.line()}" in page.html_path.read_text()
 
     # status --csv: one row per trial judged, its status the record's
     csv = tmp_path / "board.csv"
@@ -73,6 +92,17 @@ def test_every_view_counts_the_same_trials_in_the_same_states(tmp_path, monkeypa
     assert parent.data.metrics["rejected_by_model"] == sum(1 for r in records if r.status == "infeasible")
 
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
+
+
+def _optuna_states(trials) -> Counter:
+    """Optuna's states of the trials (FrozenTrials, or the `optuna trials -f json` rows), a rejection counted as one:
+    PRUNED (the cost model's), or FAIL with no status stored (a discarded repeat)."""
+    out: Counter = Counter()
+    for t in trials:
+        state = t.state.name if hasattr(t, "state") and not isinstance(t, dict) else t["state"]
+        status = (t.user_attrs if not isinstance(t, dict) else t.get("user_attrs") or {}).get("status")
+        out["REJECTED" if state == "PRUNED" or (state == "FAIL" and status is None) else state] += 1
+    return out
 
 
 @given(st.sampled_from([*STATUSES, None]))

@@ -13,12 +13,14 @@ import optuna
 import plotly.graph_objects as go
 from markupsafe import Markup
 
+from orchestrator import records
 from orchestrator.outputs.packing_view import study_comparison
 from orchestrator.outputs.report.charts import figures
 from orchestrator.outputs.report.png_export import export_pngs
 from orchestrator.outputs.report.values import finite_number, sig, trial_label
 from orchestrator.outputs.winner import TrialView, throughput, views
 from orchestrator.records import StudyRecord
+from orchestrator.records.lifecycle import Tally
 from orchestrator.userio import write_text
 
 # the page: a packaged template, every value escaped but plotly's own figure HTML; a missing value is an error
@@ -85,7 +87,7 @@ def write(study: optuna.Study, out_dir: str | Path, pngs: bool = True,
     context = StudyRecord.of(study)
     title = f"moe-autotune report: {study.study_name}"
     summary = (f"model {context.model} · seq_len {context.seq_len} · {context.num_gpus}× "
-               f"{context.gpu} · backend {context.backend} · {len(trials)} trials")
+               f"{context.gpu} · backend {context.backend} · trials: {Tally.of(records.trials(study)).line()}")
     page = _PAGE.render(
         title=title, summary=summary, winner=_winner(winner), headline=headline(study, trials, winner),
         packing=study_comparison(context.spec or {}, int(context.num_gpus or 0)) if compare_packing else "",
