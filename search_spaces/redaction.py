@@ -5,7 +5,8 @@ search_spaces/inputs.py's excerpts of files use it (search_spaces is the base bo
 A value is recorded as written only when no shape of a credential is in it. `redact_text` masks (***) every shape
 it knows, wherever it sits in a string (a spec field, a tag, an error line, an environment variable's value):
 
-- a URI's user-info (`scheme://user:password@host` -> `scheme://***@host`) and its secret-named query values;
+- a URI's user-info (`scheme://user:password@host` -> `scheme://***@host`, also a password written unescaped with a
+  quote or a space in it) and its secret-named query values;
 - an HTTP authorization (`Authorization: Bearer ...`, `Basic`, `Token`, `Digest` ...; a bare `Bearer <token>`)
   and cookies (`Cookie:`, `Set-Cookie:`), in a header dump or as a JSON key;
 - a secret-named key's value: `password=`, `sslpassword=` (a libpq key/value DSN), `"api_key": "..."`,
@@ -42,6 +43,13 @@ _WEAK_KEY_END = re.compile(r"(?:token|api[_\-]?key|apikey|access[_\-]?key|pwd|pa
 # ---- URIs ----------------------------------------------------------------------------------------------------
 # scheme:// and what follows up to whitespace or a quote (a URI inside repr() or a sentence)
 _URI = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<rest>[^\s'\"<>`]*)")
+# a user-info whose password holds a character that ends a URI inside a text (a space, a quote, '<', '>', a backtick:
+# `http://alice:p'w d@host`, a password written unescaped): it runs to the next '@' on the same line, unless what
+# follows the ':' reads as a port (`http://host:8080 and bob@x`, `http://host:8080/x and bob@x`). A password with an
+# '@' before such a character cannot be told from a URI that ends at the quote and a later '@' (`'http://a:b@h' c@d`):
+# the URI is taken to end there.
+_ODD_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s'\"<>`:/?#@]*:(?!\d+(?:[\s'\"<>`/?#]|$))"
+                           r"[^@\r\n]{0,256}?[\s'\"<>`][^@\r\n]{0,256}?@")
 _QUERY_SECRET = re.compile(r"(?P<key>[?&;][^=&#;\s]*(?:token|key|pass|pwd|secret|cred|auth|signature)[^=&#;\s]*=)"
                            r"[^&#;\s]*", re.I)
 
@@ -95,6 +103,7 @@ def _strip_userinfo(rest: str) -> str:
 def _redact_uris(text: str) -> str:
     if "://" not in text:
         return text
+    text = _ODD_USERINFO.sub(lambda m: m.group("scheme") + MASK + "@", text)
 
     def one(match: re.Match) -> str:
         rest = _QUERY_SECRET.sub(lambda m: m.group("key") + MASK, _strip_userinfo(match.group("rest")))

@@ -1,4 +1,6 @@
-"""`moe-autotune slurm render|submit`: a sweep as a Slurm job running its own Ray cluster.
+"""`moe-autotune slurm render|submit`: a sweep as a Slurm job running its own Ray cluster. A credential given in an
+option never reaches the batch script: the job reads it from a file readable by its owner only
+(orchestrator/commands/slurm_credentials.py).
 
 Also the steps the batch script runs inside the job (wait-ray, ray-check, link-run; hidden from --help).
 """
@@ -12,6 +14,7 @@ import typer
 
 from search_spaces.errors import SpecError
 
+from orchestrator.commands import store_options
 from orchestrator.userio import echo
 
 slurm_app = typer.Typer(help="Run a sweep on a Slurm cluster (a Ray cluster on the allocation).",
@@ -27,10 +30,17 @@ def _opt(help_: str, panel: str = _SITE, **kw):
 
 
 def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options: dict, **settings) -> tuple:
+    """The job's settings, driver and link command lines, and the credentials kept out of its script
+    (orchestrator/commands/slurm_credentials.py); nothing is written yet."""
+    from orchestrator.commands import slurm_credentials
     from orchestrator.dispatch import slurm_job
     from orchestrator.spec.schema import load_spec
     from orchestrator.storage import check_tracking_uri
 
+    # a credential where no file can carry it (an #SBATCH value, a path): one line now, before a validator quotes it
+    slurm_credentials.refuse_the_rest({"extra_sbatch" if k == "sbatch_arg" else k: v for k, v in settings.items()},
+                                      [])
+    slurm_credentials.refuse_in_env_names(settings.get("env"))
     spec = load_spec(spec_path, {"study_name": sweep_options.get("study_name"),
                                  "storage": sweep_options.get("storage"),
                                  "tracking_uri": sweep_options.get("tracking_uri")})
@@ -48,12 +58,43 @@ def _build(spec_path: Path, ray_check: bool, site: Optional[Path], sweep_options
     if s.nodes < trial_nodes:
         raise SpecError(f"--nodes {s.nodes} is fewer than one trial needs ({trial_nodes} nodes of "
                         f"{spec.gpus_per_node} GPUs for trial_gpus {spec.trial_gpus or spec.num_gpus})")
+    # a credential in an option or the job's environment: kept out of the script (the job reads it from a file)
+    options, env, kept = slurm_credentials.keep_out({} if ray_check else sweep_options, s.env)
     if ray_check:
         driver, link = slurm_job.ray_check_argv(s.nodes), []
     else:
-        driver = slurm_job.sweep_argv(spec_path, **sweep_options)
-        link = slurm_job.link_argv(spec_path, sweep_options.get("study_name"), sweep_options.get("storage"))
-    return s, slurm_job.render(s, driver, link)
+        driver = slurm_job.sweep_argv(spec_path, **options)
+        link = slurm_job.link_argv(spec_path, options.get("study_name"), options.get("storage"))
+    slurm_credentials.refuse_the_rest(s.model_dump(), driver + link)  # any other: one line, nothing written
+    return s.model_copy(update={"env": env}), driver, link, kept
+
+
+def _script(settings, driver: list[str], link: list[str], kept, submit: bool, wait: bool) -> int:
+    """Render the script (its credentials in a file beside it, mode 600) and print or submit it. When the script
+    is not delivered (a refused submission, a closed standard output), its credentials file goes too."""
+    from orchestrator.commands.slurm_credentials import CREDENTIALS_ENV
+    from orchestrator.dispatch import slurm_job
+
+    path = kept.write(Path(settings.workdir).absolute() / "runs" / "slurm", settings.job_name) if kept else None
+    try:
+        if path is not None:
+            settings = settings.model_copy(update={"env": {CREDENTIALS_ENV: str(path), **settings.env}})
+        script = slurm_job.render(settings, driver, link)
+        if not submit:
+            echo(script, nl=False)
+            if path is not None:
+                typer.echo(kept.note(path), err=True)
+            return 0
+        job_id, script_path, rc = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
+    except BaseException:
+        if path is not None:
+            path.unlink(missing_ok=True)
+        raise
+    echo(job_id)
+    typer.echo(f"submitted {script_path} as job {job_id}", err=True)
+    if path is not None:
+        typer.echo(kept.note(path), err=True)
+    return rc
 
 
 def _command(submit: bool):
@@ -81,8 +122,11 @@ def _command(submit: bool):
         output: Annotated[Optional[str], _opt("sbatch --output")] = None,
         site: Annotated[Optional[Path], _opt("YAML file of these settings")] = None,
         study_name: Annotated[Optional[str], _opt("study name", _SWEEP)] = None,
-        storage: Annotated[Optional[str], _opt("Optuna storage URL", _SWEEP)] = None,
-        tracking_uri: Annotated[Optional[str], _opt("MLflow tracking URI", _SWEEP)] = None,
+        storage: Annotated[Optional[str], _opt("Optuna storage URL (a password in it reaches the job through a "
+                                               "file readable by you only, not the script)", _SWEEP,
+                                               envvar=store_options.STORAGE_ENV)] = None,
+        tracking_uri: Annotated[Optional[str], _opt("MLflow tracking URI (a password: as for --storage)", _SWEEP,
+                                                    envvar=store_options.TRACKING_URI_ENV)] = None,
         n_trials: Annotated[Optional[int], _opt("trials", _SWEEP)] = None,
         max_concurrent: Annotated[Optional[int], _opt("trials in flight", _SWEEP)] = None,
         seed: Annotated[Optional[int], _opt("sampler seed", _SWEEP)] = None,
@@ -93,21 +137,13 @@ def _command(submit: bool):
         sweep_options = {"study_name": study_name, "storage": storage, "tracking_uri": tracking_uri,
                          "n_trials": n_trials, "max_concurrent": max_concurrent, "seed": seed,
                          "resume": resume}
-        settings, script = _build(
+        settings, driver, link, kept = _build(
             spec, ray_check, site, sweep_options, nodes=nodes, gpus_per_node=gpus_per_node,
             partition=partition, account=account, qos=qos, time=time, cpus_per_task=cpus_per_task, mem=mem,
             exclusive=exclusive, constraint=constraint, sbatch_arg=sbatch_arg, container_image=container_image,
             container_mounts=container_mounts, venv=venv, workdir=workdir, env=env, gpu_mode=gpu_mode,
             ray_port_base=ray_port_base, job_name=job_name, output=output)
-        if not submit:
-            echo(script, nl=False)
-            return 0
-        from orchestrator.dispatch import slurm_job
-
-        job_id, path, rc = slurm_job.submit(script, settings.workdir, settings.job_name, wait=wait)
-        echo(job_id)
-        typer.echo(f"submitted {path} as job {job_id}", err=True)
-        return rc
+        return _script(settings, driver, link, kept, submit, wait)
 
     return command
 
@@ -137,7 +173,7 @@ def ray_check(ray_address: Annotated[str, typer.Option()], nodes: Annotated[int,
 @slurm_app.command("link-run", hidden=True)
 def link_run(spec: Spec, ray_address: Annotated[Optional[str], typer.Option()] = None,
              study_name: Annotated[Optional[str], typer.Option()] = None,
-             storage: Annotated[Optional[str], typer.Option()] = None) -> int:
+             storage: Annotated[Optional[str], typer.Option(envvar=store_options.STORAGE_ENV)] = None) -> int:
     from orchestrator.dispatch import slurm_job
     from orchestrator.dispatch.slurm_ray import link_run as link
     from orchestrator.spec.schema import load_spec

@@ -10,6 +10,7 @@ import rich
 import typer
 
 from orchestrator import dispatch as backends
+from orchestrator.commands import store_options
 from orchestrator.search import table as searches
 from orchestrator.spec.schema import DEFAULT_STORAGE
 from orchestrator.userio import console, write_file
@@ -27,8 +28,10 @@ def sweep(
     backend: Optional[str] = typer.Option(None, help=backends.choices_help()),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="trials to run (cost-model rejections are free)"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent"),
-    storage: Optional[str] = typer.Option(None, help=f"Optuna storage URL (default {DEFAULT_STORAGE})"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI, or none"),
+    storage: Optional[str] = typer.Option(None, help=f"Optuna storage URL (default {DEFAULT_STORAGE})",
+                                          envvar=store_options.STORAGE_ENV),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI, or none",
+                                               envvar=store_options.TRACKING_URI_ENV),
     study_name: Optional[str] = typer.Option(None, "--study-name"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted sweep of the same name"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),

@@ -237,7 +237,7 @@ def download(ref: str, dst: str | os.PathLike | None = None) -> Path:
     try:
         return Path(mlflow.artifacts.download_artifacts(model_uri(ref), dst_path=None if dst is None else str(dst)))
     except Exception as exc:
-        if connections.no_answer(exc):  # the registry's server did not answer (within the bounds)
+        if connections.no_answer(exc) or connections.foreign_answer(exc):  # no answer, or not MLflow's answer
             raise connections.unreachable(mlflow.get_registry_uri(), exc) from None
         if not isinstance(exc, MlflowException):
             raise

@@ -16,6 +16,12 @@ within a stated time naming it (its password redacted), never a hang and never a
 SQLite store first): bounded, and a call that cannot reach the store raises TrackingError naming it; an answer of
 the server (an error it gives) passes through unchanged, but for a failure the caller names (a full disk:
 TrackingFull). Optuna's storage and our own probes take `engine_kwargs`.
+
+What the server answers is checked at every call too (`foreign_answer`): an answer that is not the MLflow REST API's
+(an HTML page: a reverse proxy's login page, `python -m http.server`, a proxy's 502 page; plain text; JSON without
+MLflow's `error_code`) is one TrackingError line naming the URI and what it answered, e.g. `cannot use the MLflow
+tracking URI 'http://127.0.0.1:8080': it answers HTML (HTTP 501 at /api/2.0/mlflow/runs/search), not the MLflow REST
+API (...)`, exit 2, never MLflow's exception with the page in it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import sys
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -126,7 +134,10 @@ def probe_sql(url: str, what: str, error: type[Exception] = TrackingError) -> No
 def unreachable(url: str, exc: BaseException, what: str = MLFLOW, error: type[Exception] = TrackingError
                 ) -> Exception:
     """One line: the store (`what` and its URL, redacted), and the innermost cause's first line (redacted before
-    it is cut)."""
+    it is cut); an answer that is not MLflow's, what it answered (`foreign_answer`)."""
+    answered = foreign_answer(exc)
+    if answered is not None:
+        return error(f"cannot use the {what} {redact_uri(url)!r}: {answered}")
     if no_answer(exc):  # the transport's own words (the wrappers of requests, MLflow, SQLAlchemy say less)
         why = redact_uri(root_line(exc))[:300]
     else:
@@ -175,6 +186,63 @@ def no_answer(exc: BaseException) -> bool:
     return False
 
 
+# MLflow's client (mlflow/utils/rest_utils.py: verify_rest_response) on an answer whose body is not a JSON object:
+# "API request to endpoint E failed with error code 501 != 200. Response body: '...'", or, for a 200,
+# "API request to endpoint was successful but the response body was not in a valid JSON format. Response body: '...'"
+_NOT_JSON = re.compile(r"^API request to endpoint (?:(?P<endpoint>\S+) failed with error code (?P<status>\d+) != \d+|"
+                       r"was successful but the response body was not in a valid JSON format)\. "
+                       r"Response body: '(?P<body>.*)'\s*$", re.S)
+_HTML = re.compile(r"<\s*(?:!doctype\s+html|html|head|body|title)\b", re.I)
+_CREDENTIALS_REFUSED = (401, 403, 407)
+
+
+def foreign_answer(exc: BaseException) -> str | None:
+    """What a server answered, when it is not the MLflow REST API (whose every answer, error or not, is a JSON
+    object, and whose errors carry an `error_code`): `it answers HTML (HTTP 501 at /api/...), not the MLflow REST
+    API (...)`; None for any other failure (MLflow's own errors, a server that could not be reached)."""
+    if "mlflow.exceptions" not in sys.modules:  # no MLflow call was made: nothing MLflow answered (nor its import)
+        return None
+    from mlflow.exceptions import MlflowException, RestException
+
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, MlflowException):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    if isinstance(seen, RestException):
+        body = getattr(seen, "json", None)
+        if not isinstance(body, dict) or "error_code" in body:
+            return None  # MLflow's own error (RESOURCE_DOES_NOT_EXIST, ...): the caller's to judge
+        return _describe("JSON", None, "", _excerpt(str(body)))
+    found = _NOT_JSON.match(str(seen))
+    if found is None:
+        return None
+    status = int(found.group("status") or 200)
+    body = found.group("body")
+    if _HTML.search(body[:4096]):
+        kind, quoted = "HTML", ""
+    elif not body.strip():
+        kind, quoted = "an empty body", ""
+    else:
+        kind, quoted = "text", _excerpt(body.strip().splitlines()[0])
+    return _describe(kind, status, found.group("endpoint") or "", quoted)
+
+
+def _excerpt(text: str) -> str:
+    from search_spaces.inputs import excerpt  # quoted, one line, secrets masked, cut
+
+    return excerpt(text)
+
+
+def _describe(kind: str, status: int | None, endpoint: str, quoted: str) -> str:
+    where = " ".join(x for x in (f"HTTP {status}" if status else "", f"at {endpoint}" if endpoint else "") if x)
+    where = ": ".join(x for x in (where, quoted) if x)
+    hint = ("are the credentials right? give them as the URI's user-info or in MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD" if status in _CREDENTIALS_REFUSED else
+            "is it an MLflow tracking server's URI? a reverse proxy's login page or another web server answers there")
+    return f"it answers {kind}{f' ({where})' if where else ''}, not the MLflow REST API ({hint})"
+
+
 _NETWORK_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
                    errno.ECONNABORTED, errno.EPIPE}
 
@@ -212,7 +280,7 @@ class BoundedClient:
                 known = self._known(exc) if self._known else None
                 if known is not None:
                     raise known from None
-                if no_answer(exc):
+                if no_answer(exc) or foreign_answer(exc) is not None:  # unreachable, or not MLflow answering
                     raise unreachable(self.uri, exc) from None
                 raise
         return bounded
