@@ -219,7 +219,9 @@ def _gpu_hours_line(found) -> str:
     saved = (f"; the same trials at full size: {spend.full_size_gpu_hours:,.1f} GPU-h{full_usd} ({found.proxies} "
              f"ran as proxies)") if found.proxies else ""
     what = "GPU time the trials would take (predicted: nothing ran)" if found.predicted else "GPU time"
-    return f"{what}: {spend.gpu_hours:,.1f} GPU-h{usd}{saved}"
+    to_best = (f"; {found.gpu_hours_to_best:,.1f} GPU-h until the best was first measured"
+               if found.gpu_hours_to_best is not None else "")
+    return f"{what}: {spend.gpu_hours:,.1f} GPU-h{usd}{saved}{to_best}"
 
 
 def _train_line(found) -> str:

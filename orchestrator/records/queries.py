@@ -122,6 +122,9 @@ class StudySummary:
     run_keys: set[tuple[str | None, str]]
     """(layout key, fidelity) of every finished trial: a layout runs once at each fidelity."""
     spend: economics.Spend
+    gpu_hours_to_best: float | None
+    """GPU-hours the sweep had spent when its best trial was first measured (its trials up to and including the best
+    one, in trial order); None without a best."""
     proxies: int
     """Measured trials that ran as proxies."""
     predicted: bool
@@ -141,8 +144,9 @@ def summary(study: optuna.Study) -> StudySummary:
     pareto = pareto_trials(study)
     train = economics.to_train(best.values[0], int(context.num_gpus or 0), context.cost) if best else None
     predicted = bool(measured) and all(r.estimated or r.source == "replay" for r in measured)
+    to_best = _gpu_hours([r for r in measured if r.number <= best.number])[0] if best else None
     return StudySummary(name=study.study_name, tally=Tally.of(records), measured=len(measured), best=best,
                         pareto=pareto, records=by_number,
                         run_keys={r.run_key for r in records if r.finished and r.layout_key},
-                        spend=economics.spend(*_gpu_hours(measured), context.cost),
+                        spend=economics.spend(*_gpu_hours(measured), context.cost), gpu_hours_to_best=to_best,
                         proxies=sum(1 for r in measured if r.proxy), predicted=predicted, context=context, train=train)

@@ -251,7 +251,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
             pending = session.tracker.flush()
             if not pending:
                 _log_views(session.tracker, study)
-                session.tracker.finish(_summary(session, best, pareto, measured), _pareto_csv(study, pareto))
+                session.tracker.finish(_summary(session, found, measured), _pareto_csv(study, pareto))
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
             messages.append(f"MLflow: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -283,11 +283,15 @@ def _log_views(tracker: Tracker, study: optuna.Study) -> None:
                           [page.html_path, *page.pngs.values()])
 
 
-def _summary(session: Session, best, pareto, measured: int) -> dict[str, Any]:
+def _summary(session: Session, found: queries.StudySummary, measured: int) -> dict[str, Any]:
+    best = found.best
     summary: dict[str, Any] = {
         "n_trials": measured,
-        "best": None if best is None else _best(TrialRecord.of(best)),
-        "pareto": [t.number for t in pareto]}
+        "best": None if best is None else _best(found.records[best.number]),
+        "pareto": [t.number for t in found.pareto],
+        "trials_by_state": dict(found.tally.counts),  # the trial lifecycle's counts (records/lifecycle.py)
+        "gpu_hours": found.spend.gpu_hours, "gpu_hours_to_best": found.gpu_hours_to_best,
+        "gpu_hours_predicted": found.predicted}
     if not session.track_rejected:  # rejections got no child runs: one table on the parent instead
         frame = queries.leaderboard(session.study)
         rows = frame[frame["status"] == "infeasible"]

@@ -67,6 +67,13 @@ def log_summary(client: FencedClient, run_id: str | None, summary: dict[str, Any
              RunTag("n_trials", str(summary.get("n_trials", "")))]
     if "rejected_by_model" in summary:
         metrics.append(Metric("rejected_by_model", float(len(summary["rejected_by_model"])), now_ms(), 0))
+    # the trials by lifecycle state (trials_finished, trials_failed, trials_rejected, ...) and the GPU-hours spent
+    metrics += [Metric(f"trials_{state}", float(n), now_ms(), 0)
+                for state, n in (summary.get("trials_by_state") or {}).items()]
+    metrics += [Metric(key, float(summary[key]), now_ms(), 0) for key in ("gpu_hours", "gpu_hours_to_best")
+                if _finite(summary.get(key))]
+    if summary.get("gpu_hours_predicted"):
+        tags.append(RunTag("gpu_hours", "predicted: a what-if backend's trials, nothing ran"))
     client.log_batch(run_id, metrics=metrics, tags=tags)
     client.log_dict(run_id, redact_mapping(summary), "summary.json")
     if pareto_csv is not None:

@@ -90,6 +90,11 @@ def test_every_view_counts_the_same_trials_in_the_same_states(tmp_path, monkeypa
     assert rejected and not rejected & {r.data.tags[TRIAL_TAG] for r in children}
     parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
     assert parent.data.metrics["rejected_by_model"] == sum(1 for r in records if r.status == "infeasible")
+    assert {state: parent.data.metrics.get(f"trials_{state}", 0) for state in lifecycle.STATES} == {
+        state: tally[state] for state in lifecycle.STATES}
+    # an analytic sweep's GPU-hours: what its trials would take, labelled so; until the best, at most all of them
+    assert 0 < parent.data.metrics["gpu_hours_to_best"] <= parent.data.metrics["gpu_hours"] == found.spend.gpu_hours
+    assert parent.data.tags["gpu_hours"].startswith("predicted")
 
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
 

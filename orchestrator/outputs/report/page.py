@@ -138,5 +138,9 @@ def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | N
         usd = f" ({money(spend.usd)})" if spend.usd is not None else ""
         full = (f"; at full size the same trials would have used {sig(spend.full_size_gpu_hours)} GPU-hours"
                 if spend.full_size_gpu_hours > spend.gpu_hours * 1.001 else "")
-        parts.append(f"The sweep used {sig(spend.gpu_hours)} GPU-hours{usd}{full}.")
+        read = queries.summary(study)
+        to_best = (f", {sig(read.gpu_hours_to_best)} of them until the best layout was first measured"
+                   if read.gpu_hours_to_best is not None else "")
+        used = "would have used (predicted: nothing ran)" if read.predicted else "used"
+        parts.append(f"The sweep {used} {sig(spend.gpu_hours)} GPU-hours{usd}{to_best}{full}.")
     return " ".join(parts)
