@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from search_spaces.bounded import loads_json
 from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 
-from orchestrator.records import VIEW_METRICS
+from orchestrator.records import TRIAL_TAG, VIEW_METRICS
 from orchestrator.redact import redact_uri
 from orchestrator.storage import connections
 from orchestrator.tracking.client import FencedClient
@@ -41,8 +41,10 @@ def trials_view(free: Iterable[str] | None = None) -> dict[str, Any]:
     columns += [f"params.`{k}`" for k in (free or PARALLEL_SIZES)]
     columns += ["tags.`status`", "tags.`fidelity`"]
     # columnOrder puts them first, in this order: the tokens/s column stays in sight on a narrow window
-    return {"searchFilter": "", "orderByKey": "metrics.`tokens_per_sec_per_gpu`", "orderByAsc": False,
-            "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
+    # trials only: the parent run and a promotion's run (tag moe_autotune.promotion) have no trial number
+    return {"searchFilter": f"tags.`{TRIAL_TAG}` LIKE '%'", "orderByKey": "metrics.`tokens_per_sec_per_gpu`",
+            "orderByAsc": False, "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs",
+            "datasetsFilter": [],
             "selectedColumns": columns, "columnOrder": columns, "runsExpanded": {}}
 
 

@@ -25,8 +25,9 @@ from orchestrator.cli import main
 from orchestrator.dispatch.analytic import AnalyticBackend
 from orchestrator.outputs import report
 from orchestrator.records import TrialRecord, lifecycle, queries
-from orchestrator.records.trial import TRIAL_TAG
+from orchestrator.records.trial import PROMOTION_TAG, TRIAL_TAG
 from orchestrator.sweep import run_sweep
+from orchestrator.tracking.views import trials_view
 from tests.sweep_helpers import make_spec, prior_for
 
 
@@ -95,6 +96,11 @@ def test_every_view_counts_the_same_trials_in_the_same_states(tmp_path, monkeypa
     # an analytic sweep's GPU-hours: what its trials would take, labelled so; until the best, at most all of them
     assert 0 < parent.data.metrics["gpu_hours_to_best"] <= parent.data.metrics["gpu_hours"] == found.spend.gpu_hours
     assert parent.data.tags["gpu_hours"].startswith("predicted")
+
+    # the runs page's saved view lists the trials alone: not the parent run, not a promotion's run
+    client.create_run(experiment, run_name="promote-trial-0", tags={PROMOTION_TAG: "0"})
+    listed = client.search_runs([experiment], trials_view()["searchFilter"])
+    assert {r.info.run_id for r in listed} == {r.info.run_id for r in children}
 
     assert main(["check", spec.name, "--storage", spec.storage]) == 0
 
