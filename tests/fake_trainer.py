@@ -81,4 +81,7 @@ def _raise(result_path: str, layout: dict) -> None:
 
 
 if __name__ == "__main__":
+    from search_spaces.ownership import die_with_launcher
+
+    die_with_launcher()  # as the real trainer's ranks do: one dies with its torchrun
     sys.exit(main())

@@ -309,4 +309,7 @@ def _finish() -> None:
 
 
 if __name__ == "__main__":
+    from search_spaces.ownership import die_with_launcher
+
+    die_with_launcher()  # a rank dies with its torchrun (which starts it in a session of its own)
     sys.exit(main())

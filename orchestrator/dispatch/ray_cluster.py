@@ -18,7 +18,8 @@ def ray_env() -> None:
 
 def cancel_tasks(refs: list) -> None:
     """Interrupt each task (a KeyboardInterrupt in its worker: run_process_tree's finally kills the process tree),
-    then force those left after STOP_GRACE_S (the worker killed: its launcher dies with it, PR_SET_PDEATHSIG)."""
+    then force those left after STOP_GRACE_S (the worker killed: its launcher dies with it and each rank with
+    the launcher, PR_SET_PDEATHSIG: search_spaces/ownership.py)."""
     import ray
 
     for ref in refs:

@@ -2,6 +2,12 @@
 and what its trial's result is once every node's tree has ended.
 
 `run_process_tree` runs inside a Ray task (orchestrator/dispatch/local.py): it needs nothing of Ray.
+
+Who owns the tree (search_spaces/ownership.py): every process of a trial carries its mark (`MOE_AUTOTUNE_TRIAL`) and
+its node's launch id (`MOE_AUTOTUNE_LAUNCH`). The launcher runs in a process group of its own and is SIGKILLed when
+the Ray worker that started it dies (Linux's parent-death signal); each rank asks for the same on itself when torchrun
+starts it, so it dies with its launcher. When the launcher ends, or is killed (timeout, a stop), its group, its
+descendants and every process left with its launch id are killed.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
 from search_spaces import failures
+from search_spaces.ownership import LAUNCH_ENV, TRIAL_ENV, parent_death_request
 from search_spaces.result import TrialResult
 
 from orchestrator.dispatch.base import TrialRequest
@@ -67,17 +75,28 @@ def trainer_env(request: TrialRequest) -> dict[str, str]:
     # torchrun) learns the world its per-GPU figures are for from it
     env[TRIAL_GPUS_ENV] = str(request.num_gpus)
     env.update(request.env)
+    env[TRIAL_ENV] = trial_mark(request)
     return env
+
+
+def trial_mark(request: TrialRequest) -> str:
+    """`<study>/<number>`, the mark every process of the trial carries (its trial folder is
+    `<workdir>/<study>/trial-NNNN`: orchestrator/sweep/session.py); a request without a number names its folder."""
+    folder = Path(request.workdir)
+    number = folder.name if request.trial_number is None else str(request.trial_number)
+    return f"{folder.parent.name}/{number}"
 
 
 def run_process_tree(argv: list[str], env: dict[str, str], cwd: str, log_path: str,
                      timeout_s: float) -> dict[str, Any]:
-    """Run argv in a new session; on timeout (or if we are interrupted) kill the whole group."""
+    """Run argv in a new session, as a launch of its own (a fresh launch id in its environment); on timeout (or if we
+    are interrupted) kill the whole tree; once the launcher has ended, whatever still carries the launch id."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    launch = uuid.uuid4().hex
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**env, LAUNCH_ENV: launch},
+                                cwd=cwd, start_new_session=True, preexec_fn=_die_with(os.getpid()))
         timed_out = False
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -89,8 +108,10 @@ def run_process_tree(argv: list[str], env: dict[str, str], cwd: str, log_path: s
             if proc.poll() is None:
                 _kill_tree(proc.pid)
                 proc.wait()
-            # ranks that escaped torchrun's wait still belong to the group
+            # ranks that escaped torchrun's wait still belong to the group; ranks orphaned by a launcher killed
+            # from outside (each in a session of its own, no longer its descendants) still carry the launch id
             _kill_tree(proc.pid)
+            kill_launch(launch)
     return {"returncode": rc, "timed_out": timed_out, "wall_time_s": time.monotonic() - start,
             "log_tail": _tail(log_path), "host": socket.gethostname()}
 
@@ -117,14 +138,32 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    """Linux: the launcher gets SIGKILL if the Ray worker that started it dies."""
-    import ctypes
+def kill_launch(launch: str) -> int:
+    """SIGKILL every process of ours whose environment carries launch id `launch`; how many were signalled."""
+    killed = 0
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(LAUNCH_ENV) == launch:
+                proc.kill()
+                killed += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return killed
 
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux's libc: no parent-death signal; the hang timeout still kills it
-        return
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """The launcher's preexec_fn (Linux): it gets SIGKILL when `parent` (the Ray worker that starts it) dies, and
+    ends at once if `parent` died before the request took effect. None where no parent-death signal can be asked for
+    (not Linux's libc): the trial's timeout still kills the tree."""
+    request = parent_death_request()  # looked up here, before the fork: the child only calls it
+    if request is None:
+        return None
+
+    def preexec() -> None:
+        if request() and os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def _tail(path: str) -> str:
