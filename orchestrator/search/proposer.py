@@ -72,6 +72,12 @@ class Proposer:
             return Proposed(trial, queued, None, None, invalid=str(exc))
         return Proposed(trial, queued, layout, self.prior.predict(layout))
 
+    def chance_of_better(self, study: Any, tried: set[str], best: float, margin: float) -> float | None:
+        """The chance that a layout not yet tried beats `best` by more than `margin` (the calibrated search's
+        posterior); None for a search that has no model of it."""
+        ask = getattr(self.sampler, "chance_of_better", None)
+        return ask(study, tried, best, margin) if ask is not None else None
+
     def seeds(self) -> list[tuple[dict[str, Any], str]]:
         """The params of the trials a new study starts with, and who proposed each: the layouts carried from a
         previous length, then the rules of thumb (Prior.seeds)."""

@@ -162,6 +162,11 @@ class CalibratedSampler(LayoutSampler):
     def observe(self, layout, status, tokens_per_sec_per_gpu, peak_memory_gib) -> None:
         self.search.observe(layout, status, tokens_per_sec_per_gpu, peak_memory_gib)
 
+    def chance_of_better(self, study: optuna.Study, tried: set[str], best: float, margin: float) -> float:
+        """CalibratedSearch.chance_of_better, after learning from every trial the study has told."""
+        self._learn(study.get_trials(deepcopy=False))
+        return self.search.chance_of_better(tried, best, margin)
+
 
 class OrderedSampler(LayoutSampler):
     """The first untried layout of a fixed order (random search, grid search)."""

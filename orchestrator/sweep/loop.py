@@ -129,6 +129,7 @@ class Sweep:
         # a layout runs once at each fidelity (`confirm` re-runs a proxy's layout at full size)
         self.taken = at_start.run_keys
         self.measured = at_start.measured
+        self.best = at_start.best.values[0] if at_start.best is not None else 0.0  # tokens/s/GPU that fit
         self.proposals = 0
         self.stop_reason: str | None = None
         self.messages: list[str] = []
@@ -190,7 +191,22 @@ class Sweep:
                 dispatcher.settle(future)
                 if row["status"] in MEASURED_STATUSES:  # an unschedulable trial never ran: free, as a rejection
                     self.measured += 1
+                if row["fits"] and row["tokens"] and row["tokens"] > self.best:
+                    self.best = row["tokens"]
                 view.advance(row, len(dispatcher.running), self.measured, self.recorder.tally)
+            self._check_converged()
+
+    def _check_converged(self) -> None:
+        """Stop proposing once the calibrated search's chance that an untried layout beats the best measured one
+        by more than the margin is below the spec's bound (budget.converge_below): the sweep says so and why."""
+        budget = self.spec.budget
+        if budget.converge_below is None or self.stop_reason is not None or self.best <= 0:
+            return
+        chance = self.session.search.chance_of_better(self.session.writes.study, {k for k, _ in self.taken if k},
+                                                      self.best, budget.converge_margin)
+        if chance is not None and chance < budget.converge_below:
+            self.stop_reason = (f"converged: P(an untried layout is faster by > {budget.converge_margin:.0%}) = "
+                                f"{chance:.2f} < {budget.converge_below:g}, after {self.measured} trials")
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
@@ -251,7 +267,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
             pending = session.tracker.flush()
             if not pending:
                 _log_views(session.tracker, study)
-                session.tracker.finish(_summary(session, found, measured), _pareto_csv(study, pareto))
+                session.tracker.finish(_summary(session, found, measured, messages), _pareto_csv(study, pareto))
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
             messages.append(f"MLflow: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -283,10 +299,11 @@ def _log_views(tracker: Tracker, study: optuna.Study) -> None:
                           [page.html_path, *page.pngs.values()])
 
 
-def _summary(session: Session, found: queries.StudySummary, measured: int) -> dict[str, Any]:
+def _summary(session: Session, found: queries.StudySummary, measured: int, notes: list[str]) -> dict[str, Any]:
     best = found.best
     summary: dict[str, Any] = {
         "n_trials": measured,
+        "notes": list(notes),  # why it stopped (converged, everything tried, the proposals cap), what it could not
         "best": None if best is None else _best(found.records[best.number]),
         "pareto": [t.number for t in found.pareto],
         "trials_by_state": dict(found.tally.counts),  # the trial lifecycle's counts (records/lifecycle.py)

@@ -161,7 +161,7 @@ class Recorder:
         return {"trial": trial.number, "layout": short_label(p.layout), "status": result.status,
                 "fidelity": p.size.fidelity,
                 "tokens": result.tokens_per_sec_per_gpu, "predicted": p.prediction.tokens_per_sec_per_gpu,
-                "memory": result.peak_memory_gib}
+                "memory": result.peak_memory_gib, "fits": ok and over <= 0}
 
     def stored(self, trial: optuna.Trial, run: RunRecord | None) -> None:
         """`trial` was told: the trials now stored get their MLflow records, in order, never before they are

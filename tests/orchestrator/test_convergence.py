@@ -1,0 +1,44 @@
+"""A sweep that stops once it has converged (issue 59, item 3): with `budget.converge_below`, the calibrated search
+stops proposing when the chance (its posterior over the cost model's per-value corrections) that a layout not yet
+measured beats the best measured one by more than `converge_margin` falls below the bound, and says so."""
+
+from __future__ import annotations
+
+import json
+
+from mlflow import MlflowClient
+
+from orchestrator.records import queries
+from orchestrator.search.calibrated import CalibratedSearch
+from orchestrator.sweep import run_sweep
+from tests.sweep_helpers import make_spec, prior_for
+
+
+def test_a_converged_sweep_stops_early_with_the_same_best_and_says_why(tmp_path):
+    (tmp_path / "all").mkdir()
+    (tmp_path / "conv").mkdir()
+    ran_out = run_sweep(make_spec(tmp_path / "all", "all", budget={"n_trials": 40}, tracking_uri="none"),
+                        show_progress=False)
+    spec = make_spec(tmp_path / "conv", "conv", budget={"n_trials": 40, "converge_below": 0.05})
+    out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
+    assert ran_out.n_measured == 40 and not any(m.startswith("converged") for m in ran_out.messages)
+    assert out.n_measured < 40
+    reason = next(m for m in out.messages if m.startswith("converged: P(an untried layout is faster by > 2%) = "))
+    assert f"after {out.n_measured} trials" in reason
+    assert queries.summary(out.study).best.values[0] >= 0.98 * queries.summary(ran_out.study).best.values[0]
+    client = MlflowClient(spec.tracking_uri)  # the parent run's summary says why it stopped
+    summary = json.loads(client.download_artifacts(out.study.user_attrs["mlflow_parent_run_id"], "summary.json",
+                                                   str(tmp_path)) and (tmp_path / "summary.json").read_text())
+    assert reason in summary["notes"]
+
+
+def test_the_chance_of_better_falls_as_the_search_measures_and_is_zero_with_nothing_left(tmp_path):
+    spec = make_spec(tmp_path, "chance")
+    search = CalibratedSearch.from_prior(prior_for(spec), seed=0)
+    best = max(search.predicted(lay) or 0.0 for lay in search.layouts)
+    before = search.chance_of_better(set(), best, 0.02)
+    for lay in search.layouts[:30]:
+        search.observe(lay, "ok", search.predicted(lay), None)  # measured as predicted
+    after = search.chance_of_better({lay.key() for lay in search.layouts[:30]}, best, 0.02)
+    assert 0.0 <= after <= before <= 1.0
+    assert search.chance_of_better({lay.key() for lay in search.layouts}, best, 0.02) == 0.0
