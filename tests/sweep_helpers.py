@@ -40,6 +40,17 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def finished_sweep(root: Path, study: str, n_trials: int = 3) -> dict[str, Any]:
+    """A finished analytic sweep in `root` (SQLite storage, SQLite MLflow store), run through the CLI: the spec's data,
+    its file and its storage URL, for tests that point commands at it (or away from its stores)."""
+    from orchestrator.cli import main
+
+    data = spec_data(root, study, budget={"n_trials": n_trials})
+    spec = write_spec(root / "spec.json", data)
+    assert main(["sweep", str(spec), "--quiet"]) == 0
+    return {"root": root, "spec": spec, "storage": data["storage"], "data": data}
+
+
 def prior_for(spec) -> Prior:
     """The prior a sweep of `spec` uses (one place to swap in a stand-in if search_spaces breaks)."""
     return Prior(spec)

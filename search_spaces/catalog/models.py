@@ -777,41 +777,25 @@ def _known_fields(where: str, outer: dict, text: dict, c: HFConfig) -> list[tupl
     family's rule leaves unused); refuses (SpecError, one line) a field known to change the cost and not modelled
     (hf_fields.UNSUPPORTED) and a field the reader does not know."""
     ignored: list[tuple[str, str]] = []
-    unknown: list[str] = []
     unsupported: list[str] = []
-    for key, value in text.items():
-        if key in READ_NAMES or (key == "text_config" and value is None):
+    for key, value in [*text.items(), *((k, v) for k, v in outer.items() if k not in text)]:
+        if value is None or key in READ_NAMES:
             continue
         if key in UNSUPPORTED:
-            if value is not None:
-                unsupported.append(key)
+            unsupported.append(key)
         elif key in IGNORED:
-            if value is not None:
-                ignored.append((key, IGNORED[key]))
-        else:
-            unknown.append(key)
-    for key, value in outer.items():
-        if key in text:
-            if key in READ_NAMES and key != "model_type" and value != text[key]:
-                ignored.append((key, "the outer config's value: the text_config's is read"))
-        elif key in TOWERS:
-            if value is not None:
-                ignored.append((key, TOWERS[key]))
-        elif key in UNSUPPORTED:
-            if value is not None:
-                unsupported.append(key)
-        elif key in IGNORED:
-            if value is not None:
-                ignored.append((key, IGNORED[key]))
-        elif key not in READ_NAMES:
-            unknown.append(key)
+            ignored.append((key, IGNORED[key]))
+        elif key in TOWERS and key not in text:
+            ignored.append((key, TOWERS[key]))
+    ignored += [(key, "the outer config's value: the text_config's is read") for key, value in outer.items()
+                if key in text and key in READ_NAMES and key != "model_type" and value != text[key]]
     if "model_type" in outer and outer["model_type"] != text.get("model_type"):
         ignored.append(("model_type", f"the outer config's ({short(outer['model_type'])}): the text_config's "
                                       f"({short(c.model_type)}) is read"))
     if unsupported:
         raise SpecError(f"model config {where!r}: field(s) {_field_list(unsupported)} change what the model costs "
                         f"and are not modelled ({UNSUPPORTED[unsupported[0]]})")
-    _refuse_unknown(where, unknown)
+    _refuse_unknown(where, _unknown_names(outer, text))
     return ignored + _unused(c, text)
 
 

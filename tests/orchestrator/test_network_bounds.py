@@ -21,7 +21,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.storage import connections
 from tests.network_faults import SilentServer, closed_port
-from tests.sweep_helpers import spec_data, write_spec
+from tests.sweep_helpers import finished_sweep, spec_data, write_spec
 
 PASSWORD = "PW-s3cr3t-34"
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,12 +30,8 @@ STUDY = "bounded"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A finished analytic sweep (SQLite storage, SQLite MLflow store) the commands are pointed away from."""
-    root = tmp_path_factory.mktemp("network")
-    data = spec_data(root, STUDY, budget={"n_trials": 3})
-    spec = write_spec(root / "spec.json", data)
-    assert main(["sweep", str(spec), "--quiet"]) == 0
-    return {"root": root, "spec": spec, "storage": data["storage"], "data": data}
+    """A finished analytic sweep the commands are pointed away from."""
+    return finished_sweep(tmp_path_factory.mktemp("network"), STUDY)
 
 
 @pytest.fixture

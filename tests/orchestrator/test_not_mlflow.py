@@ -30,7 +30,7 @@ from orchestrator.errors import TrackingError
 from orchestrator.storage import connections, open_mlflow
 from tests.mlflow_server import free_port
 from tests.orchestrator.test_network_bounds import MLFLOW_CASES, STUDY
-from tests.sweep_helpers import spec_data, write_spec
+from tests.sweep_helpers import finished_sweep
 
 PASSWORD = "PW-html-58-s3cr3t"
 NOT_MLFLOW = "not the MLflow REST API"
@@ -38,12 +38,8 @@ NOT_MLFLOW = "not the MLflow REST API"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A finished analytic sweep (SQLite storage and MLflow store) the commands are pointed away from."""
-    root = tmp_path_factory.mktemp("not-mlflow")
-    data = spec_data(root, STUDY, budget={"n_trials": 3})
-    spec = write_spec(root / "spec.json", data)
-    assert main(["sweep", str(spec), "--quiet"]) == 0
-    return {"root": root, "spec": spec, "storage": data["storage"], "data": data}
+    """A finished analytic sweep the commands are pointed away from."""
+    return finished_sweep(tmp_path_factory.mktemp("not-mlflow"), STUDY)
 
 
 @pytest.fixture(scope="module")
