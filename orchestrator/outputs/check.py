@@ -24,7 +24,6 @@ from search_spaces.result import MEASURED_STATUSES
 
 from orchestrator.records import HEADLINE, PROMOTION_TAG, TRIAL_TAG, StudyRecord, TrialRecord, metrics, queries
 from orchestrator.redact import redact_text
-from orchestrator.spec.schema import tracks_rejections
 from orchestrator.storage import open_mlflow, studies
 from orchestrator.storage.connections import BoundedClient
 from orchestrator.tracking.client import require_existing_store
@@ -78,7 +77,7 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
                  for n, r in sorted(runs.items()) if n not in trials and n not in in_flight]
     problems += _measured_twice([run for n, r in sorted(runs.items()) for run in r])
-    tracked = tracks_rejections(context.track_rejected, context.backend or "")
+    tracked = bool(context.track_rejected)  # a rejection has a child run only when the spec asked for one
     for number, trial in sorted(trials.items()):
         run = runs.get(number, [None])[0]
         problems += _trial_problems(client, trial, run, tracked)

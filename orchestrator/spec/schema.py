@@ -333,7 +333,7 @@ class SweepSpec(_Strict):
 
     @property
     def tracks_rejections(self) -> bool:
-        return tracks_rejections(self.track_rejected, self.backend)
+        return bool(self.track_rejected)  # only when asked (issue 56: a rejection is not a trial)
 
     def situation(self) -> dict[str, Any]:
         """The fields that define what the study measures (SITUATION_FIELDS); a replay table by its content."""
@@ -347,11 +347,6 @@ class SweepSpec(_Strict):
             with open(self.replay_table, "rb") as fh:  # streamed: the table is read whole (and bounded) elsewhere
                 out["replay_table"] = "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
         return out
-
-
-def tracks_rejections(track_rejected: bool | None, backend: str) -> bool:  # noqa: ARG001 -- older studies' callers
-    """A child MLflow run per rejected proposal? Only when asked (issue 56: a rejection is not a trial)."""
-    return bool(track_rejected)
 
 
 def parse_spec(data: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> SweepSpec:

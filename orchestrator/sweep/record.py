@@ -77,7 +77,7 @@ class Recorder:
         self.session.lease.fence()
         trial = p.trial
         self.write(trial, layout=p.layout, layout_key=p.layout.key(), prediction=p.prediction.data,
-                          backend=self.session.spec.backend, fidelity=p.size.fidelity, trial_size=p.size.record())
+                   backend=self.session.spec.backend, fidelity=p.size.fidelity, trial_size=p.size.record())
         if self.session.writes.direct(trial):  # else its run is begun with its result (finish)
             self._begin_run(p, params_now=True)
 
@@ -105,9 +105,10 @@ class Recorder:
         self.write(trial, backend=self.session.spec.backend, status=status, reason=redact_text(reason))
         trial.set_constraint("memory_over_limit_gib", max(memory - self.limit, 0.0))
         trial.set_constraint("not_measured_ok", 1.0)
-        # never told a value it did not measure: PRUNED, its constraints saying why (TPE ranks it below every
-        # feasible trial; Optuna's plots and importance leave it out)
-        trial.study.tell(trial, state=TrialState.PRUNED)
+        # never told a value it did not measure: a rejection is PRUNED, its constraints saying why (TPE ranks it
+        # below every feasible trial; Optuna's plots and importance leave it out); one the cluster can never place
+        # failed (orchestrator/records/lifecycle.py)
+        trial.study.tell(trial, state=TrialState.PRUNED if status == "infeasible" else TrialState.FAIL)
         self.tally.add_status(status)
         tracked = self.tracker and (self.session.track_rejected or status != "infeasible") and layout is not None
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial)) if tracked else None)

@@ -90,6 +90,7 @@ def test_trials_the_cluster_can_never_place_are_unschedulable_free_and_tracked(t
     refused = [r for r in queries.finished_records(out.study) if r.status == "unschedulable"]
     assert refused and all(r.reason == "never placeable on this Ray cluster: a trial asks for 9 nodes; the Ray "
                                       "cluster has 1 node" and r.result is None for r in refused)
+    assert all(r.state == "fail" and not r.values for r in refused)  # failed in Optuna too, no value told
     assert any("could not be placed on the Ray cluster" in m for m in out.messages)
     # each has its child run, tag status unschedulable (no cost-model rejection), failed (the trial lifecycle)
     client = MlflowClient(spec.tracking_uri)
