@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 HEAVY = ("ray", "mlflow", "pandas", "torch", "optuna", "plotly", "scipy", "sqlalchemy")
 # runs the CLI's main(), then says which heavy libraries ended up loaded (on stdout's last line)
 _PROBE = ("import sys, json\n"
-          "from orchestrator.cli import main\n"
+          "from orchestrator.commands.cli import main\n"
           "try:\n"
           "    code = main(sys.argv[1:])\n"
           "except SystemExit as exc:\n"

@@ -56,7 +56,7 @@ def _hands_on_the_spec(frame) -> bool:
 def trace_sweep(trials: int, spec_only: bool = False) -> set[tuple[str, str, str, str]]:
     """Every distinct call from one orchestrator module into another during the sweep (with `spec_only`, those
     that hand the spec on): (caller module, caller function, callee module, callee function)."""
-    from orchestrator import cli
+    from orchestrator.commands import cli
 
     edges: set[tuple[str, str, str, str]] = set()
 

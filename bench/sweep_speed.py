@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SPEC = ROOT / "examples" / "deepseek-v3-128k-h100x1024.yaml"
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "orchestrator.commands.cli"]
 SITUATION = ["--model", "deepseek-v3", "--gpu", "h100", "--num-gpus", "1024", "--seq-len", "131072"]
 # the layout `space` ranks first there
 LAYOUT = ["--tp", "2", "--cp", "8", "--ep", "16", "--pp", "8", "--vpp", "8", "--gbs", "128", "--precision", "fp8",

@@ -25,7 +25,7 @@ from search_spaces.calibration.fit import load_calibration  # noqa: E402
 
 from bench.cpu_calibration import measurements, predicted_tokens, uncalibrated  # noqa: E402
 from bench.cpu_measurements import LAYOUTS, ensure, find  # noqa: E402
-from orchestrator.cli import main as cli  # noqa: E402
+from orchestrator.commands.cli import main as cli  # noqa: E402
 from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS  # noqa: E402
 
 SHORT, LONG = 128, 256

@@ -1,6 +1,6 @@
 """The project's errors: one base class, so the CLI can turn any of them into one line.
 
-`MoeAutotuneError` and its subclasses carry a message that names the problem; `orchestrator.cli` prints
+`MoeAutotuneError` and its subclasses carry a message that names the problem; `orchestrator.commands.cli` prints
 it as `error: ...` and exits with the class's `exit_code` (2, bad input, unless a subclass says otherwise).
 """
 

@@ -43,7 +43,7 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
 def finished_sweep(root: Path, study: str, n_trials: int = 3) -> dict[str, Any]:
     """A finished analytic sweep in `root` (SQLite storage, SQLite MLflow store), run through the CLI: the spec's data,
     its file and its storage URL, for tests that point commands at it (or away from its stores)."""
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     data = spec_data(root, study, budget={"n_trials": n_trials})
     spec = write_spec(root / "spec.json", data)

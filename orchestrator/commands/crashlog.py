@@ -1,7 +1,7 @@
 """The CLI's last line of defence: an exception nobody expected becomes one line, and its traceback a log file.
 
 A bug of ours must not look like the user's fault (exit 2) or like the environment's (3-6), and must not print
-a traceback at the user either: `orchestrator/cli.py` prints `error: internal error: <kind>; details in <file>`
+a traceback at the user either: `orchestrator/commands/cli.py` prints `error: internal error: <kind>; details in <file>`
 and exits with INTERNAL_ERROR_EXIT. The file holds the command line and the traceback (credentials in URIs
 redacted, readable by the user only). It goes to the run's folder when a command named one (`here`: a sweep's
 `<workdir>/<study>`), else to $XDG_STATE_HOME/moe-autotune/logs (~/.local/state/...), else to the system's temp

@@ -1,4 +1,4 @@
-"""How the installed command ends once its work is done (`console_main` in orchestrator/cli.py).
+"""How the installed command ends once its work is done (`console_main` in orchestrator/commands/cli.py).
 
 After the command returns its exit code, Python joins the threads left, runs the exit hooks (MLflow's, Ray's,
 logging's), then tears the interpreter down. Two things about that end:

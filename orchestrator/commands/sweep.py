@@ -62,8 +62,8 @@ def sweep(
         return _family(spec, resume, quiet)
     from orchestrator.search.prior import make_prior
 
-    prior = make_prior(spec)
-    ahead = prior.explore_ahead()  # a large space is explored in a forked child while the libraries below load
+    prior = make_prior(spec, explore_ahead=True)  # a large space is explored in a forked child while the libraries
+    ahead = prior.exploring  # below load; stopped here when the sweep leaves
     try:
         from orchestrator.commands.interrupts import unwind_on_signals
         from orchestrator.dispatch.slurm_job import job_tags

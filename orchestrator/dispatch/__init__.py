@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from search_spaces.errors import SpecError
 
-from orchestrator.dispatch.base import Backend, TrialRequest
+from orchestrator.dispatch.base import Backend, TrialRequest, unplaceable
+from orchestrator.errors import ClusterError
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "BackendKind", "TrialRequest", "canonical_backend",
            "choices_help", "make_backend"]
@@ -75,3 +76,15 @@ def choices_help() -> str:
 def make_backend(spec, prior) -> Backend:
     """The backend of `spec.backend`."""
     return BACKENDS[canonical_backend(spec.backend)].make(spec, prior)
+
+
+def start(spec, prior) -> Backend:
+    """The sweep's backend (Ray started for `ray`), refused when it cannot place even the smallest trial the sweep
+    can ask for (a GPU spec on a Ray cluster without GPUs): one line naming what a trial asks for and what the
+    cluster has, exit 2. Larger trials that it cannot place are refused one by one (the sweep loop)."""
+    backend = make_backend(spec, prior)  # a local Ray cluster is checked before it starts (LocalRayBackend)
+    reason = unplaceable(backend, *spec.smallest_trial)
+    if reason:
+        backend.close()
+        raise ClusterError.no_trial(spec.name, reason)
+    return backend

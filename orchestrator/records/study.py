@@ -24,7 +24,7 @@ class StudyRecord(Stored):
     gpu: str | None = stored("The GPU (hardware catalog name).", TABLE)
     num_gpus: int | None = stored("GPUs of the target cluster (nodes x gpus_per_node).", TABLE)
     seq_len: int | None = stored("Tokens per sequence.", TABLE)
-    spec: dict[str, Any] = stored("The sweep spec as run (SweepSpec.dump()), redacted (orchestrator.redact).",
+    spec: dict[str, Any] = stored("The sweep spec as run (SweepSpec in JSON), redacted (orchestrator.redact).",
                                   factory=dict)
     situation: dict[str, Any] | None = stored("The fields that define what the study measures (SITUATION_FIELDS); "
                                               "--resume refuses a spec that changes one.")
@@ -59,12 +59,12 @@ class StudyRecord(Stored):
         return cls(name=study.study_name, **read)
 
     @classmethod
-    def lease_of(cls, study: Any, name: str = "driver_lease") -> Any:
-        """The study's `driver_lease` (or `driver_lease_epoch`) alone, read from the storage now: what the driver's
+    def lease_of(cls, study: Any) -> dict[str, Any]:
+        """The study's `driver_lease` and `driver_lease_epoch` alone, read from the storage now: what the driver's
         fence asks before each group of writes (orchestrator/sweep/lease.py), without reading the rest back."""
-        if name not in ("driver_lease", "driver_lease_epoch"):
-            raise ValueError(f"{name} is not a field of the lease")
-        return cls._read({name: study.user_attrs.get(name)}).get(name)
+        attrs = study.user_attrs
+        read = cls._read({name: attrs.get(name) for name in ("driver_lease", "driver_lease_epoch")})
+        return {name: read.get(name) for name in ("driver_lease", "driver_lease_epoch")}
 
     @property
     def gpus_per_node(self) -> int:

@@ -46,8 +46,9 @@ class Prior:
     _cache: dict[Layout, Prediction] = field(default_factory=dict)
     # layouts carried over from elsewhere (a length family's previous length), tried before the rules of thumb
     carried: list[Layout] = field(default_factory=list)
-    # the exploration begun by explore_ahead (not part of what the prior is)
-    _ahead: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)
+    exploring: Ahead[list[Layout]] | None = field(default=None, repr=False, compare=False)
+    """The exploration explore_ahead began in a forked child, until the ranking is taken (not part of what the prior
+    is): whoever asked for it stops it when it leaves (Ahead.stop)."""
     num_gpus: int = field(init=False)
     """The target cluster's GPUs (nodes x GPUs per node), read from the spec once."""
 
@@ -166,12 +167,12 @@ class Prior:
         and stops the returned child when it leaves (Ahead.stop)."""
         if self.small_space or "_explored" in self.__dict__:
             return None
-        self._ahead = Ahead(self._explore)
-        return self._ahead
+        self.exploring = Ahead(self._explore)
+        return self.exploring
 
     @cached_property
     def _explored(self) -> list[Layout]:
-        ahead, self._ahead = self._ahead, None
+        ahead, self.exploring = self.exploring, None
         return ahead.result() if ahead is not None else self._explore()
 
     def _explore(self) -> list[Layout]:
@@ -258,8 +259,10 @@ def nearest(layout: Layout, pool: list[Layout]) -> Layout:
     return min(pool, key=lambda cand: sum(1 for k, v in cand.params().items() if target[k] != v))
 
 
-def make_prior(spec: SweepSpec) -> Prior:
-    """The prior a sweep of `spec` uses: the cost model, cut down to the table for replay."""
-    if spec.backend == "replay":
-        return ReplayPrior(spec, table_for(spec))
-    return Prior(spec)
+def make_prior(spec: SweepSpec, explore_ahead: bool = False) -> Prior:
+    """The prior a sweep of `spec` uses: the cost model, cut down to the table for replay. `explore_ahead`: a large
+    space's exploration begins now, in a forked child (Prior.explore_ahead, Prior.exploring)."""
+    prior = ReplayPrior(spec, table_for(spec)) if spec.backend == "replay" else Prior(spec)
+    if explore_ahead:
+        prior.explore_ahead()
+    return prior

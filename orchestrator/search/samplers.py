@@ -66,7 +66,7 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
         self.exhausted = False
         self._observed: set[int] = set()
         self._keys: dict[int, str] = {}
-        self._verdicts: dict[int, bool] = {}
+        self._verdicts: dict[int, TrialRecord | None] = {}
 
     # ---- what subclasses decide ------------------------------------------------------------------
     def next_layout(self, taken: set[str]) -> Layout | None:
@@ -102,9 +102,9 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
     # ---- reading the study -----------------------------------------------------------------------
     def _learn(self, trials: Iterable[FrozenTrial]) -> None:
         for t in trials:
-            if t.number in self._observed or not self._told(t):
+            record = self._verdict(t)
+            if t.number in self._observed or record is None:
                 continue
-            record = TrialRecord.of(t)
             self._observed.add(t.number)
             layout = self._layout_of(t.params)
             if layout is not None and record.status:
@@ -121,11 +121,16 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
         return keys
 
     def _told(self, t: FrozenTrial) -> bool:
-        """Told a verdict (TrialRecord.finished), remembered: a finished trial's verdict never changes."""
+        return self._verdict(t) is not None
+
+    def _verdict(self, t: FrozenTrial) -> TrialRecord | None:
+        """The record of a trial told a verdict (TrialRecord.finished), else None; read once: a finished trial's
+        record never changes."""
         if not t.state.is_finished():
-            return False
+            return None
         if t.number not in self._verdicts:
-            self._verdicts[t.number] = TrialRecord.of(t).finished
+            record = TrialRecord.of(t)
+            self._verdicts[t.number] = record if record.finished else None
         return self._verdicts[t.number]
 
     def _key_of(self, t: FrozenTrial) -> str | None:

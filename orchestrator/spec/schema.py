@@ -328,16 +328,13 @@ class SweepSpec(_Strict):
         return self.model_copy(update={"seq_len": seq_len, "lengths": None, "name": f"{self.name}-{seq_len}",
                                        "experiment": self.experiment_name})
 
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
     @property
     def tracks_rejections(self) -> bool:
         return bool(self.track_rejected)  # only when asked (issue 56: a rejection is not a trial)
 
     def situation(self) -> dict[str, Any]:
         """The fields that define what the study measures (SITUATION_FIELDS); a replay table by its content."""
-        data = self.dump()
+        data = self.model_dump(mode="json")
         out = {name: data[name] for name in SITUATION_FIELDS}
         if self.packing.mode == "packed":  # a packed study's situation includes its documents (by content)
             assert self.packing.lengths is not None, "packed needs lengths (Packing._lengths_given)"

@@ -65,19 +65,14 @@ def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
     return store.open(create=False)
 
 
-LEASE_CLAIM_MARK = ":lease-claim-"  # a study name never holds ':' (search_spaces/inputs.check_name)
-
-
-def lease_claim_name(study_name: str, epoch: int) -> str:
-    """The name of the study a driver creates to claim `epoch` of `study_name`'s lease (orchestrator/sweep/lease.py):
-    it never clashes with a study's name, and the stores' readers never show it."""
-    return f"{study_name}{LEASE_CLAIM_MARK}{epoch}"
+LEASE_CLAIM_MARK = ":lease-claim-"  # in the name of a lease's claim (orchestrator/sweep/lease.py, claim_name): a
+# study name never holds ':' (search_spaces/inputs.check_name), so the stores' readers never show a claim
 
 
 def stored_studies(storage: optuna.storages.BaseStorage) -> list[Any]:
     """The storage's studies (name and attributes), oldest first, without their trials: Optuna's study summaries
     read and copy every trial of every study to count them (seconds for a storage of a few sweeps). A lease's claim
-    (lease_claim_name), alive while a driver takes the lease, is no study of ours."""
+    (LEASE_CLAIM_MARK), alive while a driver takes the lease, is no study of ours."""
     return [s for s in storage.get_all_studies() if LEASE_CLAIM_MARK not in s.study_name]
 
 

@@ -57,8 +57,8 @@ class Sizing:
     steps: int  # warm-up included: what a trial runs
 
     @classmethod
-    def of(cls, spec: SweepSpec, model: ModelSpec, gpu: GPUSpec) -> "Sizing":
-        num_gpus = spec.num_gpus
+    def of(cls, spec: SweepSpec, model: ModelSpec, gpu: GPUSpec, num_gpus: int) -> "Sizing":
+        """`model`, `gpu` and `num_gpus` (the target cluster's GPUs) as the sweep's prior read them from `spec`."""
         return cls(model, gpu, num_gpus, spec.gpus_per_node, spec.trial_gpus or num_gpus, spec.fidelity,
                    spec.model_overrides.num_layers, spec.steps + spec.warmup)
 
@@ -102,7 +102,7 @@ class Sizing:
 
 def trial_size(spec: SweepSpec, model: ModelSpec, gpu: GPUSpec, layout: Layout) -> TrialSize:
     """`layout`'s size under `spec` (Sizing.size)."""
-    return Sizing.of(spec, model, gpu).size(layout)
+    return Sizing.of(spec, model, gpu, spec.num_gpus).size(layout)
 
 
 def full_scale(size: TrialSize, raw: TrialResult, gpu: GPUSpec, seq_len: int) -> TrialResult:

@@ -18,7 +18,7 @@ of the driver's own write of the lease no rival can have taken it, and the fence
 read per heartbeat there, not one per write.
 
 Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own, named
-for the study and the epoch (`orchestrator.storage.studies.lease_claim_name`). Creating a name is the one write every
+for the study and the epoch (`claim_name`). Creating a name is the one write every
 Optuna
 storage makes atomically: of two drivers creating it, one gets DuplicatedStudyError (a unique key in SQL). Only the
 driver that created the claim of epoch N writes the lease with epoch N, so a rival whose read of the lease has gone
@@ -47,7 +47,6 @@ import optuna
 from orchestrator.errors import LeaseLost, StorageError
 from orchestrator.records import StudyRecord
 from orchestrator.storage import studies
-from orchestrator.storage.studies import lease_claim_name
 
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
 HEARTBEAT_EVERY_S = 10.0
@@ -92,7 +91,13 @@ class Holder:
     @classmethod
     def of(cls, study: Any) -> "Holder | None":
         """The study's lease holder, read from the storage now; None when released (or not a lease)."""
-        return _holder_of(StudyRecord.lease_of(study))
+        return cls.stored(study)[0]
+
+    @staticmethod
+    def stored(study: Any) -> "tuple[Holder | None, int]":
+        """The study's lease as stored now: its holder (None when released) and the last epoch a driver took."""
+        lease = StudyRecord.lease_of(study)
+        return _holder_of(lease["driver_lease"]), _epoch_number(lease["driver_lease_epoch"])
 
     def to_attr(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,7 +132,7 @@ class Holder:
 class Lease:
     study: optuna.Study
     storage: studies.StudyStorage
-    """The study's storage: where the claims are created (orchestrator.storage.studies.lease_claim_name)."""
+    """The study's storage: where the claims are created (claim_name)."""
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     host: str = field(default_factory=this_host)
     pid: int = field(default_factory=os.getpid)
@@ -152,7 +157,7 @@ class Lease:
             self._write()
             if self._claim_id(self.epoch + 1) is not None:  # presumed dead while claiming: the next one is taken
                 raise self._taken_at_once(None)
-            self._store(driver_lease_epoch=self.epoch)
+            self.store(driver_lease_epoch=self.epoch)
         finally:
             self._drop_claim(self.epoch)
         for epoch in passed:  # dead claimants' claims: once the lease is ours nobody can take their epochs
@@ -211,7 +216,7 @@ class Lease:
             log.debug("the claim of epoch %d was dropped by another driver", epoch)
 
     def _recorded_epoch(self) -> int:
-        return StudyRecord.lease_of(self.study, "driver_lease_epoch") or 0
+        return Holder.stored(self.study)[1]
 
     def _taken_at_once(self, other: Holder | None) -> StorageError:
         # the same refusal as a lease found held, in the same words: another driver took it as this one did
@@ -254,7 +259,7 @@ class Lease:
             return
         now = Holder.of(self.study)
         if now and now.token == self.token:
-            self._store(driver_lease=None)
+            self.store(driver_lease=None)
 
     def _lost(self, now: Holder | None) -> LeaseLost:
         by = f"by {now} (epoch {now.epoch})" if now else "and released by another driver"
@@ -266,15 +271,22 @@ class Lease:
         return Holder(self.token, epoch, self.host, self.pid, time.time())
 
     def _write(self) -> None:
-        self._store(driver_lease=self._holder(self.epoch).to_attr())
+        self.store(driver_lease=self._holder(self.epoch).to_attr())
         self._beat = time.monotonic()
 
-    def _store(self, **attrs: Any) -> None:
-        """The lease's one way to write the study's record (StudyRecord)."""
+    def store(self, **attrs: Any) -> None:
+        """Write fields of the study's record (StudyRecord): the one way the sweep writes them, by the driver that
+        holds the study (the lease's own fields, and the session's spec, situation, budget and MLflow ids)."""
         StudyRecord.write(self.study, **attrs)
 
     def _claim_name(self, epoch: int) -> str:
-        return lease_claim_name(self.study.study_name, epoch)
+        return claim_name(self.study.study_name, epoch)
+
+
+def claim_name(study_name: str, epoch: int) -> str:
+    """The name of the study a driver creates to claim `epoch` of `study_name`'s lease: it never clashes with a
+    study's name, and the stores' readers never show it (orchestrator.storage.studies.LEASE_CLAIM_MARK)."""
+    return f"{study_name}{studies.LEASE_CLAIM_MARK}{epoch}"
 
 
 def _holder_of(data: Any) -> Holder | None:
@@ -286,7 +298,11 @@ def _holder_of(data: Any) -> Holder | None:
 
 
 def _epoch(holder: Holder | None) -> int:
+    return _epoch_number(holder.epoch) if holder else 0
+
+
+def _epoch_number(value: Any) -> int:
     try:
-        return int(holder.epoch or 0) if holder else 0
+        return int(value or 0)
     except (TypeError, ValueError):
         return 0

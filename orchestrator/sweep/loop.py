@@ -32,7 +32,6 @@ import optuna
 
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 
-from orchestrator.dispatch import make_backend
 from orchestrator.dispatch.base import stop
 from orchestrator.records import HEADLINE, TrialRecord, lifecycle, metrics, queries
 from orchestrator.search.prior import Prior
@@ -59,12 +58,11 @@ class SweepOutcome:
     """The study as every view counts it (its lifecycle tally, spend, best): what the command prints."""
     mlflow_pending: int = 0
     messages: list[str] = field(default_factory=list)
+    exit_code: int = field(init=False)
+    """3: MLflow did not receive every record (kept for --resume); 0: a layout was measured that fits; else 1."""
 
-    @property
-    def exit_code(self) -> int:
-        if self.mlflow_pending:
-            return 3
-        return 0 if self.best is not None else 1
+    def __post_init__(self) -> None:
+        self.exit_code = 3 if self.mlflow_pending else 0 if self.best is not None else 1
 
 
 class Dispatcher:
@@ -73,7 +71,8 @@ class Dispatcher:
     def __init__(self, session: Session, limit: int):
         self.session = session
         self.limit = limit
-        self.backend = session.backend if session.backend is not None else make_backend(session.spec, session.prior)
+        assert session.backend is not None, "open_session starts the backend"
+        self.backend = session.backend  # the session's: it closes it (Session.close), after the last record
         self.running: dict[concurrent.futures.Future, Proposal] = {}
 
     def submit(self, proposal: Proposal) -> None:
@@ -111,9 +110,6 @@ class Dispatcher:
         """The sweep stops: the running trials' process trees are killed now, while they are recorded."""
         stop(self.backend)
 
-    def close(self) -> None:
-        self.backend.close()
-
 
 class Sweep:
     """One run of the loop over an open session."""
@@ -122,7 +118,7 @@ class Sweep:
         self.session = session
         self.spec = session.spec
         self.study = session.study
-        at_start = queries.summary(self.study)
+        at_start = session.summary()
         self.recorder = Recorder(session, at_start.tally)  # the live line counts on from what the study holds
         self.screen = Screen(session.memory_limit_gib, session.search.memory_margin)
         self.show_progress = show_progress
@@ -160,8 +156,6 @@ class Sweep:
             _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise
-        finally:
-            dispatcher.close()
         if self.stop_reason:
             self.messages.append(self.stop_reason)
         return summarise(self.session, start, self.measured, self.messages)
@@ -259,7 +253,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
     """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
     study = session.study
     session.lease.fence()  # the parent run's summary is a write
-    found = queries.summary(study)
+    found = session.summary()
     best, pareto = found.best, found.pareto
     pending = 0
     if session.tracker:

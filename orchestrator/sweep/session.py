@@ -23,9 +23,10 @@ from search_spaces.layouts.emptiness import why_empty
 from search_spaces.layouts.space import explore
 from search_spaces.result import MEASURED_STATUSES
 
-from orchestrator.dispatch import Backend, TrialRequest, canonical_backend, make_backend
+from orchestrator import dispatch
+from orchestrator.dispatch import Backend, TrialRequest, canonical_backend
 from orchestrator.dispatch.base import unplaceable
-from orchestrator.errors import ClusterError, LeaseLost
+from orchestrator.errors import LeaseLost
 from orchestrator.records import StudyRecord, TrialRecord, enqueue, queries
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prior, make_prior
@@ -71,7 +72,7 @@ class Session:
 
     def __post_init__(self) -> None:
         self.writes = DirectWrites(self.study)
-        self.sizing = Sizing.of(self.spec, self.prior.model, self.prior.gpu)
+        self.sizing = Sizing.of(self.spec, self.prior.model, self.prior.gpu, self.prior.num_gpus)
         self.memory_limit_gib = self.search.memory_limit_gib
 
     @property
@@ -102,6 +103,10 @@ class Session:
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number,
                             lengths=str(Path(lengths).resolve()) if lengths is not None else None)
 
+    def summary(self) -> queries.StudySummary:
+        """The study as every view counts it (records/queries.py): its lifecycle tally, measured trials, best."""
+        return queries.summary(self.study)
+
     def unplaceable(self, request: TrialRequest) -> str | None:
         """Why the cluster can never place a trial of `request` (None: it can, or has no such limit)."""
         return unplaceable(self.backend, request.nodes, request.gpus_per_node)
@@ -126,7 +131,7 @@ class Session:
 
     def close(self) -> None:
         if self.backend is not None:
-            self.backend.close()  # the sweep closed it when it stopped; a session refused while it opened, here
+            self.backend.close()  # its trials are recorded: Ray goes first, then the MLflow writer and the lease
         if self.tracker:
             self._close_tracker()  # before the lease is released: the writer writes under it
         try:
@@ -154,7 +159,7 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
         tracker.check()  # a tracking URI that cannot be used: one line, nothing created
     _check_workdir(workdir)
     storage = studies.open_checked(spec.storage, spec.name, resume)
-    backend = start_backend(spec, prior)  # a cluster that cannot place a trial at all: refused before anything exists
+    backend = dispatch.start(spec, prior)  # a cluster that cannot place a trial at all: refused before anything exists
     try:
         return _create(spec, resume, prior, run_tags, tracker, storage, workdir, backend)
     except BaseException:
@@ -168,7 +173,7 @@ def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str
     _check_workdir(workdir, create=True)
     if tracker:
         tracker.open()
-    sizing = Sizing.of(spec, prior.model, prior.gpu)
+    sizing = Sizing.of(spec, prior.model, prior.gpu, prior.num_gpus)
     search = Proposer.make(spec.search, prior, spec.seed, runnable=lambda lay: sizing.size(lay).refusal is None)
     try:
         study, existed = studies.create_or_resume(storage, spec.storage, spec.name, search.sampler, resume)
@@ -197,35 +202,24 @@ def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str
     return session
 
 
-def start_backend(spec: SweepSpec, prior: Prior) -> Backend:
-    """The sweep's backend (Ray started for `ray`), refused when it cannot place even the smallest trial the sweep
-    can ask for (a GPU spec on a Ray cluster without GPUs): one line naming what a trial asks for and what the
-    cluster has, exit 2. Larger trials that it cannot place are refused one by one (the sweep loop)."""
-    backend = make_backend(spec, prior)  # a local Ray cluster is checked before it starts (LocalRayBackend)
-    reason = unplaceable(backend, *spec.smallest_trial)
-    if reason:
-        backend.close()
-        raise ClusterError.no_trial(spec.name, reason)
-    return backend
-
-
 def _start(session: Session, storage: studies.StudyStorage, existed: bool, run_tags: dict[str, str]) -> None:
     spec, study = session.spec, session.study
+    spec_data = spec.model_dump(mode="json")
     if existed:
         _check_situation(study, spec)
     else:
         # stored without credentials (a URI's password, a token): StudyRecord.of reads the URIs back usable
-        StudyRecord.write(study, spec=redact_mapping(spec.dump()), situation=spec.situation(), model=spec.model,
-                          seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=session.sizing.num_gpus, backend=spec.backend,
-                          memory_limit_gib=session.memory_limit_gib,
-                          tracking_uri=redact_text(spec.tracking_uri), family=spec.experiment)
+        session.lease.store(spec=redact_mapping(spec_data), situation=spec.situation(), model=spec.model,
+                            seq_len=spec.seq_len, gpu=spec.gpu, num_gpus=session.sizing.num_gpus, backend=spec.backend,
+                            memory_limit_gib=session.memory_limit_gib,
+                            tracking_uri=redact_text(spec.tracking_uri), family=spec.experiment)
         for params, source in session.search.seeds():
             enqueue(study, params, skip_if_exists=True, proposed_by=source)
-    StudyRecord.write(study, budget=spec.budget.model_dump())
+    session.lease.store(budget=spec.budget.model_dump())
     studies.name_metrics(study)  # a new study, or an older one resumed: Optuna's tools name its two objectives
     if session.tracker:
-        parent = session.tracker.start(spec.dump(), spec.name, resume=existed, tags=run_tags)
-        StudyRecord.write(study, mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
+        parent = session.tracker.start(spec_data, spec.name, resume=existed, tags=run_tags)
+        session.lease.store(mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
     if existed:
         _recover(session, storage)
 

@@ -73,7 +73,7 @@ ESTIMATE_CASES: list[list[str]] = [
 
 def run_cli(argv: list[str]) -> tuple[int, dict]:
     """(exit code, the JSON object printed) of `moe-autotune ARGV --json`, in this process."""
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import yaml
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from search_spaces.calibration.fit import (
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS
 
 H100_LAYOUTS = [Layout(tp=t, cp=c, gbs=64, precision="bf16") for t, c in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4))]

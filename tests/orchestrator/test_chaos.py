@@ -201,7 +201,7 @@ def test_hanging_trials_are_killed_with_their_tree_and_all_failing_is_a_clear_su
                                                                                        monkeypatch, capsys):
     import yaml
 
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
     from tests.sweep_helpers import FAKE_TRAINER
 
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)

@@ -1,5 +1,5 @@
-"""The CLI imports only the module of the command that runs (orchestrator/cli.py COMMANDS): the table must name what
-each module registers, and a command's run must not pay for the other commands' imports."""
+"""The CLI imports only the module of the command that runs (orchestrator/commands/cli.py COMMANDS): the table
+must name what each module registers, and a command's run must not pay for the other commands' imports."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.commands import cli
 
 
 def test_the_command_table_names_what_each_module_registers():
@@ -27,7 +27,7 @@ def test_the_full_app_has_every_command_once():
 
 def test_a_command_runs_without_importing_the_other_commands():
     probe = ("import contextlib, io, json, sys\n"
-             "from orchestrator.cli import main\n"
+             "from orchestrator.commands.cli import main\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"
              "    rc = main(['lengths', '--help'])\n"
              "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith('orchestrator.commands.'))]))\n")
@@ -44,7 +44,7 @@ def test_the_cli_starts_no_library_threads_so_a_sweeps_exploration_may_fork(tmp_
     MLflow writer would be forked (orchestrator/tracking/writer_process.py). The CLI turns them off before a command
     imports
     those libraries. Run as a user runs it: MLflow keeps its telemetry off by itself under pytest or on CI."""
-    script = ("from orchestrator import cli\n"
+    script = ("from orchestrator.commands import cli\n"
               "cli.main(['--help'])\n"
               "import numpy, optuna, mlflow, orchestrator.tracking.tracker, orchestrator.sweep.session\n"
               "from search_spaces.layouts.forked import _threads\n"
@@ -76,7 +76,7 @@ def test_status_reads_the_study_without_loading_mlflow(tmp_path):
 
     storage, _ = make_study(tmp_path)
     probe = ("import contextlib, io, json, sys\n"
-             "from orchestrator.cli import main\n"
+             "from orchestrator.commands.cli import main\n"
              "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
              f"    rc = main(['status', 'fake', '--storage', {storage!r}])\n"
              "print(json.dumps([rc, 'mlflow' in sys.modules, out.getvalue()]))\n")

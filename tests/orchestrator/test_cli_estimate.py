@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 ISSUE_EXAMPLE = ["estimate", "--model", "deepseek-v3", "--gpu", "h100", "--num-gpus", "256", "--seq-len", "131072",
                  "--tp", "1", "--cp", "32", "--ep", "32", "--etp", "1", "--pp", "8", "--vpp", "4", "--mbs", "1",

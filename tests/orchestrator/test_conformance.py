@@ -21,7 +21,7 @@ from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 from search_spaces.layouts.rules import check
 
-from orchestrator.cli import app, main
+from orchestrator.commands.cli import app, main
 from orchestrator.dispatch import BACKENDS, canonical_backend
 from orchestrator.records import queries
 from orchestrator.search.prior import Prior

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.records.queries import METRIC_NAMES
 from orchestrator.storage import studies
 from tests.mlflow_server import free_port
@@ -33,7 +33,7 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never 
 def _command() -> list[str]:
     """`moe-autotune` as the user runs it (the installed script), else the module."""
     exe = shutil.which("moe-autotune", path=str(Path(sys.executable).parent))
-    return [exe] if exe else [sys.executable, "-m", "orchestrator.cli"]
+    return [exe] if exe else [sys.executable, "-m", "orchestrator.commands.cli"]
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -20,7 +20,7 @@ import pytest
 from search_spaces.layouts import forked, space
 from search_spaces.layouts.space import explore
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.search.prior import Prior
 from orchestrator.spec.schema import parse_spec
 

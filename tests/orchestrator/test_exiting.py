@@ -26,7 +26,7 @@ CLI = str(Path(sys.executable).with_name("moe-autotune"))
 # SIGTERMed just as it ended exited -15 though its work was done and recorded.
 EXIT_SCRIPT = textwrap.dedent("""
     import atexit, os, signal, sys, time
-    from orchestrator import cli
+    from orchestrator.commands import cli
     from orchestrator.commands.interrupts import unwind_on_signals
 
     def stop(where):

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 from search_spaces.failures import read_records
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.base import TrialRequest
 from orchestrator.records import queries
 from orchestrator.sweep import run_sweep

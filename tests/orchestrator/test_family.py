@@ -12,7 +12,7 @@ import pytest
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.records import queries
 from orchestrator.storage import studies

@@ -44,7 +44,7 @@ import optuna
 import pytest
 import typer
 
-from orchestrator.cli import app, main
+from orchestrator.commands.cli import app, main
 from orchestrator.storage import connections, studies
 from tests.network_faults import SilentServer
 from tests.sweep_helpers import spec_data, write_spec

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.records import TRIAL_TAG, queries
 from orchestrator.sweep.spool import ResultSpool

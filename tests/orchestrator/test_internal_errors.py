@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
 from orchestrator.commands import crashlog
+from orchestrator.commands.cli import main
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_the_installed_entry_point_reports_and_the_suite_setting_raises(tmp_path
     program = ("import sys\n"
                "import orchestrator.commands.sweep as sweep\n"
                "sweep._check_names = lambda spec: {}['a key nobody set']\n"
-               "from orchestrator.cli import main\n"
+               "from orchestrator.commands.cli import main\n"
                "sys.exit(main(sys.argv[1:]))\n")
     spec = write_spec(tmp_path / "s.json", spec_data(tmp_path, "crash", tracking_uri="none"))
     env = {k: v for k, v in os.environ.items() if k != crashlog.RAISE_ENV}

@@ -322,7 +322,7 @@ def test_sigterm_then_resume_many_times_counts_each_layout_once(tmp_path):
 # ---- check: what a double count looks like in MLflow -------------------------------------------------------------
 @pytest.mark.slow  # end to end, over ~3 s: the full suite runs it, the fast lane does not (issue 33)
 def test_check_reports_a_layout_counted_twice_and_a_child_without_its_trial(tmp_path, capsys):
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
     from orchestrator.records import TRIAL_TAG
 
     spec = make_spec(tmp_path, "doubled", budget={"n_trials": 3}, gpus_per_node=8, seq_len=512, free=FREE)

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.records import queries
 from orchestrator.storage import journal, studies
@@ -144,7 +144,7 @@ def test_a_full_disk_mid_sweep_is_exit_4_and_the_resume_cuts_the_torn_line_and_f
                             free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
         filler = disk / "filler"
         filler.write_bytes(b"\0" * (1024 * 1024 - 96 * 1024))  # room for some dozens of trials
-        cli = [sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--quiet"]
+        cli = [sys.executable, "-m", "orchestrator.commands.cli", "sweep", str(spec), "--quiet"]
         full = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert full.returncode == 4, full.stderr[-3000:]
         lines = full.stderr.strip().splitlines()
@@ -183,7 +183,7 @@ def test_a_sweep_on_a_journal_sigkilled_again_and_again_resumes_to_a_whole_consi
     data, spec = _sweep(tmp_path, url, gpus_per_node=8, seq_len=512, budget={"n_trials": 120},
                         free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cli = [sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--quiet"]
+    cli = [sys.executable, "-m", "orchestrator.commands.cli", "sweep", str(spec), "--quiet"]
     stored = []
     for round_ in range(3):
         proc = subprocess.Popen([*cli, *(["--resume"] if round_ else [])], cwd=tmp_path, env=env,

@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 
 from search_spaces.result import STATUSES, TrialResult
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.analytic import AnalyticBackend
 from orchestrator.outputs import report
 from orchestrator.records import TrialRecord, lifecycle, queries

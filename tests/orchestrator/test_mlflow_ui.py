@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.errors import TrackingError
 from orchestrator.sweep import run_sweep
 from orchestrator.tracking.tracker import Tracker
@@ -96,7 +96,7 @@ def _rendered(url: str, tmp_path: Path, names: list[str]) -> str:
 def _start_ui(uri: str, port: int, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", None)  # conftest turns the workers off: `ui` must do it itself
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "--tracking-uri", uri,
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.commands.cli", "ui", "--tracking-uri", uri,
                              "--port", str(port)], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 

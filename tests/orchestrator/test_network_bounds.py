@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.storage import connections
 from tests.network_faults import SilentServer, closed_port
 from tests.sweep_helpers import finished_sweep, spec_data, write_spec
@@ -197,8 +197,8 @@ def _clean_env() -> dict[str, str]:
 @pytest.mark.timeout(connections.MLFLOW_BOUND_S + 240)  # the bound, plus a loaded machine's start-up
 def test_with_no_setting_a_silent_mlflow_server_is_one_line_within_the_stated_bound(world, silent):
     argv = MLFLOW_CASES["check"](world, _mlflow_uri(silent.port))
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], env=_clean_env(), capture_output=True,
-                          text=True, timeout=connections.MLFLOW_BOUND_S + 200)
+    done = subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", *argv], env=_clean_env(),
+                          capture_output=True, text=True, timeout=connections.MLFLOW_BOUND_S + 200)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
     assert "no answer" in lines[0] and PASSWORD not in done.stderr and f"127.0.0.1:{silent.port}" in lines[0]
@@ -207,7 +207,8 @@ def test_with_no_setting_a_silent_mlflow_server_is_one_line_within_the_stated_bo
 @pytest.mark.slow
 @pytest.mark.timeout(connections.DB_BOUND_S + 240)
 def test_with_no_setting_a_silent_postgresql_is_one_line_within_the_stated_bound(world, silent):
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", "--storage", _pg_url(silent.port)],
+    done = subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", "status", "--storage",
+                           _pg_url(silent.port)],
                           env=_clean_env(), capture_output=True, text=True, timeout=connections.DB_BOUND_S + 200)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from search_spaces.layouts.emptiness import binding_rules
 from search_spaces.layouts.rules import RULES
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 # a row of `space`'s table of the fastest fitting layouts: "│ 1 │ tp1/cp1/..."
 _FIRST_ROW = re.compile(r"^│\s*1\s*│\s*tp\d+/", re.M)

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.errors import TrackingError
 from orchestrator.storage import connections, open_mlflow
 from tests.mlflow_server import free_port

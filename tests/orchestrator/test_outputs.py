@@ -33,7 +33,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from tests.search_spaces.test_hostile_properties import PROPERTY, run, snapshot
 from tests.sweep_helpers import spec_data
 

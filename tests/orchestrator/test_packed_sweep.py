@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.records import queries
 from orchestrator.spec.schema import load_spec
 from orchestrator.sweep import run_sweep

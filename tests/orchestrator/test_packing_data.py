@@ -13,7 +13,7 @@ import pytest
 
 from search_spaces.cost.packing import load_histogram
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.spec.document_lengths import bin_lengths, idx_document_lengths
 
 # a subprocess: importing torch and megatron-core here would put them in every test's process (and the

@@ -9,7 +9,7 @@ import pytest
 
 from search_spaces.errors import SpecError
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.spec.schema import SweepSpec
 from tests.sweep_helpers import make_spec, spec_data, write_spec
 

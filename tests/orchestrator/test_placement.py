@@ -24,7 +24,7 @@ from mlflow import MlflowClient
 
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.analytic import AnalyticBackend
 from orchestrator.dispatch.base import TrialRequest
 from orchestrator.errors import ClusterError

@@ -19,7 +19,7 @@ import yaml
 from search_spaces.cost.costmodel import estimate
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs import export, registry, winner
 
 MEMORY_LIMIT = 80.0
@@ -252,7 +252,7 @@ def test_real_sweep_promote_load_rollback(tmp_path, monkeypatch, mlflow_server):
     env = dict(os.environ, MLFLOW_TRACKING_URI=tracking, RAY_ADDRESS="local")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=tmp_path, env=env,
+        return subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=480)
 
     swept = cli("sweep", str(tmp_path / "sweep.yaml"), "--quiet")

@@ -14,7 +14,7 @@ from search_spaces.catalog.models import load_model
 from search_spaces.layouts.layout import Layout
 from search_spaces.proxy import derive_proxy
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.records import queries
 from orchestrator.storage import studies

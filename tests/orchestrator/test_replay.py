@@ -164,7 +164,7 @@ def test_driver_replay_sweep_finds_the_best_row_in_the_table_reproducibly(sweep_
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cli_replay_sweep_finds_the_best_row(tmp_path):
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text("name: cli-replay\nmodel: tiny-moe\ngpu: cpu\ngpus_per_node: 4\nseq_len: 128\ngbs: 8\n"

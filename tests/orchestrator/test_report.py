@@ -15,7 +15,7 @@ import pytest
 
 from search_spaces.cost.breakdown import COUNT_KEYS
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs import report
 from orchestrator.outputs.report import charts
 from orchestrator.outputs.winner import views

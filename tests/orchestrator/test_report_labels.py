@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from search_spaces.layouts.layout import DIMENSIONS
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.report import FIGURES, charts, label_check
 from tests.sweep_helpers import spec_data
 

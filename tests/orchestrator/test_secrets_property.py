@@ -171,7 +171,7 @@ def in_processes(folder: Path, planted_env: dict[str, str], args: tuple[str, ...
     """The command as a process of its own (the slow lane: as a user runs it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "COLUMNS": "400", **planted_env}
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=folder, env=env,
+    done = subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", *args], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=600)
     return Ran(" ".join(args[:2]), done.returncode, done.stdout, done.stderr)
 
@@ -194,7 +194,7 @@ def _planted_environment(folder: Path, planted_env: dict[str, str]) -> Iterator[
 def in_this_process(capfd) -> Callable[[Path, dict[str, str], tuple[str, ...]], Ran]:
     """The command through the CLI's entry point in this process, its file descriptors captured (the fast lane:
     the same code without a process start per command)."""
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     def run(folder: Path, planted_env: dict[str, str], args: tuple[str, ...]) -> Ran:
         with _planted_environment(folder, planted_env):

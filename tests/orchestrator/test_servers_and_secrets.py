@@ -159,7 +159,7 @@ def test_spec_and_environment_logged_to_mlflow_carry_no_credentials(tmp_path, mo
                        "tracking_uri": f"https://bob:{URI_PASSWORD}@mlflow.example.com/",
                        "ray_address": f"ray://carol:{URI_PASSWORD}@head:10001"})
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "creds", tmp_path / "spool.jsonl")
-    run_id = tracker.start(spec.dump(), "creds", resume=False)
+    run_id = tracker.start(spec.model_dump(mode="json"), "creds", resume=False)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     folder = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
     logged = {p.name: p.read_text() for p in folder.rglob("*.json")}
@@ -171,7 +171,7 @@ def test_spec_and_environment_logged_to_mlflow_carry_no_credentials(tmp_path, mo
 
 
 def _cli_error(argv, capsys) -> str:
-    from orchestrator.cli import main
+    from orchestrator.commands.cli import main
 
     capsys.readouterr()
     code = main(argv)

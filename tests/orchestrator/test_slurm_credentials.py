@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.commands.slurm_credentials import SUFFIX, carries
 from orchestrator.redact import redact_text
 from tests.orchestrator.test_secrets_property import SHAPES, Secret, _secret

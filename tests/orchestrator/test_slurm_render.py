@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.slurm_job import job_tags
 
 SPEC = """\

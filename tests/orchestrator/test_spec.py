@@ -6,7 +6,7 @@ import pytest
 
 from search_spaces.errors import SpecError
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.spec.schema import load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

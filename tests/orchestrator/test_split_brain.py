@@ -129,7 +129,7 @@ def test_a_claim_whose_claimant_died_is_passed_over_and_dropped_a_live_one_refus
     """A driver killed between creating its claim and writing the lease leaves the claim: the next driver passes
     over that epoch (the claimant's process is gone, or it never said who it was within CLAIMANT_WAIT_S)."""
     monkeypatch.setattr(leases, "CLAIMANT_WAIT_S", 0.2)
-    left = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], studies.lease_claim_name("lease", 1))
+    left = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], leases.claim_name("lease", 1))
     if claimant != "silent":
         pid = _dead_pid() if claimant == "dead" else os.getpid()
         storage.set_study_user_attr(left, "claimant", Holder("x", 1, leases.this_host(), pid, time.time()).to_attr())
@@ -148,7 +148,7 @@ def test_a_claimant_presumed_dead_is_refused_when_it_wakes(study, storage):
     """A driver paused between its claim and its lease, past CLAIMANT_WAIT_S: a second driver passed over its epoch
     and claimed the next. Whichever step it wakes at, it refuses and the second driver's lease stands."""
     first = Lease(study, storage, host="host-a")
-    epoch_2 = studies.lease_claim_name("lease", 2)
+    epoch_2 = leases.claim_name("lease", 2)
 
     def second_claims_the_next_epoch():  # first has written nothing of the lease yet
         storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], epoch_2)
@@ -157,7 +157,7 @@ def test_a_claimant_presumed_dead_is_refused_when_it_wakes(study, storage):
     first._write = second_claims_the_next_epoch
     with pytest.raises(StorageError, match="at the same moment"):
         first.acquire()
-    assert epoch_2 in _names(storage) and studies.lease_claim_name("lease", 1) not in _names(storage)
+    assert epoch_2 in _names(storage) and leases.claim_name("lease", 1) not in _names(storage)
     # its claim was dropped under it by the driver that passed over it: refused the same way
     StudyRecord.write(study, driver_lease=None)
     dropped = Lease(study, storage, host="host-a")

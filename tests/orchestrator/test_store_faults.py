@@ -17,7 +17,7 @@ import optuna
 import pytest
 from hypothesis import settings
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.storage import connections
 from tests.sweep_helpers import spec_data, write_spec
@@ -81,8 +81,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The CLI in a process of its own: a driver that failed exits (its study's lease is then taken over at once),
     as it does for a user; in-process, the next run would find its own pid still holding the lease."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
 
 
 def _sweep(tmp_path: Path, name: str = "faults", **extra) -> tuple[dict, Path]:

@@ -7,7 +7,7 @@ import pytest
 
 from search_spaces.errors import SpecError
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.records import TABLE_COLUMNS, queries
 from orchestrator.search.prior import Prior
 from orchestrator.spec.schema import load_spec, parse_spec

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(900)
 def test_quickstart_real_trainer_sweep(tmp_path):
     # A shorter budget than the example's (CI time); the full example is timed in the sweep's report.
-    argv = [sys.executable, "-m", "orchestrator.cli", "sweep", str(ROOT / "examples" / "quickstart.yaml"),
+    argv = [sys.executable, "-m", "orchestrator.commands.cli", "sweep", str(ROOT / "examples" / "quickstart.yaml"),
             "--n-trials", "3", "--quiet", "--storage", f"sqlite:///{tmp_path / 'optuna.db'}",
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

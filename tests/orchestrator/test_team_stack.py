@@ -21,7 +21,7 @@ from tests.mlflow_server import MlflowServer
 from tests.sweep_helpers import spec_data, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "orchestrator.commands.cli"]
 
 # one PostgreSQL cluster (the session's `postgres` fixture, tests/conftest.py): its tests share one xdist worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from search_spaces.errors import SpecError
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.storage import check_tracking_uri, tracking_store
 from orchestrator.storage.mlflow_file import MlflowFileStore
 from tests.sweep_helpers import write_spec

@@ -179,11 +179,12 @@ class _LyingBackend:
 
 @pytest.mark.timeout(300)
 def test_sweep_never_picks_an_impossible_measurement_as_best(tmp_path, monkeypatch):
+    from orchestrator import dispatch
     from orchestrator.records import queries
-    from orchestrator.sweep import loop, session
+    from orchestrator.sweep import loop
     from tests.sweep_helpers import make_spec, prior_for
 
-    monkeypatch.setattr(session, "make_backend", lambda spec, prior: _LyingBackend())  # the session starts it
+    monkeypatch.setattr(dispatch, "make_backend", lambda spec, prior: _LyingBackend())  # the session starts it
     spec = make_spec(tmp_path, "liars", gpu="h100", gpus_per_node=8, seq_len=1024, gbs=16, fixed={},
                      tracking_uri="none")
     outcome = loop.run_sweep(spec, prior=prior_for(spec), show_progress=False)

@@ -24,7 +24,7 @@ from search_spaces.layouts.neighbours import neighbour_values, proposed_sizes
 from search_spaces.layouts.rules import RULES
 from search_spaces.layouts.space import dimensions
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.outputs.packing_view import cp_change, print_comparison
 
 GLM = str(Path(__file__).parents[1] / "data" / "hf_configs" / "glm-4.5.json")  # 160 routed experts

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.cli import LIBRARY_THREADS_OFF
+from orchestrator.commands.cli import LIBRARY_THREADS_OFF
 from orchestrator.outputs.check import check
 from orchestrator.sweep import run_sweep
 from orchestrator.tracking.writer_process import WriterProcess

@@ -60,7 +60,7 @@ def _assert_lists_every_command_and_flag(app, text: str) -> int:
 # ---- (a) every command and flag of the CLI ---------------------------------------------------------------------
 
 def test_the_cli_page_lists_every_command_and_every_flag():
-    from orchestrator.cli import app
+    from orchestrator.commands.cli import app
 
     text = refgen.cli_reference()
     flags_seen = _assert_lists_every_command_and_flag(app, text)
@@ -73,7 +73,7 @@ def test_the_cli_page_lists_every_command_and_every_flag():
 # ---- (b) derived, not copied: a flag added to the app appears ----------------------------------------------------
 
 def test_a_flag_added_to_the_app_appears_in_the_page():
-    from orchestrator.cli import app
+    from orchestrator.commands.cli import app
 
     extended = copy.copy(app)
     extended.registered_commands = list(app.registered_commands)

@@ -34,7 +34,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.spec.schema import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ from search_spaces.inputs import MAX_GBS, MAX_GPUS, MAX_SEQ_LEN, check_name
 from search_spaces.layouts import heuristics, rules, space
 from search_spaces.layouts.layout import DIMENSIONS
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from tests.sweep_helpers import spec_data
 
 ROOT = Path(__file__).resolve().parents[2]

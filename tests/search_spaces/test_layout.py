@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout, parse_recompute
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 
 def test_derived_sizes_with_parallel_folding():

@@ -22,7 +22,7 @@ from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import CAPACITY_SLACK, CONSISTENCY_TOLERANCE, validate
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.dispatch.replay import LAYOUT_COLUMNS, TABLE_COLUMNS, load_table
 from orchestrator.outputs.calibrate import from_table, judge_result
 

@@ -23,7 +23,7 @@ from search_spaces.cost.packing import (
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 L128K = 131072
 # the figures an estimate holds; full-length packing must reproduce each exactly

@@ -18,7 +18,7 @@ from search_spaces.cost.costmodel import estimate
 from search_spaces.layouts.layout import Layout
 from search_spaces.proxy import ProxyMeasurement, compose, derive_proxy
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 from orchestrator.spec.schema import parse_spec
 from orchestrator.sweep.fidelity import trial_size
 

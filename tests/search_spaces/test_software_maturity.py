@@ -17,7 +17,7 @@ from search_spaces.cost.costmodel import estimate
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 DENSE = ("llama3-70b", 64, 4096, Layout(tp=4, pp=4, gbs=128))  # compute-bound: the release's factor shows
 
