@@ -15,6 +15,7 @@ from search_spaces.errors import SpecError
 
 from orchestrator.commands.layout_options import with_layout_options
 from orchestrator.commands.model import config_reading, print_reading
+from orchestrator.outputs.explain_view import EXPLAIN_HELP, explain_rows, print_explain
 from orchestrator.outputs.packing_view import (
     LENGTHS_HELP,
     PACKING_HELP,
@@ -50,12 +51,14 @@ def estimate(
     software: Optional[str] = typer.Option(None, "--software", help=SOFTWARE_HELP),
     packing: Optional[str] = typer.Option(None, "--packing", help=PACKING_HELP),
     lengths: Optional[Path] = typer.Option(None, "--lengths", help=LENGTHS_HELP),
+    explain: bool = typer.Option(False, "--explain", help=EXPLAIN_HELP),
     layout_flags: dict | None = None,
 ) -> int:
     """Predict legality, peak memory per GPU and throughput of one layout (unset layout flags: their defaults;
     --gbs: MBS x DP), with the step-time breakdown (compute and its GEMM/attention/element-wise parts, recompute,
     TP/CP/EP/PP/DP communication, dispatcher and launch overhead, pipeline bubble, optimizer and offload) and, per
-    knob, what switching it to its neighbours would change (JSON key "neighbours")."""
+    knob, what switching it to its neighbours would change (JSON key "neighbours"); --explain: each term against
+    the kernel tables (JSON key "explain")."""
     # not calibration.py: the fit is not needed here
     from search_spaces.calibration.calibration_file import load_calibration
     from search_spaces.catalog.maturity import at_software, software_label
@@ -69,9 +72,11 @@ def estimate(
     cal = at_software(load_calibration(calibration), software, [gpu_spec.name])
     est = run_estimate(spec, gpu_spec, num_gpus, seq_len, layout, cal=cal, packing=hist)
     near = neighbours(spec, gpu_spec, num_gpus, seq_len, layout, est, cal, hist) if est.legal else []
+    why = explain_rows(est, spec, gpu_spec, num_gpus, seq_len, layout, cal, hist) if explain else []
     if as_json:
+        extra = {"explain": [row.to_dict() for row in why]} if explain else {}
         echo(json_line({**est.to_dict(), **_estimate_labels(est, gpu_spec), "neighbours": near,
-                        "software": software_label(cal, gpu_spec.name), **_model_reading(reading)},
+                        "software": software_label(cal, gpu_spec.name), **_model_reading(reading), **extra},
                        "estimate --json"))
     else:
         if reading:
@@ -84,6 +89,8 @@ def estimate(
             print_packing(est.packing)
         if near:
             _print_neighbours(near)
+        if why:
+            print_explain(why)
     if not est.legal:
         reasons = "; ".join(f"{v.rule}: {v.reason}" for v in est.violations)
         typer.echo(f"error: illegal layout: {reasons}", err=True)
