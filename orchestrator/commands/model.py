@@ -39,10 +39,9 @@ def config_reading(model: str, spec) -> dict | None:
     """The reading of `spec` (search_spaces.catalog.reading.describe) where `model`, the --model of `estimate` or
     `space`, is the path of a config.json (or its folder), not a catalog name: what those commands print above
     their tables and put under "model_reading" in their --json. None for a catalog name."""
-    from search_spaces.catalog.models import MODEL_NAMES
-    from search_spaces.catalog.reading import describe
+    from search_spaces.catalog.reading import config_reading as reading
 
-    return None if str(model).strip() in MODEL_NAMES else describe(spec)
+    return reading(model, spec)
 
 
 def print_reading(d: dict) -> None:
@@ -55,25 +54,8 @@ def print_reading(d: dict) -> None:
 
 
 def reading_lines(d: dict) -> list[str]:
-    """The lines `model` prints of a reading (search_spaces.catalog.reading.describe); the docs' model-reading page
-    shows the same."""
-    from search_spaces.catalog.reading import billions
+    """The lines `model` prints of a reading (search_spaces.catalog.reading.reading_lines); the docs' model-reading
+    page and a sweep's MLflow parent run show the same."""
+    from search_spaces.catalog.reading import reading_lines as lines
 
-    lines = [d["model"] + (" (the text model, read from text_config)" if d["text_config"] else ""),
-             f"layers: {d['layers']} = {d['pattern']}"]
-    if d["experts"]:
-        shared = (f", {d['shared_experts']} shared ({d['shared_expert_ffn_hidden_size']:,} wide in all)"
-                  if d["shared_experts"] else ", no shared expert")
-        dense = f" ({', '.join(f'{w:,}' for w in d['dense_ffn_hidden_size'])} wide)" if d["dense_layers"] else ""
-        lines.append(f"experts: {d['experts']} routed, each {d['expert_ffn_hidden_size']:,} wide, top-{d['topk']}"
-                     f"{shared}; {d['moe_layers']} MoE and {d['dense_layers']} dense layers{dense}")
-    if d["mtp_layers"]:
-        lines.append(f"MTP layers: {d['mtp_layers']}")
-    lines.append(f"parameters: {billions(d['total_params'])} total, {billions(d['active_params'])} active per token")
-    lines += [f"approximated: {note}" for note in d["approximated"]]
-    lines += [f"note: {note}" for note in d["notes"]]
-    by_reason: dict[str, list[str]] = {}
-    for item in d["ignored"]:
-        by_reason.setdefault(item["why"], []).append(item["field"])
-    lines += [f"ignored: {', '.join(fields)}: {why}" for why, fields in by_reason.items()]
-    return lines
+    return lines(d)

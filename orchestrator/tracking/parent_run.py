@@ -1,6 +1,7 @@
-"""What a sweep's parent run holds: its spec, environment, calibration and packed-length files when it is made;
-the sweep's summary, best figures and views (leaderboard, Pareto plot, report) at the end. Each is logged through
-the tracker's client (orchestrator/tracking/client.py: every write behind the sweep's fence)."""
+"""What a sweep's parent run holds: its spec, environment, calibration and packed-length files and, where the spec's
+model is a config.json, how it was read (as `moe-autotune model` shows it) when it is made; the sweep's summary,
+best figures and views (leaderboard, Pareto plot, report) at the end. Each is logged through the tracker's client
+(orchestrator/tracking/client.py: every write behind the sweep's fence)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlflow.entities import Metric, RunTag
+from mlflow.entities import Metric, Param, RunTag
 
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.tracking.client import FencedClient
@@ -18,6 +19,9 @@ from orchestrator.tracking.environment import recorded_environment
 from orchestrator.tracking.views import now_ms
 
 LEADERBOARD_TABLE = "leaderboard.json"
+MODEL_READING = "model_reading.json"  # and model_reading.txt: the reading as data and as `moe-autotune model` prints it
+READING_PARAMS = ("total_params", "active_params", "layers", "moe_layers", "experts", "topk")
+PATTERN_TAG_MAX = 5000
 
 
 def safe_environment() -> dict[str, Any]:
@@ -27,13 +31,49 @@ def safe_environment() -> dict[str, Any]:
 
 
 def log_parent_files(client: FencedClient, run_id: str, spec: dict[str, Any]) -> None:
-    """A new parent run's files: the spec, the environment, the calibration file and the packed lengths it used."""
+    """A new parent run's files: the spec, the environment, the model's reading (a config.json's), the calibration
+    file and the packed lengths it used."""
     client.log_text(run_id, json.dumps(redact_mapping(spec), indent=2), "spec.json")
     client.log_dict(run_id, safe_environment(), "environment.json")
+    _log_model_reading(client, run_id, spec)
     if spec.get("calibration"):
         _log_calibration(client, run_id, Path(spec["calibration"]))
     if (spec.get("packing") or {}).get("mode") == "packed":
         _log_packing(client, run_id, Path(spec["packing"]["lengths"]))
+
+
+def model_reading(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """How the spec's model was read (search_spaces.catalog.reading.describe, `moe-autotune model --json`) as the
+    sweep tunes it, its model_overrides applied; None where the model is a catalog name, not a config.json."""
+    from search_spaces.catalog.models import MODEL_NAMES, load_model
+    from search_spaces.catalog.reading import describe
+
+    name = str(spec.get("model") or "").strip()
+    if not name or name in MODEL_NAMES:  # no model (a tracker's own tests) or a catalog name: nothing was read
+        return None
+    model, overrides = load_model(name), spec.get("model_overrides") or {}
+    if overrides.get("num_layers") is not None or overrides.get("hidden_size") is not None:
+        model = model.with_overrides(num_layers=overrides.get("num_layers"), hidden_size=overrides.get("hidden_size"))
+    return describe(model)
+
+
+def _log_model_reading(client: FencedClient, run_id: str, spec: dict[str, Any]) -> None:
+    """A config.json's reading: model_reading.json (the data) and model_reading.txt (the lines `moe-autotune model`
+    prints) as artifacts; the figures a run list compares as params (model.total_params, model.active_params,
+    model.layers, model.moe_layers, model.experts, model.topk) and the layers by kind, compressed, as the tag
+    model.pattern (`12 × [dense+chunked, MoE+chunked, dense+chunked, MoE+global]`)."""
+    from search_spaces.catalog.reading import reading_lines
+
+    reading = model_reading(spec)
+    if reading is None:
+        return
+    reading = redact_mapping(reading)
+    client.log_dict(run_id, reading, MODEL_READING)
+    client.log_text(run_id, "\n".join(reading_lines(reading)) + "\n", "model_reading.txt")
+    pattern = reading["pattern"]  # whole in the artifacts; a tag holds 5,000 characters on older servers
+    pattern = pattern if len(pattern) <= PATTERN_TAG_MAX else pattern[:PATTERN_TAG_MAX - 1] + "…"
+    client.log_batch(run_id, params=[Param(f"model.{k}", str(reading[k])) for k in READING_PARAMS],
+                     tags=[RunTag("model.pattern", pattern)])
 
 
 def _log_calibration(client: FencedClient, run_id: str, path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from search_spaces.catalog.models import ModelSpec
+from search_spaces.catalog.models import MODEL_NAMES, ModelSpec
 
 MAX_PERIOD = 16  # the longest repeating unit looked for (Llama-4: 4 layers; Qwen3-Next: 4)
 
@@ -89,3 +89,32 @@ def describe(model: ModelSpec) -> dict[str, Any]:
 
 def billions(n: int) -> str:
     return f"{n / 1e12:.3f} T" if n >= 1e12 else f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n:,}"
+
+
+def config_reading(model: str, spec: ModelSpec) -> dict[str, Any] | None:
+    """The reading of `spec` (describe) where `model`, a command's --model or a sweep spec's model, is the path of a
+    config.json (or its folder), not a catalog name; None for a catalog name."""
+    return None if str(model).strip() in MODEL_NAMES else describe(spec)
+
+
+def reading_lines(d: dict[str, Any]) -> list[str]:
+    """The lines `moe-autotune model` prints of a reading (describe); the docs' model-reading page and a sweep's
+    MLflow parent run (model_reading.txt) show the same."""
+    lines = [d["model"] + (" (the text model, read from text_config)" if d["text_config"] else ""),
+             f"layers: {d['layers']} = {d['pattern']}"]
+    if d["experts"]:
+        shared = (f", {d['shared_experts']} shared ({d['shared_expert_ffn_hidden_size']:,} wide in all)"
+                  if d["shared_experts"] else ", no shared expert")
+        dense = f" ({', '.join(f'{w:,}' for w in d['dense_ffn_hidden_size'])} wide)" if d["dense_layers"] else ""
+        lines.append(f"experts: {d['experts']} routed, each {d['expert_ffn_hidden_size']:,} wide, top-{d['topk']}"
+                     f"{shared}; {d['moe_layers']} MoE and {d['dense_layers']} dense layers{dense}")
+    if d["mtp_layers"]:
+        lines.append(f"MTP layers: {d['mtp_layers']}")
+    lines.append(f"parameters: {billions(d['total_params'])} total, {billions(d['active_params'])} active per token")
+    lines += [f"approximated: {note}" for note in d["approximated"]]
+    lines += [f"note: {note}" for note in d["notes"]]
+    by_reason: dict[str, list[str]] = {}
+    for item in d["ignored"]:
+        by_reason.setdefault(item["why"], []).append(item["field"])
+    lines += [f"ignored: {', '.join(fields)}: {why}" for why, fields in by_reason.items()]
+    return lines

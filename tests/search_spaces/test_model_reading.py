@@ -1,6 +1,6 @@
 """Any model the user brings (issue 55, stage 1): published MoE config.json files read as their authors meant them.
 
-- Thirteen published configs (tests/data/hf_configs, each with its repository, commit and hash in SOURCES.json) are
+- Fifteen published configs (tests/data/hf_configs, each with its repository, commit and hash in SOURCES.json) are
   read with their total and active parameters compared to the figures the authors publish, each source named
   below, like with like (what a publisher counts that the cost model does not, or the reverse, is said per row);
 - each family's MoE layer pattern, as the `transformers` configuration classes define it: Llama-4's interleaved
@@ -36,7 +36,7 @@ from search_spaces.catalog.models import (
 from search_spaces.catalog.reading import compress, describe, pattern_text
 from search_spaces.errors import SpecError
 
-from orchestrator.cli import main
+from orchestrator.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "hf_configs"
@@ -119,6 +119,14 @@ def active_without_embedding(m, cfg):
     return m.total_params(), m.active_params() - m.param_breakdown()["embedding"]
 
 
+def main_model(m, cfg):
+    """The main model, its MTP layer apart (ERNIE-4.5's Paddle config describes one, num_nextn_predict_layers 1; the
+    transformers-format checkpoints hold none: test_ernie_total_is_what_its_published_checkpoint_holds); embedding
+    included (tied: one table, which is the output layer too)."""
+    b = m.param_breakdown()
+    return b["total"] - b["mtp_total"], b["active"] - b["mtp_active"]
+
+
 def glm_accounting(m, cfg):
     """Total: everything (356.8B; without the MTP layer 352.8B, both within 1% of 355B). Active: without the
     embedding, the output layer and the MTP layer (32.08B): Zhipu does not say what its 32B counts, and this is
@@ -168,6 +176,14 @@ PUBLISHED = [
      "are activated per token'", all_in),
     ("qwen3-next-80b-a3b-thinking.json", 80 * B, B, 3 * B, B,
      "Qwen, model card (huggingface.co/Qwen/Qwen3-Next-80B-A3B-Thinking): 80B in total, 3B activated", all_in),
+    ("ernie-4.5-21b-a3b-paddle.json", 21 * B, B, 3 * B, B,
+     "Baidu, ERNIE-4.5-21B-A3B model cards' 'Model Overview' (huggingface.co/baidu/ERNIE-4.5-21B-A3B-PT and "
+     "-Thinking, the latter as daniel-p-green/alain-ai-learning-platform @ 522537b copies it): 'Params(Total / "
+     "Activated) 21B / 3B', 'Layers 28', 'Text Experts(Total / Activated) 64 / 6', 'Shared Experts 2'", main_model),
+    ("qwen1.5-moe-a2.7b-chat.json", 14.3 * B, B // 10, 2.7 * B, B // 10,
+     "Qwen, Qwen1.5-MoE-A2.7B(-Chat) model cards, 'Model Details' (huggingface.co/Qwen/Qwen1.5-MoE-A2.7B-Chat, as "
+     "YinanWusoymilk/hf-readme copies it; the base card as ZHUI/paddlenlp_model_readme does): 'It has 14.3B "
+     "parameters in total and 2.7B activated parameters during runtime'", all_in),
 ]
 
 # (file, figure) -> (lowest, highest deviation measured, why): the deviation must stay in the band, so a change of
@@ -190,16 +206,22 @@ KNOWN_GAPS = {
                                                                  "name's A3B, the card's only active figure, "
                                                                  "which Qwen does not itemise; the card's totals, "
                                                                  "80B and 79B non-embedding, are ours to 0.5%"),
+    ("ernie-4.5-21b-a3b-paddle.json", "total"): (0.038, 0.040, "the config describes 21.825B, the checkpoint's own "
+                                                              "count to 1,728 parameters (test_ernie_total_is_what_"
+                                                              "its_published_checkpoint_holds): '21B' is that "
+                                                              "truncated (rounded: 22B); the card itemises nothing"),
 }
 
 
 # the figures that match only at the precision they are published in, not within 1%: Meta's "17B" (17.185B and
 # 17.173B: the text model's 48 attention layers, the dense MLPs and shared experts, one routed expert per MoE layer,
-# the embedding and output layer) and Qwen's "35B" (35.475B) and "14B" (14.249B)
+# the embedding and output layer), Qwen's "35B" (35.475B) and "14B" (14.249B) and Baidu's "3B" (3.352B: 2.8% of it
+# the shared table, 0.26B; without it 3.087B, still only at the unit)
 WITHIN_ROUNDING_ONLY = {("llama-4-maverick-17b-128e-instruct.json", "active"),
                         ("llama-4-scout-17b-16e-instruct.json", "active"),
                         ("qwen3-coder-480b-a35b-instruct.json", "active"),
-                        ("qwen2-57b-a14b.json", "active")}
+                        ("qwen2-57b-a14b.json", "active"),
+                        ("ernie-4.5-21b-a3b-paddle.json", "active")}
 
 
 def matches(ours: float, published: float, unit: float) -> bool:
@@ -248,6 +270,18 @@ def test_kimi_k2_total_is_what_its_published_checkpoint_holds():
     b = m.param_breakdown()
     layers = b["total"] - b["embedding"] - b["output_layer"] - m.hidden_size
     assert round(layers / B, 3) == 1024.059 and round(b["total"] / T, 3) == 1.026
+
+
+def test_ernie_total_is_what_its_published_checkpoint_holds():
+    """The Hub's count of baidu/ERNIE-4.5-21B-A3B-Thinking's safetensors (the same 28 layers, 64 experts top-6, two
+    shared; its model.json as daniel-p-green/alain-ai-learning-platform @ 522537b stores it): 'total': 21825437888
+    (BF16 21821012480, F32 4425408 = 27 MoE layers x (router 64 x 2560 + 64)). Ours, the main model without the MTP
+    layer, is that less the 27 x 64 e_score_correction_bias entries: a selection-only bias, updated by the
+    aux-loss-free balancing (moe_use_aux_free), not trained and costing no FLOPs."""
+    m = read("ernie-4.5-21b-a3b-paddle.json")
+    total, _ = main_model(m, config("ernie-4.5-21b-a3b-paddle.json"))
+    assert total == 21825437888 - 27 * 64 and m.num_moe_layers == 27 and m.router_params() == 64 * 2560
+    assert m.mtp_layers == 1 and "quantization_config" in [f for f, _ in m.reading["ignored"]]
 
 
 @pytest.mark.parametrize("name,non_embedding,unit", [("qwen2-57b-a14b.json", 56.32 * B, B / 100),
@@ -352,7 +386,16 @@ def test_qwen2_moe_follows_its_transformers_defaults():
     assert (none.num_shared_experts, none.shared_expert_gate, none.qkv_bias) == (0, False, False)
 
 
-ERNIE = {  # built from the fields transformers' Ernie4_5_MoeConfig defines (no published file was found: README)
+def test_ernie_21b_as_published_is_one_dense_layer_then_moe():
+    """moe_layer_start_index 1, no end index (-1: the last layer), interval 1: layer 0 dense (12288 wide), 1-27 MoE;
+    two shared experts of moe_intermediate_size; tied embeddings; no bias (use_bias false)."""
+    m = read("ernie-4.5-21b-a3b-paddle.json")
+    assert m.mlp_widths() == (12288,) + (0,) * 27 and m.first_k_dense == 1 and m.tie_embeddings
+    assert (m.num_experts, m.topk, m.num_shared_experts, m.shared_expert_ffn_hidden_size) == (64, 6, 2, 3072)
+    assert not m.qkv_bias and not m.linear_bias and pattern_text(m) == "dense+full, 27 × MoE+full"
+
+
+ERNIE = {  # small, from the fields transformers' Ernie4_5_MoeConfig defines (the published 21B-A3B: above)
     "model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
     "num_key_value_heads": 2, "vocab_size": 256, "intermediate_size": 192, "moe_intermediate_size": 32,
     "moe_num_experts": 8, "moe_k": 2, "moe_num_shared_experts": 2, "tie_word_embeddings": True, "use_bias": False}
