@@ -15,8 +15,17 @@ with its best CP communication type (none is published), every other row of each
 Validation by source (bench/leave_one_out.py), the figure that counts: each publisher's rows (Megatron-Bridge
 performance summary, skill cards, Megatron-MoE-ModelZoo, NeMo's long-sequence tables; long-context MoE rows with their
 publisher) left out in turn, the constants refitted on every row of the others, the left-out rows predicted; the same
-per GPU and for the Blackwell family (Hopper has one GPU). MAPE per fold and the mean over folds; beside each, the
-packaged calibration's MAPE on the same rows (fitted on half of them).
+per GPU and for the Blackwell family (Hopper has one GPU), and per MoE model class. MAPE per fold and the mean over
+folds; beside each, the packaged calibration's MAPE on the same rows (fitted on half of them).
+
+Generalisation columns (issue 57), from those folds: leave-one-generation-out (Blackwell rows left out, the refit on
+Hopper's predicting them; Hopper's = H100's rows left out, the refit on Blackwell's predicting them) and
+leave-one-model-class-out (fine-grained-expert rows left out, the refit on the coarse-expert and dense rows predicting
+them, and the reverse). The class rule (bench/leave_one_out.py MODEL_CLASS_RULE): routed experts at most half the
+hidden size wide (moe_ffn_hidden_size <= 0.5 x hidden_size) are fine-grained, wider ones coarse; dense models are in
+neither class and stay in both fits. Per direction: the held-out rows' mean and max absolute % error. Beside them,
+the number of constants fitted to end-to-end rows, counted from bench/fit_calibration.py's parameter vector
+(PARAMETERS, then STATE_STEP).
 
     .venv/bin/python bench/estimator_accuracy.py            # every row + the tables + the folds (~10 CPU-minutes)
     .venv/bin/python bench/estimator_accuracy.py --no-folds # without the refits
@@ -35,9 +44,16 @@ from search_spaces.calibration.calibration_file import Calibration, calibration 
 from search_spaces.calibration.fit import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
 from search_spaces.calibration.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
 
-from bench.leave_one_out import folds, predict, run_fold  # noqa: E402
+from bench.fit_calibration import PARAMETERS, STATE_STEP  # noqa: E402
+from bench.leave_one_out import MODEL_CLASS_RULE, folds, predict, run_fold  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
+# the generalisation columns (issue 57): (column, held out, what its refit is fitted on, the fold that leaves it out);
+# Hopper has one GPU, so its generation fold is H100's (tests/bench/test_generalisation_columns.py checks the sets)
+COLUMNS = (("generation", "blackwell", "hopper rows", "family blackwell"),
+           ("generation", "hopper", "blackwell rows", "gpu h100"),
+           ("model class", "fine-grained", "coarse-expert and dense rows", "class fine-grained"),
+           ("model class", "coarse", "fine-grained-expert and dense rows", "class coarse"))
 
 
 def _row(m: Measurement, half: str, cal: Calibration, best_cp: bool = False) -> dict | None:
@@ -111,7 +127,8 @@ def leave_one_out(cal: Calibration) -> dict:
         packaged = [e for m, _ in result["errors"] for e in [predict(m, cal)] if e is not None]
         out["folds"].append({k: result[k] for k in ("kind", "name", "refused", "refit_cpu_s", "evaluations",
                                                     "fitted")}
-                            | {"rows": len(errs), "mape": _pct(errs), "packaged_mape": _pct(packaged)})
+                            | {"rows": len(errs), "mape": _pct(errs), "packaged_mape": _pct(packaged),
+                               "max": round(100 * max(map(abs, errs)), 1) if errs else None})
         print(f"fold {fold.kind} {fold.name}: {len(errs)} rows, MAPE {_pct(errs)}% (packaged {_pct(packaged)}%), "
               f"refit {result['refit_cpu_s']} CPU s", file=sys.stderr, flush=True)
         out["rows"] += [{"fold": f"{fold.kind} {fold.name}", "model": m.model, "gpu": m.gpu, "seq_len": m.seq_len,
@@ -124,7 +141,29 @@ def leave_one_out(cal: Calibration) -> dict:
                    for kind, fs in (("source", [f for f in out["folds"] if f["kind"] == "source"]),
                                     ("gpu", gpu_folds), ("family", out["families"]))}
     out["refit_cpu_s"] = round(sum(f["refit_cpu_s"] for f in out["folds"]), 0)
+    out["generalisation"] = generalisation(out["rows"])
     return out
+
+
+def fitted_constants() -> dict:
+    """The constants bench/fit_calibration.py fits to the end-to-end rows, counted from its parameter vector
+    (PARAMETERS, then STATE_STEP alone): how many, and their names."""
+    vector = PARAMETERS + [STATE_STEP]
+    return {"count": len(vector), "names": [p.name for p in vector]}
+
+
+def generalisation(loo_rows: list[dict]) -> dict:
+    """Leave-one-generation-out and leave-one-model-class-out (COLUMNS), each direction from its fold's left-out
+    rows: rows, mean and max absolute % error, the three rows that miss most; the class rule; the constants count."""
+    columns = []
+    for column, held, fitted_on, fold in COLUMNS:
+        rows = [r for r in loo_rows if r["fold"] == fold]
+        worst = sorted(rows, key=lambda r: -abs(r["error_pct"]))[:3]
+        columns.append({"column": column, "held_out": held, "fitted_on": fitted_on, "fold": fold, "rows": len(rows),
+                        "mean": _mape(rows), "max": max((abs(r["error_pct"]) for r in rows), default=None),
+                        "worst": [f"{r['model']} {r['gpu']} {r['seq_len'] // 1024}K {r['error_pct']:+.1f}%"
+                                  for r in worst]})
+    return {"columns": columns, "class_rule": MODEL_CLASS_RULE, "fitted_constants": fitted_constants()}
 
 
 def long_context(cal: Calibration) -> dict:
@@ -158,6 +197,14 @@ def main() -> None:
                   f"(packaged {f['packaged_mape']}%)  refit {f['refit_cpu_s']} CPU s, {f['evaluations']} evaluations")
         for kind, v in loo["mean"].items():
             print(f"mean leave-one-{kind}-out MAPE {v}%")
+        gen = loo["generalisation"]
+        for c in gen["columns"]:
+            print(f"leave-one-{c['column'].replace(' ', '-')}-out: {c['held_out']} held out, fitted on "
+                  f"{c['fitted_on']}: {c['rows']} rows, mean |error| {c['mean']}%, max {c['max']}% "
+                  f"(worst: {'; '.join(c['worst'])})")
+        print(f"model classes: {gen['class_rule']}")
+        fitted = gen["fitted_constants"]
+        print(f"constants fitted to end-to-end rows: {fitted['count']} ({', '.join(fitted['names'])})")
 
 
 def section(r: dict) -> list[str]:
@@ -220,7 +267,24 @@ def loo_section(loo: dict | None) -> list[str]:
               "| fold | model | GPU | seq | layout | published TF/s | error % |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {x['fold']} | {x['model']} | {x['gpu']} | {x['seq_len']} | {x['layout']} | "
               f"{x['published_tflops']} | {x['error_pct']} |" for x in loo["rows"]]
-    return lines + ["", "</details>"]
+    return lines + ["", "</details>"] + generalisation_section(loo.get("generalisation"))
+
+
+def generalisation_section(gen: dict | None) -> list[str]:
+    """Issue 57's columns: leave-one-generation-out and leave-one-model-class-out, and the constants count."""
+    if not gen:
+        return []
+    fitted = gen["fitted_constants"]
+    lines = ["", "**Generalisation** (issue 57; the aim: at most 15% each; `.venv/bin/python "
+             "bench/estimator_accuracy.py` prints them): the same refits, the held-out rows being a GPU generation "
+             "or a model class. Model classes: " + gen["class_rule"] + ". Hopper's generation fold is H100's (its "
+             "one GPU).", "",
+             "| column | held out | refit on | rows | mean abs error % | max abs error % | largest misses |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| leave-one-{c['column'].replace(' ', '-')}-out | {c['held_out']} | {c['fitted_on']} | {c['rows']} | "
+              f"**{c['mean']}** | {c['max']} | {'; '.join(c['worst'])} |" for c in gen["columns"]]
+    return lines + ["", f"Constants fitted to end-to-end rows: **{fitted['count']}** (bench/fit_calibration.py's "
+                    f"parameter vector: {', '.join(fitted['names'])})."]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Validation by source: refit the cost model's constants without one publisher's rows (or one GPU's, one GPU
-family's), then predict the rows left out.
+family's, one MoE model class's), then predict the rows left out.
 
 The declared halves (search_spaces.calibration.reference.declared_halves) are held out from the fit but not from us:
 every refit is judged on them. A fold here leaves a whole source out -- its 4K rows, its long-context rows -- refits on
@@ -13,6 +13,12 @@ on the kept rows (1.0 when no pair of rows is left to measure it).
 Start (`cold=False`, the default): the packaged constants (the fit's warm start), which were fitted on the declared
 fit half of every source -- the left-out source's fit half included -- so a fold's constants begin where that half
 pulled them; `cold=True` starts from the Calibration defaults instead (about ten times the evaluations).
+
+Model classes (issue 57's leave-one-model-class-out): a MoE model's routed experts are *fine-grained* when each is
+at most half the hidden size wide (moe_ffn_hidden_size <= FINE_GRAINED_WIDTH x hidden_size: Qwen3, Qwen3-Next,
+DeepSeek-V3, Kimi-K2), *coarse* otherwise (gpt-oss-120b, 2880 wide at hidden 2880; Mixtral-class models); dense models
+are neither, and stay in both class folds' fits. On the catalog's published rows the rule splits them as "at least
+128 experts with top-k >= 8" would.
 """
 
 from __future__ import annotations
@@ -39,24 +45,43 @@ from bench.fit_calibration import (
 # per-family constants the fit moves: reset to the defaults for a family no kept row measures
 FAMILY_FITTED = ("gemm_efficiency", "grouped_gemm_efficiency")
 GPUS = ("h100", "b200", "gb200", "b300", "gb300")
+# a routed expert at most this share of the hidden size wide is fine-grained (see the module docstring)
+FINE_GRAINED_WIDTH = 0.5
+MODEL_CLASS_RULE = (f"fine-grained: routed experts at most {FINE_GRAINED_WIDTH:g} x the hidden size wide "
+                    "(moe_ffn_hidden_size / hidden_size); coarse: wider experts; dense models in neither, kept in "
+                    "both fits")
 
 
 @dataclass(frozen=True)
 class Fold:
     """One refit: the rows it leaves out are predicted by constants fitted on the rest."""
     kind: str
-    """What is left out: "source", "gpu" or "family"."""
+    """What is left out: "source", "gpu", "family" or "class" (a model class, `model_class`)."""
     name: str
-    """The source (reference.ORIGINS), GPU or GPU family left out."""
+    """The source (reference.ORIGINS), GPU, GPU family or model class left out."""
     leaves_out: Callable[[Measurement], bool]
     """Whether a row belongs to what is left out."""
 
 
 def folds() -> list[Fold]:
-    """Each source, each GPU, each GPU family left out in turn (Hopper has one GPU: its family fold is H100's)."""
+    """Each source, each GPU, each GPU family, each MoE model class left out in turn (Hopper has one GPU: its family
+    fold is H100's)."""
     return ([Fold("source", o, _from_origin(o)) for o in ORIGINS]
             + [Fold("gpu", g, _on_gpu(g)) for g in GPUS]
-            + [Fold("family", "blackwell", lambda m: m.family == "blackwell")])
+            + [Fold("family", "blackwell", lambda m: m.family == "blackwell")]
+            + [Fold("class", c, _of_class(c)) for c in ("fine-grained", "coarse")])
+
+
+def model_class(m: Measurement) -> str:
+    """The row's model class, "dense", "fine-grained" or "coarse" (MODEL_CLASS_RULE)."""
+    spec = m.spec()
+    if not spec.num_experts:
+        return "dense"
+    return "fine-grained" if spec.moe_ffn_hidden_size <= FINE_GRAINED_WIDTH * spec.hidden_size else "coarse"
+
+
+def _of_class(name: str) -> Callable[[Measurement], bool]:
+    return lambda m: model_class(m) == name
 
 
 def _from_origin(origin: str) -> Callable[[Measurement], bool]:
