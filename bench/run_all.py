@@ -82,6 +82,7 @@ BENCHMARKS: list[tuple[str, str, Callable[[Any, argparse.Namespace], dict]]] = [
     ("cpu_calibration", "CPU calibration (real trainer vs estimate --gpu cpu)", lambda m, a: m.run()),
     ("transfer_check", "Transfer: calibrate at one length, rank at twice that length", lambda m, a: m.run()),
     ("search_efficiency", "Search efficiency", lambda m, a: m.run(quick=a.quick, verbose=True)),
+    ("gpu_hours", "GPU-hours per answer", lambda m, a: m.run(quick=a.quick, verbose=True)),
     # stored figures of the last single-GPU check (scripts/gpu_check.sh on a lent GPU)
     ("gpu_results", "Single-GPU check (scripts/gpu_check.sh)", lambda m, a: m.run()),
     ("sweep_speed", "What-if speed", lambda m, a: m.run()),

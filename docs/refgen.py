@@ -109,7 +109,8 @@ def _param_row(param: Any, ctx: Any) -> list[str]:
 
 
 def cli_reference(app: Any = None, program: str = "moe-autotune") -> str:
-    """Every command and every flag of the Typer app (orchestrator/commands/cli.py's by default), from its click tree."""
+    """Every command and every flag of the Typer app (orchestrator/commands/cli.py's by default), from its click
+    tree."""
     import typer
 
     if app is None:
@@ -135,8 +136,8 @@ def cli_reference(app: Any = None, program: str = "moe-autotune") -> str:
             body.append(table(["name", "kind", "default", "help"], (_param_row(p, ctx) for p in params)))
         sections.append("\n\n".join(b for b in body if b))
     intro = table(["command", "what it does"], overview)
-    return page("Command-line reference", "the Typer app `orchestrator.commands.cli.app` (each command's options and help "
-                "in `orchestrator/commands/`)", intro, *sections)
+    return page("Command-line reference", "the Typer app `orchestrator.commands.cli.app` (each command's options and "
+                "help in `orchestrator/commands/`)", intro, *sections)
 
 
 def _context(command: Any) -> Any:

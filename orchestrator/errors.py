@@ -2,7 +2,17 @@
 
 Both are `MoeAutotuneError`s (one line on the command line). A store that cannot be used at the start
 is bad input (exit 2, nothing created); a store that fails in the middle of a sweep (a full disk) exits
-with 4 once what was measured is safe (see the README's failure table).
+with 4 once what was measured is safe (see the README's failure table). The environment failing mid-sweep stops the
+sweep, never a layout: a full disk 4, the MLflow store vanished 8, the run directory refusing writes 7.
+
+| exit | class |
+|---|---|
+| 2 | MoeAutotuneError (bad input), StorageError, TrackingError, ClusterError at the start |
+| 4 | StorageFull, TrackingFull, RunDirectoryFull |
+| 5 | LeaseLost |
+| 6 | OutputError |
+| 7 | RunDirectoryError |
+| 8 | TrackingLost |
 """
 
 from __future__ import annotations
@@ -42,6 +52,27 @@ class TrackingError(MoeAutotuneError):
 
 class TrackingFull(TrackingError):
     """The device under the MLflow store is full (it could not even be created); free space and rerun."""
+    exit_code = 4
+
+
+class TrackingLost(TrackingError):
+    """The MLflow store vanished mid-sweep: its SQLite file or file store deleted or replaced (MLflow's engine would
+    write on into the deleted file, or make a new empty one), its parent run gone. Noticed at the next MLflow write
+    (orchestrator/tracking/tracker.py); the sweep stops, what was measured kept in the Optuna storage for --resume to
+    record: exit 8."""
+    exit_code = 8
+
+
+class RunDirectoryError(MoeAutotuneError):
+    """The sweep's run directory (`<workdir>/<study>`: the trials' folders, the result and record spools) stopped
+    taking writes mid-sweep: read-only, immutable, refused, not a folder. The environment, not a layout: the sweep
+    stops, the trial in flight is recorded as interrupted (run again by --resume), never as its layout's error;
+    exit 7 (orchestrator/storage/run_directory.py)."""
+    exit_code = 7
+
+
+class RunDirectoryFull(RunDirectoryError):
+    """The device under the run directory is full: exit 4, as every full disk of a sweep."""
     exit_code = 4
 
 

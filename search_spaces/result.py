@@ -19,10 +19,12 @@ from search_spaces.failures import CLASS_NAMES
 # ok: measured; oom: ran out of memory; error: crashed; invalid: ran but the numbers cannot be trusted
 # (CP/EP/dispatcher not in effect, TF/s above peak, non-finite loss); timeout: killed by the orchestrator;
 # infeasible: the cost model rejected it, never run; interrupted: the job/node went away; unschedulable: the
-# cluster could not place it (it asks for more than any node set has, or waited placement_timeout_s), never run.
-STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted", "unschedulable")
-# the statuses of trials that ran (they count against a sweep's budget); infeasible and unschedulable are free
-MEASURED_STATUSES = ("ok", "oom", "error", "invalid", "timeout", "interrupted")
+# cluster could not place it (it asks for more than any node set has, or waited placement_timeout_s), never run;
+# pruned: the sweep stopped it once it could not win (search_spaces/stopping.py), no measurement.
+STATUSES = ("ok", "oom", "error", "invalid", "timeout", "infeasible", "interrupted", "unschedulable", "pruned")
+# the statuses of trials that ran (they count against a sweep's budget and its GPU-hours); infeasible and
+# unschedulable are free
+MEASURED_STATUSES = ("ok", "oom", "error", "invalid", "timeout", "interrupted", "pruned")
 
 
 @dataclass

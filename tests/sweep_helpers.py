@@ -78,3 +78,21 @@ def measured_count(storage: str, name: str) -> int:
         return len(queries.measured_trials(optuna.load_study(study_name=name, storage=store)))
     except KeyError:  # the storage is made, the study not yet
         return 0
+
+
+def start_held_sweep(tmp_path: Path, sweep_spec, name: str, env: dict[str, str]):
+    """A `moe-autotune sweep` process of two fake-trainer trials whose second waits while the returned gate file
+    exists: (spec data, the process, the gate, the file whose lines count the trials begun)."""
+    import subprocess
+    import sys
+
+    data = sweep_spec(name, backend="local", launcher="python", trainer_module="tests.fake_trainer",
+                      gpus_per_node=1, budget={"n_trials": 2}, free=["mbs", "recompute"])
+    spec = write_spec(tmp_path / "spec.json", data)
+    gate = tmp_path / "hold"
+    gate.touch()
+    cli = str(Path(sys.executable).with_name("moe-autotune"))
+    proc = subprocess.Popen([cli, "sweep", str(spec), "--quiet"], cwd=tmp_path, start_new_session=True,
+                            env={**env, "FAKE_TRAINER_HOLD": str(gate)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    return data, proc, gate, Path(f"{gate}.starts")

@@ -50,11 +50,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default=None, help="JSON/YAML file of Layout.to_dict(); flags below override it")
     p.add_argument("--lengths", default=None, help="a document-length histogram (`moe-autotune lengths`): pack "
                                                    "documents drawn from it into each sequence (THD)")
+    _stopping_flags(p.add_argument_group("each step as it runs (search_spaces/stopping.py)"))
     layout = p.add_argument_group("layout (same flags as `moe-autotune estimate`)")
     for dim in DIMENSIONS:
         layout.add_argument(dim.flag, dest=dim.name, default=None,
                             help=f"{dim.doc} ({dim.values_text()}; default {dim.encode(dim.default)})")
     return p
+
+
+def _stopping_flags(group) -> None:
+    group.add_argument("--progress", default=None, metavar="FILE",
+                       help="rank 0 writes one JSON line per step here as it goes (step, phase warmup|measured, "
+                            "step_time_s, tokens_per_sec_per_gpu, peak_memory_gib so far, loss), flushed per line")
+    group.add_argument("--stop-within", type=_fraction, default=None, metavar="FRACTION",
+                       help="measured enough: stop measuring once the measured step time's 95%% confidence interval "
+                            "is within +-FRACTION of its mean (e.g. 0.02), after --min-measured steps")
+    group.add_argument("--min-measured", type=_at_least_two, default=3, metavar="N",
+                       help="measured steps before --stop-within may stop (default 3, at least 2)")
+    group.add_argument("--memory-limit-gib", type=_positive, default=None, metavar="GIB",
+                       help="will not fit: stop (status oom, before the OOM) once a rank's memory, with the "
+                            "optimizer states the first step created held through the next step, exceeds GIB")
+
+
+def _fraction(text: str) -> float:
+    value = _positive(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    return _checked(text, float, lambda v: 0 < v < float("inf"), "a positive number")
+
+
+def _at_least_two(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 2, "at least 2")
+
+
+def _checked(text: str, kind, ok, what: str):
+    """`text` read as `kind` and held to `ok`: argparse's one line (exit 2) naming `what` it must be, else."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
 
 
 def layout_from_args(args: argparse.Namespace, on_cpu: bool) -> Layout:

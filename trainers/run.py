@@ -22,9 +22,10 @@ import torch.distributed as dist
 from search_spaces import validation
 from search_spaces.cost.flops import flops_per_step
 from search_spaces.cost.packing import packed_flops_per_step, pad_multiple, statistics_for
+from search_spaces.stopping import WILL_NOT_FIT
 
 from trainers import config as trainer_config
-from trainers import faults, measure, routing_load
+from trainers import faults, measure, routing_load, step_watch
 from trainers.packed_batches import PackedTokens
 
 
@@ -258,6 +259,7 @@ class Steps:
     schedule: object
     routed: dict | None  # tokens into each MoE layer's router and rows into its experts (routing_load), or None
     packing: dict | None = None  # packed documents: real tokens and padding of the measured steps, or None
+    stop: step_watch.Decision | None = None  # the rule that stopped the trial before its last step, or None
 
 
 def _training_data(args, layout, model) -> SyntheticTokens | PackedTokens:
@@ -329,6 +331,7 @@ class StepTiming:
     seconds: float
     schedule_seconds: float
     cpu_seconds: float
+    schedule_peak_gib: float  # this rank's peak memory once forward and backward were done, before the optimizer
 
 
 def _timed_step(built: Built, run_schedule, iterators: list) -> tuple[list, StepTiming]:
@@ -342,10 +345,11 @@ def _timed_step(built: Built, run_schedule, iterators: list) -> tuple[list, Step
     reduced = run_schedule(iterators)
     _sync(built.device)
     schedule_done = time.perf_counter()
+    schedule_peak = measure.peak_memory_gib(built.device)["allocated"]
     built.optimizer.step()
     _sync(built.device)
     end, cpu_end = time.perf_counter(), time.process_time()
-    return reduced, StepTiming(end - start, schedule_done - start, cpu_end - cpu_start)
+    return reduced, StepTiming(end - start, schedule_done - start, cpu_end - cpu_start, schedule_peak)
 
 
 def _step_loss(reduced) -> list[float] | None:
@@ -375,6 +379,8 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
     run_schedule = _schedule_runner(schedule, forward_step, built.wrapped, microbatches, layout, args.seq_len,
                                     packed=not isinstance(data, SyntheticTokens))
     timings, losses = [], []
+    watch = step_watch.StepWatch(args, built.device, built.optimizer, layout.gbs * args.seq_len, world, rank,
+                                 holds_loss=ps.get_tensor_model_parallel_rank() == 0)
     for step in range(args.warmup + args.steps):
         state.step, state.first_call = step, True
         if copies is not None:
@@ -384,10 +390,14 @@ def _train(args, layout, model, built: Built, rank: int, world: int) -> Steps:
         if step >= args.warmup:
             timings.append(timing)
         losses.append(_step_loss(reduced))
-    packing = None if isinstance(data, SyntheticTokens) else data.report(range(args.warmup, args.warmup + args.steps))
+        if watch.after_step(step, timing.seconds, timing.schedule_peak_gib, losses[-1]):
+            break  # decided (measured enough, or will not fit): every rank stops at this step
+    watch.close()
+    measured = range(args.warmup, args.warmup + len(timings))
+    packing = None if isinstance(data, SyntheticTokens) else data.report(measured)
     return Steps([t.seconds for t in timings], [t.schedule_seconds for t in timings],
                  [t.cpu_seconds for t in timings], losses, state.activation_bytes, state.activations_by_module,
-                 microbatches, schedule, copies.remove() if copies is not None else None, packing)
+                 microbatches, schedule, copies.remove() if copies is not None else None, packing, watch.decision)
 
 
 def _rank_report(built: Built, steps: Steps, rank: int) -> dict:
@@ -426,10 +436,15 @@ def run_trial(args, layout, model, gpu, result, rank: int, world: int, on_cpu: b
     steps = _train(args, layout, model, built, rank, world)
     gathered = [None] * world
     dist.all_gather_object(gathered, _rank_report(built, steps, rank))
+    if steps.stop is not None and steps.stop.rule == WILL_NOT_FIT:
+        if rank == 0:  # stopped before the OOM: nothing measured to judge
+            step_watch.fill_will_not_fit(result, steps.stop, gathered, len(steps.losses))
+        return
     applied = _applied(ps, built.config, model, layout, built.optimizer, steps.schedule, steps.microbatches,
                        gathered, on_cpu, built.have_te)
     if rank == 0:
         _fill_result(result, args, layout, model, gpu, world, gathered, applied)
+        step_watch.annotate(result, steps.stop)
 
 
 def host_cores() -> int:
@@ -491,13 +506,14 @@ def _applied(ps, config, model, layout, optimizer, forward_backward, microbatche
 
 def _fill_result(result, args, layout, model, gpu, world, gathered, applied) -> None:
     # Each step ends when the slowest rank finishes it.
-    step_times = [max(g["step_times"][i] for g in gathered) for i in range(args.steps)]
-    schedule = [max(g["forward_backward_times"][i] for g in gathered) for i in range(args.steps)]
+    measured = min(len(g["step_times"]) for g in gathered)  # args.steps, or fewer once measured enough
+    step_times = [max(g["step_times"][i] for g in gathered) for i in range(measured)]
+    schedule = [max(g["forward_backward_times"][i] for g in gathered) for i in range(measured)]
     step_time = statistics.mean(step_times) if step_times else None
     per_rank, heaviest, inflight, components = _heaviest_rank(layout, world, gathered, applied["microbatches"])
     peaks = [g["peak"]["allocated"] for g in gathered]
 
-    result.loss = _step_losses(args.warmup + args.steps, gathered)
+    result.loss = _step_losses(args.warmup + measured, gathered)
     result.step_times_s = step_times
     result.step_time_s = step_time
     result.applied = applied

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 from search_spaces.layouts.layout import Layout
 from search_spaces.result import TrialResult
 
+from orchestrator.dispatch.steps import StepFeed
+
 
 @dataclass(frozen=True)
 class TrialRequest:
@@ -33,6 +35,10 @@ class TrialRequest:
     trial_number: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     lengths: str | None = None  # packed documents: the document-length histogram the trainer draws from
+    # the rules the trainer applies itself (search_spaces/stopping.py; None: off): measured enough, will not fit
+    stop_within: float | None = None
+    min_measured: int = 3
+    memory_limit_gib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -49,6 +55,15 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release what the backend holds (Ray, threads); running trials are stopped. Called again, nothing."""
+
+
+def submit(backend: Backend, request: TrialRequest,
+           feed: StepFeed | None) -> "concurrent.futures.Future[TrialResult]":
+    """Start the trial on `backend`; one whose trials report their steps (`reports_steps`: LocalRayBackend) feeds
+    them to `feed` and is stopped through it (orchestrator/dispatch/steps.py)."""
+    if feed is not None and getattr(backend, "reports_steps", False):
+        return backend.submit(request, feed)  # type: ignore[call-arg]
+    return backend.submit(request)
 
 
 def unplaceable(backend: Backend | None, nodes: int, gpus_per_node: int) -> str | None:

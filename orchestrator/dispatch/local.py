@@ -13,6 +13,9 @@ started" and "started and hung" are told apart: a trial the cluster has not plac
 
 What runs on each node (its argv, environment, process tree and the trial's result) is trainer_process.py; what is
 asked of the Ray cluster beside the trials' tasks (what its nodes have, in words; a stop's cancel) is ray_cluster.py.
+While a trial runs, its thread tails the steps its trainer reports (progress.jsonl in the trial folder, where the result
+is read from too) into the trial's StepFeed, and a stop through that feed (the sweep's cannot-win rule) kills the trial
+as a sweep's stop does and answers with a pruned result (steps.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,6 +45,7 @@ from orchestrator.dispatch.ray_cluster import (
     refusal,
     trial_asks,
 )
+from orchestrator.dispatch.steps import PROGRESS_FILE, ProgressTail, StepFeed
 from orchestrator.dispatch.trainer_process import run_process_tree, trainer_argv, trainer_env, trial_result
 from orchestrator.errors import ClusterError
 
@@ -50,6 +55,7 @@ STOPPED = "the sweep stopped before the trial ended"
 
 class LocalRayBackend:
     name = "ray"
+    reports_steps = True  # its trainers report each step (steps.py): submit takes a StepFeed
 
     def __init__(self, spec):
         self.spec = spec
@@ -109,8 +115,10 @@ class LocalRayBackend:
         self._started_ray = True
 
     # ---- Backend ---------------------------------------------------------------------------------
-    def submit(self, request: TrialRequest) -> "concurrent.futures.Future[TrialResult]":
-        return self._threads.submit(self._run_with_retry, request)
+    def submit(self, request: TrialRequest,
+               feed: StepFeed | None = None) -> "concurrent.futures.Future[TrialResult]":
+        """Run the trial in a thread of ours; `feed` gets its steps as they are reported, and stops it (pruned)."""
+        return self._threads.submit(self._run_with_retry, request, feed)
 
     def stop(self) -> None:
         """The sweep stops (Ctrl-C, SIGTERM): trials still waiting are given up, running ones have their process
@@ -135,14 +143,14 @@ class LocalRayBackend:
         return {"GPU": gpus_per_node, "CPU": 1} if self.use_gpus else {"CPU": gpus_per_node}
 
     # ---- one trial -------------------------------------------------------------------------------
-    def _run_with_retry(self, request: TrialRequest) -> TrialResult:
+    def _run_with_retry(self, request: TrialRequest, feed: StepFeed | None = None) -> TrialResult:
         import ray.exceptions as rex
         infra = (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.ObjectLostError,
                  rex.OwnerDiedError, rex.RaySystemError)
         errors: list[str] = []
         for attempt in range(2):  # infrastructure failures: retried once
             try:
-                result = self._run_once(request, attempt)
+                result = self._run_once(request, attempt, feed)
                 result.extra["attempts"] = attempt + 1
                 if errors:
                     result.extra["infrastructure_errors"] = errors
@@ -152,13 +160,14 @@ class LocalRayBackend:
         return stamp(TrialResult(status="interrupted", error="Ray infrastructure failed twice: " + " | ".join(errors),
                                  extra={"attempts": 2}), request)
 
-    def _run_once(self, request: TrialRequest, attempt: int) -> TrialResult:
+    def _run_once(self, request: TrialRequest, attempt: int, feed: StepFeed | None = None) -> TrialResult:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         trial_dir = Path(request.workdir).resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         result_path = trial_dir / "result.json"
         result_path.unlink(missing_ok=True)
+        (trial_dir / PROGRESS_FILE).unlink(missing_ok=True)  # a retry's steps are its own
         # one bundle per node (a multi-node trial's on distinct nodes): placed before anything starts
         pg = placement_group([self._bundle(request.gpus_per_node)] * request.nodes,
                              strategy="STRICT_SPREAD" if request.nodes > 1 else "PACK")
@@ -167,10 +176,14 @@ class LocalRayBackend:
             if unplaced is not None:
                 return unplaced
             with self._holding():
+                launched = time.monotonic()
                 commands, refs = self._launch(request, pg, result_path, trial_dir)
-                nodes = self._await_nodes(refs, request)
+                watch = _Watch(feed, ProgressTail(trial_dir / PROGRESS_FILE)) if feed is not None else None
+                nodes = self._await_nodes(refs, request, watch)
         finally:
             remove_placement_group(pg)
+        if nodes is None and feed is not None and feed.stop_reason and not self._stopping.is_set():
+            return feed.pruned(time.monotonic() - launched)  # the sweep stopped it: cannot win
         if nodes is None:
             return TrialResult(status="interrupted", error=STOPPED)
         return trial_result(request, result_path, nodes, commands)
@@ -231,15 +244,18 @@ class LocalRayBackend:
         (trial_dir / "command.json").write_text(json.dumps(commands, indent=1))
         return commands, refs
 
-    def _await_nodes(self, refs: list, request: TrialRequest) -> list[dict] | None:
-        """Each node's report (run_process_tree's); None when the sweep stopped first (the tasks interrupted, their
-        trees killed). A task kills its own tree at timeout_s: the 120 s more are the net for a lost one."""
+    def _await_nodes(self, refs: list, request: TrialRequest, watch: "_Watch | None" = None) -> list[dict] | None:
+        """Each node's report (run_process_tree's); None when the sweep stopped first, or stopped this trial through
+        its feed (the tasks interrupted, their trees killed). A task kills its own tree at timeout_s: the 120 s more
+        are the net for a lost one. `watch`: the trial's progress file is read into its feed at every look."""
         import ray
 
         deadline = time.monotonic() + request.timeout_s + 120
         pending = list(refs)
         while pending:
-            if self._stopping.is_set():
+            if watch is not None:
+                watch.feed.put(watch.tail.read())
+            if self._stopping.is_set() or (watch is not None and watch.feed.stop_reason):
                 cancel_tasks(refs)
                 return None
             if time.monotonic() > deadline:
@@ -247,4 +263,13 @@ class LocalRayBackend:
                     ray.cancel(ref, force=True)
                 return [{"returncode": None, "timed_out": True, "log_tail": "", "wall_time_s": None}]
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+        if watch is not None:  # the last steps, written before the trainer ended
+            watch.feed.put(watch.tail.read())
         return ray.get(refs)
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """A running trial's feed and the progress file it is filled from."""
+    feed: StepFeed
+    tail: ProgressTail

@@ -29,6 +29,7 @@ from search_spaces.ownership import LAUNCH_ENV, TRIAL_ENV, parent_death_request
 from search_spaces.result import TrialResult
 
 from orchestrator.dispatch.base import TrialRequest
+from orchestrator.dispatch.steps import PROGRESS_FILE
 
 # Passed from the orchestrator's environment into the trainer's (fault hooks, thread counts, ...).
 _PASS_ENV_PREFIXES = ("MOE_AUTOTUNE_", "OMP_NUM_THREADS", "PYTHONPATH", "CUDA_", "NCCL_", "GLOO_")
@@ -48,6 +49,7 @@ def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path:
         args += ["--hidden-size", str(request.hidden_size)]
     if request.lengths:
         args += ["--lengths", request.lengths]
+    args += stopping_flags(request, result_path)
     if launcher == "python":
         return [sys.executable, "-m", module, *args]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(request.gpus_per_node)]
@@ -62,6 +64,16 @@ def trainer_argv(request: TrialRequest, module: str, launcher: str, result_path:
                 # the address Ray advertises (torchrun would otherwise guess from the hostname and wait)
                 "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
     return [*run, "-m", module, *args]
+
+
+def stopping_flags(request: TrialRequest, result_path: Path) -> list[str]:
+    """Where the trainer reports its steps (beside its result: steps.py) and the rules it applies itself."""
+    flags = ["--progress", str(result_path.with_name(PROGRESS_FILE))]
+    if request.stop_within is not None:
+        flags += ["--stop-within", f"{request.stop_within:g}", "--min-measured", str(request.min_measured)]
+    if request.memory_limit_gib is not None:
+        flags += ["--memory-limit-gib", f"{request.memory_limit_gib:g}"]
+    return flags
 
 
 def trainer_env(request: TrialRequest) -> dict[str, str]:

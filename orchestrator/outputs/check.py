@@ -8,6 +8,11 @@ point per summary metric); no child run that belongs to no trial (a run still ru
 the study's last, is one in flight: an analytic sweep stores a trial once told), none left running by a trial
 that is not running, none finished for a trial that failed (an interrupted trial is closed FAILED), and no layout
 counted by two finished child runs.
+
+While a live driver holds the study (its lease), a trial it is still running or recording is in flight, not a
+difference: running in Optuna, or told while its child run is still running or not written yet (an analytic sweep
+writes its MLflow records behind its trials), or a child run of a trial the study does not hold yet. They are
+counted apart (`examine`); everything else is checked as for a finished sweep.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import optuna
 from mlflow import MlflowClient
@@ -52,10 +58,17 @@ def storage_problems(study: optuna.Study) -> list[str]:
 
 def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     """Where MLflow's child runs disagree with the study's trials."""
+    return _tracking(study, tracking_uri, live=False)[0]
+
+
+def _tracking(study: optuna.Study, tracking_uri: str, live: bool) -> tuple[list[str], set[int]]:
+    """(where MLflow's child runs disagree with the study's trials, the trials in flight). `live`: a live driver holds
+    the study: a trial it runs, or whose MLflow record it is still writing (a running child run, or none yet; a run
+    of a trial not yet stored), is in flight, not a difference."""
     context = StudyRecord.of(study)
     parent, experiment = context.mlflow_parent_run_id, context.mlflow_experiment_id
     if not parent or not experiment:
-        return ["the study records no MLflow parent run (it ran with tracking_uri none?)"]
+        return ["the study records no MLflow parent run (it ran with tracking_uri none?)"], set()
     client = open_mlflow(tracking_uri)  # bounded: an unreachable server is one line, not a hang
     runs: dict[int, list[Any]] = {}
     # neither a trial's run, nor one superseded (closed when its trial number ran another layout), nor a promotion's
@@ -71,17 +84,31 @@ def tracking_problems(study: optuna.Study, tracking_uri: str) -> list[str]:
     problems += [f"trial {n} has {len(r)} child runs" for n, r in sorted(runs.items()) if len(r) > 1]
     # runs still running, numbered after the study's last trial: trials in flight (an analytic sweep stores a trial
     # once it is told, orchestrator/sweep/writes.py), as a running trial's running run is; --resume completes or
-    # closes them
+    # closes them. With a live driver, any run of a trial not stored yet is one.
     after = max(trials, default=-1)
-    in_flight = {n for n, r in runs.items() if n > after and all(run.info.status == "RUNNING" for run in r)}
+    in_flight = {n for n, r in runs.items() if n not in trials and (live or (
+        n > after and all(run.info.status == "RUNNING" for run in r)))}
     problems += [f"child run {r[0].info.run_id} names trial {n}, which the study does not have"
                  for n, r in sorted(runs.items()) if n not in trials and n not in in_flight]
     problems += _measured_twice([run for n, r in sorted(runs.items()) for run in r])
     tracked = bool(context.track_rejected)  # a rejection has a child run only when the spec asked for one
     for number, trial in sorted(trials.items()):
         run = runs.get(number, [None])[0]
+        if live and _in_flight(trial, run, tracked):
+            in_flight.add(number)
+            continue
         problems += _trial_problems(client, trial, run, tracked)
-    return problems
+    return problems, in_flight if live else set()
+
+
+def _in_flight(trial: TrialRecord, run, track_rejected: bool) -> bool:
+    """Is the trial's record still being written by the study's live driver? Running in Optuna, or told with its
+    child run still running or not made yet (an analytic sweep's records follow its trials: write-behind)."""
+    if not trial.finished or not trial.status:
+        return trial.state == "running"
+    if run is None:
+        return trial.status != "infeasible" or track_rejected
+    return run.info.status == "RUNNING"
 
 
 def _trial_problems(client: MlflowClient | BoundedClient, trial: TrialRecord, run, track_rejected: bool) -> list[str]:
@@ -156,13 +183,45 @@ def _children(client: MlflowClient | BoundedClient, experiment: str, parent: str
             return
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What `check` found: the study, every difference, and the trials a live driver is still running or recording
+    (in flight: not differences)."""
+    study: optuna.Study
+    problems: list[str]
+    in_flight: list[int]
+    driver: str | None = None
+    """The live driver holding the study, as its lease names it (pid, host); None when no sweep runs it."""
+
+
 def check(storage: str, study_name: str | None, tracking_uri: str | None = None) -> tuple[optuna.Study, list[str]]:
     """(the study, every problem found); MLflow is checked when the study records a tracking URI (or one
     is given)."""
+    verdict = examine(storage, study_name, tracking_uri)
+    return verdict.study, verdict.problems
+
+
+def examine(storage: str, study_name: str | None, tracking_uri: str | None = None,
+            live: Callable[[optuna.Study], str | None] | None = None) -> Verdict:
+    """check, telling in-flight trials apart when `live(study)` names a live driver holding the study (its lease:
+    orchestrator/sweep/lease.py, asked by the command)."""
     study = studies.load_study(storage, study_name)
-    problems = storage_problems(study)
     uri = tracking_uri or StudyRecord.of(study).tracking_uri
     if uri and uri.lower() != "none":
         require_existing_store(uri)  # a store that is not there is refused, not created by reading it
-        problems += tracking_problems(study, uri)
-    return study, problems
+    driver = live(study) if live else None
+    verdict = _examine(study, uri, driver)
+    if driver is not None and verdict.in_flight and live and live(study) is None:
+        verdict = _examine(study, uri, None)  # the driver ended as we read: everything is written now
+    return verdict
+
+
+def _examine(study: optuna.Study, uri: str | None, driver: str | None) -> Verdict:
+    problems = storage_problems(study)
+    in_flight: set[int] = set()
+    if uri and uri.lower() != "none":
+        found, in_flight = _tracking(study, uri, driver is not None)
+        problems += found
+    elif driver is not None:
+        in_flight = {t.number for t in study.get_trials(deepcopy=False) if TrialRecord.of(t).state == "running"}
+    return Verdict(study, problems, sorted(in_flight), driver)

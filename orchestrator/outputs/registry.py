@@ -11,7 +11,9 @@ whose source is a folder of plain files logged to an MLflow run (no MLmodel/pyfu
 
 One registered model per model and sequence length (`<model>-<seq_len>-layout`). The alias `production`
 points at the version in use (aliases, not the deprecated stages); each version remembers, in the tag
-`moe_autotune.previous_production`, which version was production before it, so `rollback` walks back.
+`moe_autotune.previous_production`, which version was production before it, so `rollback` walks back. A promote's
+read, record and move of the alias, and a rollback's, take turns (promotion_lock.py): promotes run at once chain one
+after the other, and each rollback steps back exactly one version.
 Load it back with `mlflow.artifacts.download_artifacts("models:/<name>@production")`.
 """
 
@@ -30,7 +32,7 @@ from mlflow.exceptions import MlflowException
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.outputs import export
+from orchestrator.outputs import export, promotion_lock
 from orchestrator.outputs.winner import TrialView
 from orchestrator.records import PROMOTION_TAG, StudyRecord
 from orchestrator.spec.economics import to_train
@@ -136,15 +138,23 @@ def _experiment_id(client, ctx: StudyRecord, study_name: str) -> str:
         except MlflowException as exc:  # recorded on another tracking server: find it by name instead
             log.info("experiment %s is not on this tracking server (%s); looking it up by name", exp_id, exc)
     exp = client.get_experiment_by_name(study_name)
-    return exp.experiment_id if exp else client.create_experiment(study_name)
+    if exp:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(study_name)
+    except MlflowException as exc:  # another promote of the study created it at the same moment
+        exp = client.get_experiment_by_name(study_name) if exc.error_code == "RESOURCE_ALREADY_EXISTS" else None
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
-def current_production(name: str):
+def current_production(name: str, client=None):
     """The ModelVersion the alias points at, or None."""
     from mlflow.exceptions import MlflowException
 
     try:
-        return _client().get_model_version_by_alias(name, PRODUCTION)
+        return (client or _client()).get_model_version_by_alias(name, PRODUCTION)
     except MlflowException:
         return None
 
@@ -159,8 +169,6 @@ class Promotion:
 
 def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     """Log the trial's files to a new run, register them as a new version, move `production` to it."""
-    from mlflow.exceptions import MlflowException
-
     layout, model_name, seq_len, _ = _situation(view, ctx, study_name)
     client = _writing_client()
     name = registered_model_name(model_name, seq_len)
@@ -176,14 +184,7 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
             Path(tmp, filename).write_text(text)
         client.log_artifacts(run.info.run_id, tmp, ARTIFACT_DIR)
     client.set_terminated(run.info.run_id)
-
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        client.create_registered_model(
-            name, description=f"Parallel layouts for {ctx.model} at sequence length {ctx.seq_len} "
-                              "(moe-autotune). Alias 'production' is the one to run.")
-    previous = current_production(name)
+    _registered_model(client, name, ctx)
     version_tags = dict(tags, **{
         "moe_autotune.backend": str(view.backend), "moe_autotune.estimated": str(view.estimated).lower(),
         "moe_autotune.tokens_per_sec_per_gpu": f"{view.tokens_per_sec_per_gpu:.6g}",
@@ -196,31 +197,61 @@ def promote(view: TrialView, ctx: StudyRecord, study_name: str) -> Promotion:
     found = to_train(view.tokens_per_sec_per_gpu, int(ctx.num_gpus or 0), ctx.cost)
     for key, value in (found.metrics() if found else {}).items():
         version_tags[f"moe_autotune.{key}"] = f"{value:.6g}"
-    if previous is not None:
-        version_tags[PREVIOUS_TAG] = str(previous.version)
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",
                                      run_id=run.info.run_id, tags=version_tags,
                                      description=f"{study_name} trial {view.number}: {layout.key()}")
-    client.set_registered_model_alias(name, PRODUCTION, mv.version)
-    return Promotion(name, str(mv.version), str(previous.version) if previous else None, run.info.run_id)
+    previous = _move_production(client, name, str(mv.version))
+    return Promotion(name, str(mv.version), previous, run.info.run_id)
+
+
+def _registered_model(client, name: str, ctx: StudyRecord) -> None:
+    """The registered model `name`, created at its first promotion (by one of two promotes that create it at once)."""
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        try:
+            client.create_registered_model(
+                name, description=f"Parallel layouts for {ctx.model} at sequence length {ctx.seq_len} "
+                                  "(moe-autotune). Alias 'production' is the one to run.")
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+
+
+def _move_production(client, name: str, version: str) -> str | None:
+    """Point `production` at `version`, recording on it the version it replaces (what a rollback returns to); the
+    version replaced. Read, record and move in one turn (promotion_lock): concurrent promotes chain, each after the
+    other, so that each rollback steps back exactly one version."""
+    try:
+        with promotion_lock.turn(client, name):
+            previous = current_production(name, client)
+            if previous is not None:
+                client.set_model_version_tag(name, version, PREVIOUS_TAG, str(previous.version))
+            client.set_registered_model_alias(name, PRODUCTION, version)
+    except SpecError as exc:
+        raise SpecError(f"{exc} (version {version} is registered, not in production)") from None
+    return str(previous.version) if previous is not None else None
 
 
 def rollback(name: str) -> Promotion:
-    """Move `production` back to the version that held it before the current one."""
+    """Move `production` back to the version that held it before the current one (in the same turn as a promote's
+    move: promotion_lock)."""
     from mlflow.exceptions import MlflowException
 
     client = _writing_client()
-    current = current_production(name)
-    if current is None:
-        raise SpecError(f"registered model {name!r} has no production version to roll back")
-    previous = current.tags.get(PREVIOUS_TAG)
-    if not previous:
-        raise SpecError(f"{name} version {current.version} was the first production version; nothing to roll back to")
-    try:
-        client.get_model_version(name, previous)
-    except MlflowException:
-        raise SpecError(f"{name} version {previous} (the previous production) no longer exists") from None
-    client.set_registered_model_alias(name, PRODUCTION, previous)
+    with promotion_lock.turn(client, name):
+        current = current_production(name, client)
+        if current is None:
+            raise SpecError(f"registered model {name!r} has no production version to roll back")
+        previous = current.tags.get(PREVIOUS_TAG)
+        if not previous:
+            raise SpecError(f"{name} version {current.version} was the first production version; nothing to roll "
+                            "back to")
+        try:
+            client.get_model_version(name, previous)
+        except MlflowException:
+            raise SpecError(f"{name} version {previous} (the previous production) no longer exists") from None
+        client.set_registered_model_alias(name, PRODUCTION, previous)
     return Promotion(name, str(previous), str(current.version), current.run_id)
 
 

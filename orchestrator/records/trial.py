@@ -62,12 +62,13 @@ class TrialRecord(Stored):
     trial_size: dict[str, Any] = stored("TrialSize.record(): the fidelity, the GPUs it ran on, the proxy's plan.",
                                         factory=dict)
     mlflow_run_id: str | None = stored("The trial's MLflow child run.", COLUMN)
-    status: str | None = stored("ok | oom | error | invalid | timeout | infeasible | interrupted | unschedulable "
-                                "(search_spaces.result.STATUSES); None while it runs. A failed trial that stored ok "
-                                "reads as interrupted: only the tell counts a measurement.", TABLE, TAG)
+    status: str | None = stored("ok | oom | error | invalid | timeout | infeasible | interrupted | unschedulable | "
+                                "pruned (search_spaces.result.STATUSES); None while it runs. A failed trial that "
+                                "stored ok reads as interrupted: only the tell counts a measurement.", TABLE, TAG)
     result: TrialResult | None = stored("What it measured (TrialResult.to_dict() when stored), judged where it "
                                         "entered.", load=load_result, dump=dump_result)
-    reason: str | None = stored("Why it was rejected or failed (one line or a trainer's error).", COLUMN, TAG)
+    reason: str | None = stored("Why it was rejected, failed or stopped early (one line or a trainer's error).",
+                                COLUMN, TAG)
     failure_class: str | None = stored("A failed trial's root cause, one of search_spaces.failures.FAILURE_CLASSES "
                                        "(oom, collective_mismatch, timeout, killed, config_refused, communication, "
                                        "error); None when it did not fail.", COLUMN, TAG)
@@ -75,6 +76,9 @@ class TrialRecord(Stored):
                                       "says.", COLUMN, TAG)
     failure_reason: str | None = stored("The root cause in one line (`RuntimeError: ...`, `ended by SIGKILL (exit "
                                         "code -9)`).", COLUMN, TAG)
+    stop_rule: str | None = stored("The rule that stopped it early (search_spaces/stopping.py: measured_enough, "
+                                   "cannot_win, will_not_fit; its reason in `reason`); None when it ran every step.",
+                                   COLUMN, TAG)
     command: list[Any] | None = stored("The trainer's argv (MLflow command.json).")
     retry_of: int | None = stored("On a trial queued by --resume: the trial it runs again.")
     retry_reason: str | None = stored("On a trial queued by --resume: why it runs again.")

@@ -119,7 +119,8 @@ class CalibratedSearch:
         if i is None:
             return
         pred_mem = self.pred_mem[i]
-        if status == "ok" and tokens_per_sec_per_gpu and tokens_per_sec_per_gpu > 0:
+        # a pruned trial's figure is its reported steps' (LayoutSampler._learn): slower than the best, and known
+        if status in ("ok", "pruned") and tokens_per_sec_per_gpu and tokens_per_sec_per_gpu > 0:
             self._obs_rows.append(i)
             self._obs_y.append(float(np.log(tokens_per_sec_per_gpu) - self.log_pred[i]))
             self._refit()

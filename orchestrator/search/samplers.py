@@ -15,6 +15,7 @@ finished, running or queued. The rules of thumb are enqueued trials (Optuna's wa
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 import optuna
@@ -108,8 +109,7 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
             self._observed.add(t.number)
             layout = self._layout_of(t.params)
             if layout is not None and record.status:
-                self.observe(layout, record.status, record.measured("tokens_per_sec_per_gpu"),
-                             record.measured("peak_memory_gib"))
+                self.observe(layout, record.status, _throughput(t, record), record.measured("peak_memory_gib"))
 
     def _taken(self, trials: Iterable[FrozenTrial], current: int) -> set[str]:
         keys = set()
@@ -182,6 +182,15 @@ class OrderedSampler(LayoutSampler):
 
     def next_layout(self, taken: set[str]) -> Layout | None:
         return next((lay for lay in self.order if lay.key() not in taken), None)
+
+
+def _throughput(t: FrozenTrial, record: TrialRecord) -> float | None:
+    """What a trial says of its layout's tokens/s/GPU: its measured figure; for one pruned (cannot win), the median
+    of the steps it reported before it was stopped (issue 59: a search that learns nothing from a pruned trial needs
+    more trials than one that runs every trial whole)."""
+    if record.status == "pruned" and t.intermediate_values:
+        return float(statistics.median(t.intermediate_values.values()))
+    return record.measured("tokens_per_sec_per_gpu")
 
 
 def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:

@@ -30,6 +30,7 @@ from search_spaces.pydantic_line import one_line, short
 from orchestrator.dispatch import BACKENDS, DEFAULT_BACKEND, canonical_backend
 from orchestrator.search.table import DEFAULT_SEARCH
 from orchestrator.spec.economics import Cost
+from orchestrator.spec.stopping import Stopping
 
 OBJECTIVES = ("tokens_per_sec_per_gpu", "peak_memory_gib")
 # backends whose trials are predictions or recordings, not measurements of this cluster
@@ -196,6 +197,8 @@ class SweepSpec(_Strict):
     newest."""
     packing: Packing = Field(default_factory=Packing)
     """How samples are built: full-length documents (default) or documents packed from a length histogram."""
+    stopping: Stopping = Field(default_factory=Stopping)
+    """When a running trial is decided and stopped: measured enough, cannot win, will not fit (each can be off)."""
 
     @field_validator("software")
     @classmethod

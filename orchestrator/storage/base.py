@@ -8,6 +8,7 @@ A store is a description of a URL, cheap to make; nothing is opened, created or 
 
 from __future__ import annotations
 
+import os
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,11 @@ class StudyStore(Store):
         """The Optuna storage (optuna.storages.BaseStorage), every connection bounded. `create`: a sweep will
         write (a missing file is made whole first); a reader never creates anything."""
 
+    def may_be_held(self) -> bool:
+        """Can a process hold this store open now, so that a check would wait on it? (Reading it to find out who
+        holds it creates nothing: a journal, a database server.)"""
+        return True
+
     def failure(self, exc: BaseException, doing: str = "") -> StorageError:
         """One line for a failed storage write: a full disk names its device (Optuna's own message, "exceeding
         max length", would mislead), a store that refuses writes or is locked says so, anything else its first
@@ -105,6 +111,29 @@ class TrackingStore(Store):
     def exists(self) -> bool:
         """Is the store there already? (A server is taken to be: it answers for itself.)"""
         return True
+
+    def identity(self) -> tuple[int, int] | None:
+        """Which file (or folder) holds the store now, as (device, inode); None for a server, or none there."""
+        path = self.path
+        try:
+            st = os.stat(path) if path is not None else None
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if st is not None else None
+
+    def vanished(self, identity: tuple[int, int] | None) -> str | None:
+        """Why the store is no longer the one whose `identity` was taken (deleted, its folder gone, replaced by
+        another file), or None: it is, or there is nothing to compare (a server; a file that cannot be asked)."""
+        path = self.path
+        if identity is None or path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return f"{str(path)!r} was deleted" + ("" if path.parent.is_dir() else " (its folder is gone)")
+        except OSError:
+            return None  # cannot be asked (a permission): the writes say what is wrong
+        return f"{str(path)!r} was replaced by another file" if (st.st_dev, st.st_ino) != identity else None
 
     def preload(self) -> None:
         """Load the libraries its client will need (a sweep does it while the space is explored)."""

@@ -12,7 +12,10 @@ a sweep appends, and stop at the last whole line. What the SQLite store guarante
   is torn (the process or the disk failed mid-append) is cut back to its last whole line, under the lock, before a
   sweep appends to it: Optuna would glue the next line onto the torn one, and every reader would stop there for ever;
 - a full disk is an OSError (ENOSPC) at the append: the storage's "disk is full" line (StudyStore.failure);
-- a file that is not a journal (or is damaged before its end) is one line naming it, and is never cut or rewritten.
+- a file that is not a journal is one line naming it, and is never cut or rewritten;
+- a journal damaged before its end (a line a disk garbled, or one cut short with the next glued to it) stops Optuna's
+  replay of every study in it: one line names the file and the first damaged line, and `moe-autotune check --storage
+  journal:///x --salvage NEW.journal` writes what is intact to a new journal (journal_salvage.py).
 """
 
 from __future__ import annotations
@@ -105,8 +108,24 @@ def open_journal(path: Path, url: str, write: bool) -> optuna.storages.BaseStora
     try:
         return JournalStorage(JournalFileBackend(str(path)))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a line Optuna cannot read or apply
-        raise StorageError(f"the Optuna storage {shown} is damaged ({type(exc).__name__}: {str(exc)[:150]}); "
-                           "restore it from a copy or point elsewhere") from None
+        raise damaged(path, url, exc) from None
+
+
+def damaged(path: Path, url: str, exc: BaseException) -> StorageError:
+    """One line for a journal Optuna cannot replay: the file, the first damaged line, and what to do (restore a copy,
+    or salvage what is intact: orchestrator/storage/journal_salvage.py)."""
+    from orchestrator.storage.journal_salvage import first_damage
+
+    shown = redact_uri(url)
+    try:
+        found = first_damage(path)
+    except OSError:
+        found = None
+    where = (f"at line {found.line} of {str(path)!r} ({found.why})" if found is not None else
+             f"({type(exc).__name__}: {str(exc)[:150]})")
+    return StorageError(f"the Optuna storage {shown} is damaged {where}; restore it from a copy, or write every study "
+                        f"it still holds whole to a new journal: moe-autotune check --storage {shown} --salvage "
+                        "NEW.journal")
 
 
 def cut_torn_tail(path: Path) -> int:

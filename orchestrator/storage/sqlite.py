@@ -31,6 +31,12 @@ class SqliteStudyStore(StudyStore):
             if path.exists():
                 require_unlocked(path, OPTUNA, self.shown)
 
+    def may_be_held(self) -> bool:
+        """Only while some connection has it open: then its write-ahead log lies beside it (a file nobody has open
+        is not read early, which would leave -wal and -shm beside a file that may refuse them)."""
+        path = self.path
+        return path is not None and path.with_name(path.name + "-wal").exists()
+
     def require_existing(self, hint: str) -> None:
         self.path  # noqa: B018 -- a path no file can have: one line before the file system is asked
         require_table(self.url, OPTUNA_TABLE, OPTUNA, self.shown, f" ({hint})")

@@ -93,6 +93,7 @@ def create_sqlite(path: Path, build: Callable[[str], None]) -> bool:
     try:
         build(f"sqlite:///{tmp}")
         _settle(tmp)
+        _clear_orphans(path)
         try:
             os.link(tmp, path)  # fails when the name exists: a store is never replaced
         except FileExistsError:
@@ -108,6 +109,15 @@ def create_sqlite(path: Path, build: Callable[[str], None]) -> bool:
     finally:
         for leftover in sqlite_family(tmp):
             leftover.unlink(missing_ok=True)
+
+
+def _clear_orphans(path: Path) -> None:
+    """The -wal, -shm and -journal files of a store deleted from under them (mid-sweep: the process that held it
+    left them): SQLite would replay the old WAL into the new store made under the same name."""
+    for side in sqlite_family(path)[1:]:
+        if path.exists():  # made meanwhile by another process: its files are its own
+            return
+        side.unlink(missing_ok=True)
 
 
 def _settle(path: Path) -> None:

@@ -57,6 +57,11 @@ def store_path(url: str) -> Path | None:
     return study_store(url).path
 
 
+def may_be_held(url: str) -> bool:
+    """Can another process hold the store at `url` open now (StudyStore.may_be_held)?"""
+    return study_store(url).may_be_held()
+
+
 def open_existing_storage(url: str) -> optuna.storages.BaseStorage:
     """The storage a read-only command names (status, check, export, report, promote, calibrate): it must
     already hold Optuna's tables; a missing file or an empty database is one line, and none is created."""
@@ -174,6 +179,15 @@ class StoredTrial:
 
     def set_user_attr(self, key: str, value: object) -> None:
         self.storage.set_trial_user_attr(self.trial_id, key, value)
+
+    def report(self, step: int, value: float) -> None:
+        """Store `value` as the trial's intermediate value at `step` (Optuna's `Trial.report` refuses a study of two
+        objectives; the storage's public API does not). A step stored before is overwritten."""
+        self.storage.set_trial_intermediate_value(self.trial_id, step, value)
+
+    def frozen(self) -> optuna.trial.FrozenTrial:
+        """The trial as stored now (its intermediate values included), as a pruner reads it."""
+        return self.storage.get_trial(self.trial_id)
 
 
 def running_trial(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> StoredTrial:

@@ -3,9 +3,10 @@ attr), and a fence that every write of the driver passes first.
 
 A second `sweep --resume` (or `confirm`) of a study whose driver is alive refuses with one line naming
 that driver. A driver that died leaves its lease behind; its successor takes it over when the holder's
-process is gone (same host: a paused process is alive, so its lease is never taken there) or its heartbeat is
-older than the lease timeout (another host: a fresh heartbeat is the only sign of life we can see, so a holder
-whose heartbeat is fresh is never taken; a stale one is presumed dead).
+process is gone (same host: a paused process is alive, so its lease is never taken there) or its heartbeat has
+not advanced for the lease timeout (another host: each heartbeat counts up `Holder.beat`, and the successor
+watches that count for the timeout by its own monotonic clock; no two hosts' clocks are compared, so a host whose
+clock runs ahead or behind can neither take a live lease nor keep a dead one; a silent holder is presumed dead).
 
 Presumed dead is not dead: a driver paused (SIGSTOP, a frozen VM) past its lease timeout wakes up with the
 lease taken. Every write of a driver (study.ask and tell, trial user attrs, MLflow records, the result spool)
@@ -28,7 +29,8 @@ driver takes the lease; one left by a claimant that died is passed over (its epo
 
 Test-only settings (environment): MOE_AUTOTUNE_LEASE_TIMEOUT_S shortens the lease timeout (the heartbeat
 follows at a quarter of it); MOE_AUTOTUNE_LEASE_HOST names the host the driver claims to run on, so that two
-drivers on one machine can play two hosts.
+drivers on one machine can play two hosts; MOE_AUTOTUNE_LEASE_CLOCK_SKEW_S sets that host's wall clock off (what its
+heartbeats say they were written at).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 
@@ -55,6 +57,7 @@ CLAIMANT_WAIT_S = 10.0  # a claim's creator writes who it is right after creatin
 MAX_PASSED_CLAIMS = 8  # dead claimants' epochs passed over in a row: more is a storage fought over, not a crash
 TIMEOUT_ENV = "MOE_AUTOTUNE_LEASE_TIMEOUT_S"  # tests only
 HOST_ENV = "MOE_AUTOTUNE_LEASE_HOST"  # tests only
+CLOCK_SKEW_ENV = "MOE_AUTOTUNE_LEASE_CLOCK_SKEW_S"  # tests only: this host's wall clock runs off by this much
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,9 @@ class Holder:
     host: str
     pid: int
     heartbeat: float
-    """time.time() of its last heartbeat."""
+    """time.time() of its last heartbeat, by its own host's clock: shown, never compared with another host's clock."""
+    beat: int = 0
+    """How many heartbeats it has written: another host sees it alive when this advances (Lease._watch)."""
 
     @classmethod
     def of(cls, study: Any) -> "Holder | None":
@@ -103,22 +108,22 @@ class Holder:
         return dataclasses.asdict(self)
 
     @property
-    def alive(self) -> bool:
-        """Is its driver still running? Its process on this host; its heartbeat elsewhere."""
-        if self.host == this_host():
-            try:
-                os.kill(int(self.pid), 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:  # another user's process: alive
-                return True
-            except (TypeError, ValueError, OverflowError):
-                return False
-            return int(self.pid) > 0
+    def here(self) -> bool:
+        """Does its driver run on this host (where its process can be asked: `process_alive`)?"""
+        return self.host == this_host()
+
+    @property
+    def process_alive(self) -> bool:
+        """Is its driver's process, on this host, still there (a paused process is alive)?"""
         try:
-            return time.time() - float(self.heartbeat) < stale_after_s()
-        except (TypeError, ValueError):
+            os.kill(int(self.pid), 0)
+        except ProcessLookupError:
             return False
+        except PermissionError:  # another user's process: alive
+            return True
+        except (TypeError, ValueError, OverflowError):
+            return False
+        return int(self.pid) > 0
 
     def __str__(self) -> str:
         try:
@@ -139,20 +144,17 @@ class Lease:
     epoch: int = 0  # 1 + the epoch of the lease this driver took (a later driver's is higher)
     lost: bool = False
     _beat: float = 0.0
+    _beats: int = 0  # heartbeats written: Holder.beat
 
     def acquire(self) -> None:
         """Take the lease, or refuse (StorageError, one line naming the driver that holds it or is taking it)."""
-        holder = Holder.of(self.study)
-        if holder and holder.token != self.token and holder.alive:
-            raise StorageError(f"study {self.study.study_name!r} is being run by {holder}; wait for it to "
-                               f"finish or stop it (a lease whose driver died is taken over after "
-                               f"{stale_after_s():.0f} s without a heartbeat, at once on its own host)")
+        holder = self._gone_holder()
         passed: list[int] = []
         self.epoch = self._claim(max(_epoch(holder), self._recorded_epoch()) + 1, passed)
         try:
             now = Holder.of(self.study)  # read after our claim was created: no later write can precede it
-            if max(_epoch(now), self._recorded_epoch()) >= self.epoch or (now and now.token != self.token
-                                                                             and now.alive):
+            other = now is not None and now.token not in (self.token, holder.token if holder else None)
+            if max(_epoch(now), self._recorded_epoch()) >= self.epoch or other:
                 raise self._taken_at_once(now)  # our first read was stale: another driver took this epoch
             self._write()
             if self._claim_id(self.epoch + 1) is not None:  # presumed dead while claiming: the next one is taken
@@ -163,6 +165,46 @@ class Lease:
         for epoch in passed:  # dead claimants' claims: once the lease is ours nobody can take their epochs
             self._drop_claim(epoch)
 
+    def _gone_holder(self) -> Holder | None:
+        """The lease's holder once it is known to be gone (None: no lease, or ours); refuses (StorageError) while it
+        is alive. On this host its process answers; from another host only its heartbeats can: it is alive when its
+        beat count advances within the lease timeout, watched by this host's monotonic clock (no two hosts' clocks
+        are ever compared, so a host whose clock is off can neither take a live lease nor keep a dead one)."""
+        holder = Holder.of(self.study)
+        for _ in range(MAX_PASSED_CLAIMS):
+            if holder is None or holder.token == self.token:
+                return holder
+            if holder.here:
+                if holder.process_alive:
+                    raise self.refusal(holder)
+                return holder
+            now = self._watch(lambda: _sign(Holder.of(self.study)), _sign(holder))
+            if now is _UNCHANGED:  # silent for the whole timeout: dead (or paused: its writes are fenced)
+                return holder
+            if now is not None and now[0] == holder.token:  # it beat: alive
+                raise self.refusal(holder)
+            holder = Holder.of(self.study)  # released, or taken by another meanwhile: judge that one
+        raise self.refusal(holder)
+
+    def refusal(self, holder: Holder | None) -> StorageError:
+        """The one line that refuses a driver while `holder` runs the study (also for a resume that finds the
+        study's storage locked by it: orchestrator/sweep/held.py)."""
+        return StorageError(f"study {self.study.study_name!r} is being run by {holder or 'another driver'}; wait "
+                            f"for it to finish or stop it (a lease whose driver died is taken over once its "
+                            f"heartbeat has not advanced for {stale_after_s():.0f} s, at once on its own host)")
+
+    @staticmethod
+    def _watch(read: Callable[[], Any], seen: Any) -> Any:
+        """Read `read()` until it differs from `seen` (returned) or the lease timeout passes on this host's monotonic
+        clock (_UNCHANGED)."""
+        deadline = time.monotonic() + stale_after_s()
+        while time.monotonic() < deadline:
+            time.sleep(min(heartbeat_every_s() / 4, 1.0))
+            now = read()
+            if now != seen:
+                return now
+        return _UNCHANGED
+
     def _claim(self, epoch: int, passed: list[int]) -> int:
         """Create the claim of `epoch`, or of a later one when `epoch`'s claimant died (appended to `passed`);
         the epoch claimed. A live claimant (taking the lease at this moment) refuses this driver."""
@@ -172,7 +214,7 @@ class Lease:
                                                       self._claim_name(epoch))
             except optuna.exceptions.DuplicatedStudyError:
                 claimant = self._claimant(epoch)
-                if claimant is not None and claimant.alive:
+                if claimant is not None and self._claiming(epoch, claimant):
                     raise self._taken_at_once(claimant) from None
                 passed.append(epoch)
                 epoch += 1
@@ -199,6 +241,15 @@ class Lease:
             if data or time.monotonic() > deadline:
                 return _holder_of(data)
             time.sleep(0.05)
+
+    def _claiming(self, epoch: int, claimant: Holder) -> bool:
+        """Is the claimant of `epoch` still taking the lease (or has it taken it)? Its process on this host; from
+        another host, its claim changes (dropped once it holds the lease) within the lease timeout."""
+        if self._claim_id(epoch) is None:  # dropped: it went on and took the lease
+            return True
+        if claimant.here:
+            return claimant.process_alive
+        return self._watch(lambda: self._claim_id(epoch), self._claim_id(epoch)) is not _UNCHANGED
 
     def _claim_id(self, epoch: int) -> int | None:
         try:
@@ -268,9 +319,10 @@ class Lease:
                          f"it stops without writing anything more")
 
     def _holder(self, epoch: int) -> Holder:
-        return Holder(self.token, epoch, self.host, self.pid, time.time())
+        return Holder(self.token, epoch, self.host, self.pid, time.time() + _clock_skew_s(), self._beats)
 
     def _write(self) -> None:
+        self._beats += 1
         self.store(driver_lease=self._holder(self.epoch).to_attr())
         self._beat = time.monotonic()
 
@@ -289,12 +341,30 @@ def claim_name(study_name: str, epoch: int) -> str:
     return f"{study_name}{studies.LEASE_CLAIM_MARK}{epoch}"
 
 
-def _holder_of(data: Any) -> Holder | None:
-    """A Holder from its stored dict; None when released, or not a lease."""
+def _clock_skew_s() -> float:
+    """A test's skew of this host's wall clock (CLOCK_SKEW_ENV): the lease never compares it with another's."""
     try:
-        return Holder(**{f: data[f] for f in Holder.__dataclass_fields__}) if data else None
-    except (KeyError, TypeError):
+        return float(os.environ.get(CLOCK_SKEW_ENV, "0"))
+    except ValueError:
+        return 0.0
+
+
+def _holder_of(data: Any) -> Holder | None:
+    """A Holder from its stored dict (one stored before beats were counted: beat 0); None when released, or not a
+    lease."""
+    try:
+        return Holder(**{f: data[f] for f in Holder.__dataclass_fields__ if f != "beat"},
+                      beat=data.get("beat", 0)) if data else None
+    except (KeyError, TypeError, AttributeError):
         return None
+
+
+_UNCHANGED = object()  # Lease._watch: nothing changed within the lease timeout
+
+
+def _sign(holder: Holder | None) -> tuple[str, Any] | None:
+    """What changes when a holder beats, releases or is replaced: its token and beat count."""
+    return (holder.token, holder.beat) if holder else None
 
 
 def _epoch(holder: Holder | None) -> int:

@@ -32,15 +32,17 @@ import optuna
 
 from search_spaces.result import MEASURED_STATUSES, TrialResult
 
-from orchestrator.dispatch.base import stop
+from orchestrator.dispatch.base import stop, submit
+from orchestrator.errors import RunDirectoryError, TrackingLost
 from orchestrator.records import HEADLINE, TrialRecord, lifecycle, metrics, queries
 from orchestrator.search.prior import Prior
-from orchestrator.spec.schema import SweepSpec
-from orchestrator.storage import studies
+from orchestrator.spec.schema import WHAT_IF_BACKENDS, SweepSpec
+from orchestrator.storage import run_directory, studies
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
 from orchestrator.sweep.session import Session, open_session
+from orchestrator.sweep.steps import StepWatcher
 from orchestrator.tracking.tracker import Tracker
 
 log = logging.getLogger("moe_autotune")
@@ -74,13 +76,25 @@ class Dispatcher:
         assert session.backend is not None, "open_session starts the backend"
         self.backend = session.backend  # the session's: it closes it (Session.close), after the last record
         self.running: dict[concurrent.futures.Future, Proposal] = {}
+        self.steps = StepWatcher(session)  # the running trials' steps: reported, and the cannot-win rule asked
+        # a backend whose trials run writes in their folders (what-if backends answer without running anything)
+        self.writes_folders = session.spec.backend not in WHAT_IF_BACKENDS
+        self.fault: RunDirectoryError | None = None
+        """The run directory refused a trial's writes: the sweep stops, that trial left running (interrupted)."""
 
     def submit(self, proposal: Proposal) -> None:
+        """Start the trial; its folder is asked first whether it takes writes (a refusal fails the trial's future, and
+        `done` makes it the sweep's fault, not the layout's)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
         if proposal.measured is not None:  # kept from an earlier run: recorded, not run again
-            future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(proposal.measured)
         else:
-            future = self.backend.submit(self.session.request(proposal.trial.number, proposal.size))
+            request = self.session.request(proposal.trial.number, proposal.size)
+            refused = run_directory.probe(request.workdir) if self.writes_folders else None
+            if refused is not None:
+                future.set_exception(refused)
+            else:
+                future = submit(self.backend, request, self.steps.feed(proposal))
         self.running[future] = proposal
 
     def done(self, timeout: float) -> list[tuple[concurrent.futures.Future, Proposal, TrialResult]]:
@@ -95,8 +109,21 @@ class Dispatcher:
                 result = future.result()
             except Exception as exc:  # noqa: BLE001 -- a backend bug becomes the trial's error, not a lost trial
                 result = TrialResult(status="error", error=f"backend failed: {type(exc).__name__}: {exc}")
+            fault = self._environment(proposal, result)
+            if fault is not None:  # left running: the stop records it as interrupted, --resume runs it again
+                self.fault = self.fault or fault
+                continue
             out.append((future, proposal, result))
         return out
+
+    def _environment(self, proposal: Proposal, result: TrialResult) -> RunDirectoryError | None:
+        """A trial that failed in a folder that no longer takes writes (a read-only or full run directory, the
+        trainer unable to write its result) failed by the environment: the sweep's fault, not its layout's."""
+        if result.status != "error" or not self.writes_folders:
+            return None
+        number = proposal.trial.number
+        refused = run_directory.probe(self.session.trial_folder(number))
+        return run_directory.failure(refused, number) if refused is not None else None
 
     def settle(self, future: concurrent.futures.Future) -> None:
         """The trial of `future` is recorded: no longer running."""
@@ -181,6 +208,7 @@ class Sweep:
             if not dispatcher.running:
                 return
             for future, proposal, result in dispatcher.done(timeout=1.0):
+                dispatcher.steps.finished(proposal)  # its last steps reported before its tell
                 row = self.recorder.finish(proposal, result)
                 dispatcher.settle(future)
                 if row["status"] in MEASURED_STATUSES:  # an unschedulable trial never ran: free, as a rejection
@@ -188,6 +216,9 @@ class Sweep:
                 if row["fits"] and row["tokens"] and row["tokens"] > self.best:
                     self.best = row["tokens"]
                 view.advance(row, len(dispatcher.running), self.measured, self.recorder.tally)
+            if dispatcher.fault is not None:  # the environment, not a layout: the sweep stops (exit 7, or 4)
+                raise dispatcher.fault
+            dispatcher.steps.poll()
             self._check_converged()
 
     def _check_converged(self) -> None:
@@ -260,8 +291,11 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
         try:
             pending = session.tracker.flush()
             if not pending:
+                session.tracker.verify()  # a store (or its parent run) gone since its last write: one line, exit 8
                 _log_views(session.tracker, study)
                 session.tracker.finish(_summary(session, found, measured, messages), _pareto_csv(study, pareto))
+        except TrackingLost:  # the records are in the Optuna storage: --resume makes them in the store
+            raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
             pending = max(pending, 1)
             messages.append(f"MLflow: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -27,7 +27,7 @@ from search_spaces.validation import numbers_only, validate
 from orchestrator.records import TrialRecord, lifecycle
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prediction
-from orchestrator.storage import studies
+from orchestrator.storage import run_directory, studies
 from orchestrator.sweep.fidelity import WHAT_IF_SOURCES, TrialSize, full_scale
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.session import INTERRUPTED, Session
@@ -138,6 +138,7 @@ class Recorder:
         if result.error:
             attrs["reason"] = result.error[:2000]
         attrs.update(failure_attrs(result))
+        attrs.update(stop_attrs(result))
         if result.extra.get("command"):
             attrs["command"] = result.extra["command"]
         self.session.lease.fence()
@@ -149,12 +150,16 @@ class Recorder:
             trial.set_constraint("not_measured_ok", 0.0 if ok else 1.0)
             if ok:  # a measurement: its objectives
                 trial.study.tell(trial, [_finite(result.tokens_per_sec_per_gpu), _finite(memory)])
-            else:  # failed (oom, error, timeout, invalid, unschedulable): FAIL, with no value it did not measure
-                trial.study.tell(trial, state=TrialState.FAIL)
+            else:  # failed (oom, error, timeout, invalid, unschedulable): FAIL, with no value it did not measure;
+                # pruned (it could not win: sweep/steps.py): PRUNED, its steps its intermediate values
+                trial.study.tell(trial, state=TrialState.PRUNED if result.status == "pruned" else TrialState.FAIL)
             self.tally.add_status(result.status)
         except studies.STORAGE_ERRORS:
             self._fence_if_readable()
-            self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
+            try:
+                self.session.spool.add(trial.number, dict(trial.params), TrialRecord.of(trial).with_attrs(**attrs))
+            except OSError as refused:  # the run directory too: the sweep's fault, the trial run again on --resume
+                raise run_directory.failure(refused, trial.number) from None
             raise
         # each of its MLflow writes passes the lease's fence (orchestrator/tracking/client.py, FencedClient)
         self.stored(trial, self.session.mlflow_record(TrialRecord.of(trial).with_attrs(**attrs))
@@ -272,6 +277,18 @@ def failure_attrs(result: TrialResult) -> dict[str, Any]:
     values = {"failure_class": result.failure_class, "failure_rank": result.failure_rank,
               "failure_reason": result.failure_reason}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def stop_attrs(result: TrialResult) -> dict[str, Any]:
+    """The rule that stopped a trial early (search_spaces/stopping.py) as a stored field, and the reason of one that
+    still measured (measured enough: its interval) where it has no error to say why."""
+    rule = result.extra.get("stop_rule") if isinstance(result.extra, dict) else None
+    if not isinstance(rule, str):
+        return {}
+    attrs: dict[str, Any] = {"stop_rule": rule}
+    if not result.error and isinstance(result.extra.get("stop_reason"), str):
+        attrs["reason"] = result.extra["stop_reason"][:2000]
+    return attrs
 
 
 def short_label(layout: Layout) -> str:

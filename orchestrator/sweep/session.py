@@ -26,7 +26,7 @@ from search_spaces.result import MEASURED_STATUSES
 from orchestrator import dispatch
 from orchestrator.dispatch import Backend, TrialRequest, canonical_backend
 from orchestrator.dispatch.base import unplaceable
-from orchestrator.errors import LeaseLost
+from orchestrator.errors import LeaseLost, StorageError, TrackingLost
 from orchestrator.records import StudyRecord, TrialRecord, enqueue, queries
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prior, make_prior
@@ -34,6 +34,7 @@ from orchestrator.search.proposer import Proposer
 from orchestrator.search.space import SweepSpace
 from orchestrator.spec.schema import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.storage import studies
+from orchestrator.sweep import held
 from orchestrator.sweep.fidelity import Sizing, TrialSize
 from orchestrator.sweep.lease import Lease
 from orchestrator.sweep.spool import ResultSpool
@@ -99,9 +100,21 @@ class Session:
         return TrialRequest(layout=layout, model=spec.model, seq_len=spec.seq_len, gpu=spec.gpu,
                             num_gpus=world, nodes=nodes, gpus_per_node=per_node,
                             steps=spec.steps, warmup=spec.warmup, timeout_s=spec.trial_timeout_s,
-                            workdir=self.workdir / f"trial-{number:04d}", num_layers=layers,
+                            workdir=self.trial_folder(number), num_layers=layers,
                             hidden_size=spec.model_overrides.hidden_size, trial_number=number,
-                            lengths=str(Path(lengths).resolve()) if lengths is not None else None)
+                            lengths=str(Path(lengths).resolve()) if lengths is not None else None,
+                            **self._stopping())
+
+    def _stopping(self) -> dict[str, Any]:
+        """The rules the trainer applies itself (search_spaces/stopping.py), as TrialRequest's fields."""
+        stop = self.spec.stopping
+        limit = (stop.memory_limit_gib or self.memory_limit_gib) if stop.will_not_fit else None
+        return {"stop_within": stop.measured_within, "min_measured": stop.min_measured_steps,
+                "memory_limit_gib": limit}
+
+    def trial_folder(self, number: int) -> Path:
+        """Where trial `number` keeps its files (its logs, result and failure records) in the run directory."""
+        return self.workdir / f"trial-{number:04d}"
 
     def summary(self) -> queries.StudySummary:
         """The study as every view counts it (records/queries.py): its lifecycle tally, measured trials, best."""
@@ -116,7 +129,7 @@ class Session:
         node's log and every rank's failure record (search_spaces.failures), redacted as they are logged."""
         if record.backend is None:
             record = record.with_attrs(backend=self.spec.backend)
-        folder = self.workdir / f"trial-{record.number:04d}"
+        folder = self.trial_folder(record.number)
         logs = sorted(str(p) for pattern in ("*.log", f"*{RECORD_SUFFIX}") for p in folder.glob(pattern))
         return RunRecord(record, tuple(logs))
 
@@ -128,6 +141,8 @@ class Session:
             self.tracker.close()
         except LeaseLost:
             log.info("the study was taken over: its last MLflow records are the new driver's to make")
+        except TrackingLost:  # the sweep's line says so; the records are in the storage for --resume
+            log.info("the MLflow store vanished: its last records are made by --resume")
 
     def close(self) -> None:
         if self.backend is not None:
@@ -152,19 +167,31 @@ def open_session(spec: SweepSpec, resume: bool = False, prior: Prior | None = No
     workdir = Path(spec.workdir) / spec.name
     if not resume:
         _check_something_fits(spec, prior)  # the cost model alone: before any store is looked at
+    if resume:  # a study another driver holds: refused naming it, before a check waits on a file that driver holds
+        held.refuse_held(spec.storage, spec.name)
     # every store checked before any is created (a refused sweep leaves nothing); each new one is then made whole
     tracker = Tracker(spec.tracking_uri, spec.experiment_name, workdir / "mlflow-spool.jsonl") \
         if spec.tracking_uri.lower() != "none" else None
     if tracker:
         tracker.check()  # a tracking URI that cannot be used: one line, nothing created
     _check_workdir(workdir)
-    storage = studies.open_checked(spec.storage, spec.name, resume)
+    storage = _open_checked(spec, resume)
     backend = dispatch.start(spec, prior)  # a cluster that cannot place a trial at all: refused before anything exists
     try:
         return _create(spec, resume, prior, run_tags, tracker, storage, workdir, backend)
     except BaseException:
         backend.close()
         raise
+
+
+def _open_checked(spec: SweepSpec, resume: bool) -> studies.StudyStorage:
+    """The study's storage, checked and opened; a resume's storage found locked names the study's lease holder."""
+    try:
+        return studies.open_checked(spec.storage, spec.name, resume)
+    except StorageError as exc:
+        if not resume:
+            raise
+        raise held.name_holder(exc, spec.storage, spec.name) from None
 
 
 def _create(spec: SweepSpec, resume: bool, prior: Prior, run_tags: dict[str, str] | None, tracker: Tracker | None,
@@ -218,7 +245,9 @@ def _start(session: Session, storage: studies.StudyStorage, existed: bool, run_t
     session.lease.store(budget=spec.budget.model_dump())
     studies.name_metrics(study)  # a new study, or an older one resumed: Optuna's tools name its two objectives
     if session.tracker:
-        parent = session.tracker.start(spec_data, spec.name, resume=existed, tags=run_tags)
+        named = {t.number: TrialRecord.of(t).mlflow_run_id for t in study.get_trials(deepcopy=False)} \
+            if existed else None  # the runs a resume may adopt: each trial's own
+        parent = session.tracker.start(spec_data, spec.name, resume=existed, tags=run_tags, named=named)
         session.lease.store(mlflow_experiment_id=session.tracker.experiment_id, mlflow_parent_run_id=parent)
     if existed:
         _recover(session, storage)

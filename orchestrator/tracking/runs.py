@@ -3,10 +3,17 @@ whose payload is also the spooled form of the record: orchestrator/tracking/reco
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from mlflow.entities import Metric
+
 from orchestrator.records import TrialRecord
+
+STEP_PREFIX = "step/"
+"""A running trial's step metrics (step/step_time_s, ...), apart from the figures its record logs when it ends."""
+STEP_FIGURES = ("step_time_s", "tokens_per_sec_per_gpu", "peak_memory_gib", "loss")
 
 
 @dataclass
@@ -36,3 +43,19 @@ class RunRecord:
         logs = payload.get("logs")
         return cls(TrialRecord.from_attrs(number, payload),
                    tuple(str(p) for p in logs) if isinstance(logs, list) else ())
+
+
+def step_metrics(steps: list[dict[str, Any]], timestamp_ms: int) -> list[Metric]:
+    """The MLflow metrics of a running trial's reported steps (orchestrator/dispatch/steps.py): each figure as
+    `step/<figure>` at the trainer's step index (warm-up included), and `step/measured` 1 for a measured step, 0 for a
+    warm-up one."""
+    out = []
+    for step in steps:
+        index = step["step"]
+        measured = 1.0 if step.get("phase") == "measured" else 0.0
+        out.append(Metric(f"{STEP_PREFIX}measured", measured, timestamp_ms, index))
+        for name in STEP_FIGURES:
+            value = step.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                out.append(Metric(f"{STEP_PREFIX}{name}", float(value), timestamp_ms, index))
+    return out

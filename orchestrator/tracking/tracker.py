@@ -23,15 +23,16 @@ from mlflow.entities import Metric, Param, RunTag
 from search_spaces.bounded import parse_count
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.errors import LeaseLost, TrackingError
+from orchestrator.errors import LeaseLost, TrackingError, TrackingLost
 from orchestrator.records import TRIAL_TAG
 from orchestrator.records.lifecycle import mlflow_status
 from orchestrator.redact import redact_mapping, redact_text
-from orchestrator.storage import connections, tracking_store
+from orchestrator.storage import connections, run_directory, tracking_store
 from orchestrator.tracking import parent_run
 from orchestrator.tracking.client import FencedClient, unusable
 from orchestrator.tracking.record_spool import RecordSpool
-from orchestrator.tracking.runs import ChildRun, RunRecord
+from orchestrator.tracking.runs import ChildRun, RunRecord, step_metrics
+from orchestrator.tracking.store_watch import StoreWatch
 from orchestrator.tracking.views import (
     EXPERIMENT_KIND_TAG,
     PARENT_TAG,
@@ -57,6 +58,7 @@ class Tracker(WriteBehind):
         self.tracking_uri = tracking_uri
         self.store = tracking_store(tracking_uri)
         self.store.check()  # before the client: MLflow retries an unusable SQLite file for minutes
+        self.watch = StoreWatch(self.store)  # each write asks whether the store is still the one opened
         self._client: FencedClient | None = None  # made at the first call: a new SQLite store is created then
         # Called before every MLflow write: the sweep's study lease (LeaseLost once another driver took over)
         self.fence: Callable[[], None] = lambda: None
@@ -76,8 +78,24 @@ class Tracker(WriteBehind):
     def client(self) -> FencedClient:
         """The store's bounded client (TrackingStore.open: a missing SQLite store is created whole here)."""
         if self._client is None:
-            self._client = FencedClient(self.store.open(create=True), lambda: self.fence())
+            self._client = FencedClient(self.store.open(create=True), self._before_write)
+            self.watch.opened()
         return self._client
+
+    def _before_write(self) -> None:
+        """Each MLflow write: the lease's fence, then the store must still be the one opened (StoreWatch)."""
+        self.fence()
+        self.watch.check()
+
+    def verify(self) -> None:
+        """The sweep's end: TrackingLost when the store, or its parent run, vanished since the last write."""
+        self.watch.parent_gone(self.client, self.parent_run_id)
+
+    def close(self) -> None:
+        try:
+            super().close()  # the writer's records made first
+        finally:
+            self.watch.release()
 
     def open(self) -> None:
         """Open the store now (a new SQLite store is created whole): before the sweep creates its study."""
@@ -97,7 +115,10 @@ class Tracker(WriteBehind):
             raise unusable(self.tracking_uri, exc) from None
 
     # ---- parent ------------------------------------------------------------------------------------
-    def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None) -> str:
+    def start(self, spec: dict[str, Any], study_name: str, resume: bool, tags: dict[str, str] | None = None,
+              named: dict[int, str | None] | None = None) -> str:
+        """The sweep's parent run (made, or found on --resume); `named`: each stored trial's own run id (its
+        record's mlflow_run_id, None when it names none), which decides the runs a resume adopts (_load_children)."""
         exp = self.client.get_experiment_by_name(self.experiment_name)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
             self.experiment_name, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
@@ -120,22 +141,45 @@ class Tracker(WriteBehind):
         # e.g. the Slurm job and Ray cluster it runs on, from the start (a cancelled job is linked too)
         for key, value in (tags or {}).items():
             self.client.set_tag(self.parent_run_id, key, redact_text(str(value)))
-        self._load_children()
+        self._load_children(named or {})
         return self.parent_run_id
 
-    def _load_children(self) -> None:
+    def _load_children(self, named: dict[int, str | None]) -> None:
+        """The parent's child runs, each adopted by its trial number unless it is an orphan (_adopts)."""
         token = None
         while True:
             page = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
                                            max_results=1000, page_token=token)
             for run in page:
                 number = parse_count(run.data.tags.get(TRIAL_TAG) or "")  # a value read back: bounded
-                if number is not None:
-                    self._children[number] = ChildRun(run.info.run_id, run.info.status, dict(run.data.params),
-                                                      may_hold_record=True)
+                if number is None:
+                    continue
+                child = ChildRun(run.info.run_id, run.info.status, dict(run.data.params), may_hold_record=True)
+                kept = self._adopts(number, child, named)
+                if kept is not None:
+                    self._children[number] = kept
             token = page.token
             if not token:
                 return
+
+    def _adopts(self, number: int, child: ChildRun, named: dict[int, str | None]) -> ChildRun | None:
+        """Which of `child` and the run already adopted for trial `number` the resume reuses (None: neither).
+        A run the trial's stored record does not name, or a running second run of one trial number, was made by
+        a driver that had lost the study's lease (paused between its fence and the write): an orphan, closed
+        here as such and never filled with a record (issue 58)."""
+        other = self._children.get(number)
+        own = named.get(number)
+        if own is not None and child.run_id != own:
+            self._orphan(child, number, f"trial {number} names run {own}")
+            return None
+        if other is None or own is not None:
+            return child
+        keep, drop = (other, child) if child.status == "RUNNING" else (child, other)
+        self._orphan(drop, number, f"trial {number} has run {keep.run_id}")
+        return keep
+
+    def _orphan(self, child: ChildRun, number: int, why: str) -> None:
+        self._close_aside(child, number, f"orphaned: made by a driver that had lost the study's lease ({why})")
 
     def finish(self, summary: dict[str, Any], pareto_csv: str | None, status: str = "FINISHED") -> None:
         self.settle()
@@ -152,6 +196,8 @@ class Tracker(WriteBehind):
         cannot be reached now."""
         try:
             return self._child(number, layout, backend, params_now).run_id
+        except TrackingLost:  # the store is gone: the sweep stops
+            raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down: the record waits in the storage and the spool
             log.warning("MLflow: no run for trial %d yet (%s: %s); it is recorded when MLflow is back",
                         number, type(exc).__name__, redact_text(str(exc)))
@@ -207,8 +253,13 @@ class Tracker(WriteBehind):
         return self._children.get(number)
 
     def _supersede(self, child: ChildRun, number: int) -> None:
+        self._close_aside(child, number, f"superseded: trial {number} runs another layout")
+
+    def _close_aside(self, child: ChildRun, number: int, reason: str) -> None:
+        """A run that is not trial `number`'s (superseded or orphaned): it says why, names the trial only as
+        SUPERSEDED_TAG (neither `check` nor a resume counts it) and, were it running, is closed KILLED."""
         self.client.set_tag(child.run_id, "status", "interrupted")
-        self.client.set_tag(child.run_id, "reason", f"superseded: trial {number} runs another layout")
+        self.client.set_tag(child.run_id, "reason", reason)
         self.client.set_tag(child.run_id, SUPERSEDED_TAG, str(number))
         self.client.delete_tag(child.run_id, TRIAL_TAG)
         if child.status == "RUNNING":
@@ -227,7 +278,7 @@ class Tracker(WriteBehind):
         record = run.record
         try:  # begun here: this process holds the runs' ids, and a trial's record goes to the run it names
             child = self._child(record.number, record.layout, record.backend or "", params_now=False)
-        except LeaseLost:
+        except (LeaseLost, TrackingLost):
             raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down/misbehaving: keep the record, say why later
             self._spool_failed(run, exc)
@@ -241,15 +292,18 @@ class Tracker(WriteBehind):
         try:
             self._record(run)
             return True
-        except LeaseLost:  # taken over: the record is the new driver's to make, not the spool's
+        except (LeaseLost, TrackingLost):  # taken over, or the store gone: the storage has the record
             raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down/misbehaving: keep the record, say why later
             self._spool_failed(run, exc)
             return False
 
     def _spool_failed(self, run: RunRecord, exc: Exception) -> None:
-        self.spool.add({"trial_number": run.record.number, "payload": run.payload(),
-                     "error": redact_text(f"{type(exc).__name__}: {exc}")})
+        try:
+            self.spool.add({"trial_number": run.record.number, "payload": run.payload(),
+                            "error": redact_text(f"{type(exc).__name__}: {exc}")})
+        except OSError as refused:  # the run directory, not the Optuna storage: one line, exit 7 (or 4)
+            raise run_directory.failure(refused) from None
 
     def _record(self, run: RunRecord) -> None:
         record = run.record
@@ -306,7 +360,15 @@ class Tracker(WriteBehind):
         have = {(m.key, m.step) for key in logged for m in self.client.get_metric_history(run_id, key)}
         return [m for m in metrics if (m.key, m.step) not in have]
 
+    def log_steps(self, number: int, steps: list[dict[str, Any]]) -> None:
+        """A running trial's reported steps as step-indexed metrics of its run (runs.step_metrics), as they come."""
+        child = self._children.get(number)
+        if not self.watch.lost and child is not None and child.status == "RUNNING" and steps:
+            self.client.log_batch(child.run_id, metrics=step_metrics(steps, now_ms()))
+
     def mark_failed(self, number: int, reason: str) -> None:
+        if self.watch.lost:  # nothing more to a store that is gone: the storage has the trial's state
+            return
         self.settle()  # a record still with the writer closes its run first
         child = self._children.get(number)
         if child is None and number in self._uncertain:  # a stop in its run's creation: the run may exist
@@ -321,7 +383,10 @@ class Tracker(WriteBehind):
     def flush(self) -> int:
         """Deliver spooled records (RecordSpool.flush); returns how many are still pending."""
         self.settle()  # the writer's records first: a record it could not deliver is in the spool
-        return self.spool.flush(self._deliver_spooled)
+        pending = self.spool.flush(self._deliver_spooled)
+        if self.watch.lost:  # each record was refused: the store is gone (the storage keeps them)
+            raise TrackingLost(self.watch.lost)
+        return pending
 
     def _deliver_spooled(self, number: int, payload: dict[str, Any]) -> None:
         if not self.is_finished(number):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from orchestrator.errors import LeaseLost
+from orchestrator.errors import LeaseLost, RunDirectoryError, TrackingLost
 from orchestrator.storage import TrackingStore
 from orchestrator.tracking.record_spool import RecordSpool
 from orchestrator.tracking.runs import ChildRun, RunRecord
@@ -99,7 +99,7 @@ class WriteBehind:
         self._children[run.record.number] = child
         try:
             return (RECORDED if self._record_or_spool(run) else SPOOLED), child
-        except LeaseLost:
+        except (LeaseLost, TrackingLost, RunDirectoryError):  # the sweep's to judge: its own fence and store watch
             return HANDED_BACK, child
 
 

@@ -34,7 +34,7 @@ from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import FAKE_TRAINER
 
-STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted", "unschedulable"}
+STATUSES = {"ok", "oom", "error", "timeout", "invalid", "infeasible", "interrupted", "unschedulable", "pruned"}
 
 
 def _sweep(spec):

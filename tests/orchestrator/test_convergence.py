@@ -5,6 +5,7 @@ measured beats the best measured one by more than `converge_margin` falls below 
 from __future__ import annotations
 
 import json
+import math
 
 from mlflow import MlflowClient
 
@@ -42,3 +43,28 @@ def test_the_chance_of_better_falls_as_the_search_measures_and_is_zero_with_noth
     after = search.chance_of_better({lay.key() for lay in search.layouts[:30]}, best, 0.02)
     assert 0.0 <= after <= before <= 1.0
     assert search.chance_of_better({lay.key() for lay in search.layouts}, best, 0.02) == 0.0
+
+
+def test_the_calibrated_search_learns_a_pruned_trials_reported_steps(tmp_path):
+    """Issue 59: a trial stopped because it cannot win still measured steps; the search learns their median as its
+    layout's figure (before, it learnt nothing from it, and needed more trials to reach the best)."""
+    import optuna
+
+    from orchestrator.records import TrialRecord
+    from orchestrator.search.samplers import CalibratedSampler
+    from orchestrator.search.space import SweepSpace
+
+    spec = make_spec(tmp_path, "pruned")
+    prior = prior_for(spec)
+    space = SweepSpace.from_prior(prior)
+    sampler = CalibratedSampler(space, prior, seed=0)
+    layout = sampler.search.layouts[0]
+    pruned = optuna.trial.create_trial(params=space.params(layout), distributions=space.distributions(),
+                                       intermediate_values={2: 90.0, 3: 100.0, 4: 110.0},
+                                       user_attrs=TrialRecord.attrs(status="pruned"),
+                                       state=optuna.trial.TrialState.PRUNED)
+    before = list(sampler.search._obs_y)
+    sampler._learn([pruned])
+    assert len(sampler.search._obs_y) == len(before) + 1
+    i = sampler.search.index[layout.key()]
+    assert abs(sampler.search._obs_y[-1] - (math.log(100.0) - sampler.search.log_pred[i])) < 1e-9

@@ -60,7 +60,8 @@ def rebuild(data: dict, storage: str) -> optuna.Study:
     return study
 
 
-FAILURE_COLUMNS = {"failure_class", "failure_rank", "failure_reason"}  # the leaderboard's since issue 53
+# the leaderboard's since issue 53 (a failure's root cause) and issue 59 (the rule that stopped a trial early): empty
+FAILURE_COLUMNS = {"failure_class", "failure_rank", "failure_reason", "stop_rule"}
 
 
 def _same(new, old) -> bool:

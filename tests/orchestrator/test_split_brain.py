@@ -8,10 +8,12 @@ orchestrator/sweep/lease.py; slow trials come from the replay backend's test-onl
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import optuna
 import pytest
@@ -29,7 +32,7 @@ from orchestrator.outputs.check import check
 from orchestrator.records import StudyRecord, queries
 from orchestrator.storage import studies
 from orchestrator.sweep import lease as leases
-from orchestrator.sweep.lease import HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
+from orchestrator.sweep.lease import CLOCK_SKEW_ENV, HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
 from tests.sweep_helpers import measured_count, spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,20 +58,32 @@ def _names(storage) -> list[str]:
     return [s.study_name for s in storage.get_all_studies()]
 
 
-def _stale(study: optuna.Study) -> None:
-    """Wait until the holder's heartbeat is older than the lease timeout (the holder never beats meanwhile)."""
-    while time.time() - Holder.of(study).heartbeat <= leases.stale_after_s():
-        time.sleep(0.1)
+@contextlib.contextmanager
+def _beating(beat: Callable[[], None]):
+    """`beat()` every heartbeat period in a thread (a live driver on another host) until the block ends."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(leases.heartbeat_every_s()):
+            beat()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(study, storage):
     first = Lease(study, storage, host="host-a")
     first.acquire()
     second = Lease(study, storage, host="host-b")
-    with pytest.raises(StorageError, match="is being run by pid .* on host-a"):
-        second.acquire()  # its heartbeat is fresh: alive as far as anyone can tell
-    first.heartbeat(force=True)
-    _stale(study)  # host-a goes silent past the timeout (paused, or dead: nobody can tell which)
+    with _beating(lambda: first.heartbeat(force=True)):
+        with pytest.raises(StorageError, match="is being run by pid .* on host-a"):
+            second.acquire()  # its beats advance: alive as far as anyone can tell
+    # host-a goes silent (paused, or dead: nobody can tell which): taken once its beat stood still for the timeout
     second.acquire()
     assert (first.epoch, second.epoch) == (1, 2)
     # host-a wakes up: every write it would make is fenced, and its own heartbeat does not overwrite the lease
@@ -84,6 +99,28 @@ def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(
     assert Holder.of(study) is None
     with pytest.raises(LeaseLost, match="released by another driver"):
         Lease(study, storage, host="host-a", token=first.token, epoch=1).fence()
+
+
+@pytest.mark.parametrize("skew_s", [-200.0, 200.0])
+def test_a_holder_on_a_host_whose_clock_is_off_is_judged_by_its_beats_not_its_clock(study, storage, skew_s):
+    """Issue 58: one host's clock 200 s behind (or ahead of) the other's. A holder that beats is alive, however old
+    its heartbeat's time looks here; one that stopped beating is taken over after the timeout, however new it
+    looks. Before, the first was taken from a live driver (both then stopped, the study doubled) and the second
+    kept for 200 s."""
+    beats = iter(range(1, 10**6))
+
+    def beat() -> None:  # host-a's driver, its clock off by skew_s
+        StudyRecord.write(study, driver_lease=Holder("a", 1, "host-a", 1, time.time() + skew_s, next(beats)).to_attr())
+
+    beat()
+    rival = Lease(study, storage, host="host-b")
+    with _beating(beat):
+        with pytest.raises(StorageError, match="is being run by pid 1 on host-a"):
+            rival.acquire()
+    started = time.monotonic()
+    rival.acquire()  # host-a fell silent: its beat stands still for the timeout, whatever its clock says
+    assert time.monotonic() - started >= leases.stale_after_s()
+    assert Holder.of(study).token == rival.token and rival.epoch == 2
 
 
 def test_a_driver_whose_read_of_the_lease_went_stale_is_refused_and_never_overwrites_the_holder(study, storage):
@@ -103,18 +140,32 @@ def test_a_driver_whose_read_of_the_lease_went_stale_is_refused_and_never_overwr
 
 
 def test_two_drivers_claiming_one_epoch_at_once_one_runs_the_other_is_refused_naming_it(study, storage):
+    """host-a starts while host-b holds the claim of epoch 1 and has not yet written the lease: host-a watches the
+    claim (another host's claimant can only be seen to move on), host-b takes the lease and beats on, host-a is
+    refused naming it."""
     first, second = Lease(study, storage, host="host-a"), Lease(study, storage, host="host-b")
-    refusals = []
+    refusals: list[str] = []
+
+    def first_tries() -> None:
+        try:
+            first.acquire()
+        except StorageError as exc:
+            refusals.append(str(exc))
+
+    attempt = threading.Thread(target=first_tries)
 
     def first_tries_meanwhile():  # host-b has claimed epoch 1 and not yet written the lease
-        with pytest.raises(StorageError, match=r"is being run by pid \d+ on host-b.*at the same moment") as err:
-            first.acquire()
-        refusals.append(str(err.value))
+        attempt.start()
+        time.sleep(leases.heartbeat_every_s())
         Lease._write(second)
 
     second._write = first_tries_meanwhile
     second.acquire()
-    assert len(refusals) == 1 and Holder.of(study).host == "host-b" and _names(storage) == ["lease"]
+    del second._write  # its own heartbeats from now on
+    with _beating(lambda: second.heartbeat(force=True)):
+        attempt.join()
+    assert len(refusals) == 1 and re.search(r"is being run by pid \d+ on host-b", refusals[0]), refusals
+    assert Holder.of(study).host == "host-b" and _names(storage) == ["lease"]
 
 
 def _dead_pid() -> int:
@@ -265,15 +316,18 @@ def test_a_paused_holder_on_its_own_host_is_never_taken(study, storage):
 
 # ---- real drivers: SIGSTOP past the lease, a takeover, SIGCONT -----------------------------------------------
 def _env(host: str) -> dict:
+    """A driver on `host`; host-a's clock runs 200 s behind, host-b's 200 s ahead (issue 58: the lease compares
+    no two hosts' clocks, so neither takes a live lease nor keeps a dead one)."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", TIMEOUT_ENV: str(LEASE_S),
-            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S)}
+            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S),
+            CLOCK_SKEW_ENV: {"host-a": "-200", "host-b": "200"}.get(host, "0")}
 
 
 
 
 def _snapshot(data: dict) -> dict:
     """Everything stored: the study's trials (state, values, attrs), its attrs, and every MLflow run."""
-    study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+    study = studies.load_study(data["storage"], data["name"])
     trials = [(t.number, t.state.name, t.values, json.dumps(t.user_attrs, sort_keys=True, default=str))
               for t in study.get_trials(deepcopy=False)]
     client = MlflowClient(data["tracking_uri"])
@@ -300,20 +354,21 @@ def _waiting_on_its_trial(data: dict, stopped: datetime.datetime) -> bool:
     opened, begun less than half the delay before the stop? (The stop's time, not the check's: on a loaded
     machine the check itself can take longer than the delay.) A driver paused between the fence and the write
     right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py)."""
-    study = optuna.load_study(study_name=data["name"], storage=data["storage"])
+    study = studies.load_study(data["storage"], data["name"])
     return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
                and (stopped - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
                for t in study.get_trials(deepcopy=False))
 
 
-def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path]) -> None:
-    """SIGSTOP the driver while it waits on a trial and holds no database lock (a paused writer would block
-    the other driver at the SQLite level, which is not what this test is about)."""
+def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], journal_lock: Path) -> None:
+    """SIGSTOP the driver while it waits on a trial and holds no database or journal lock (a paused writer would
+    block the other driver at the storage's level, which is not what this test is about)."""
     while True:
         assert proc.poll() is None, "the driver finished before it was caught waiting on a trial"
         os.kill(proc.pid, signal.SIGSTOP)
         stopped = datetime.datetime.now()
-        if all(_unlocked(db) for db in dbs) and _waiting_on_its_trial(data, stopped):
+        if all(_unlocked(db) for db in dbs) and not os.path.lexists(journal_lock) and \
+                _waiting_on_its_trial(data, stopped):
             return
         os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
@@ -322,8 +377,31 @@ def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path]) ->
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path):
+    _paused_takeover(tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}", [tmp_path / "optuna.db"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover_in_a_journal(tmp_path):
+    _paused_takeover(tmp_path, f"journal:///{tmp_path / 'optuna.journal'}", [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.xdist_group("postgres")
+def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover_in_postgresql(tmp_path, postgres):
+    """Issue 58's reported case: two drivers on one PostgreSQL study."""
+    _paused_takeover(tmp_path, postgres.create_database("paused"), [])
+
+
+def _paused_takeover(tmp_path: Path, storage: str, databases: list[Path]) -> None:
+    """Driver A (host-a) is paused while it waits on a trial, until its lease is stale; driver B (host-b) resumes
+    and finishes the study; A is continued: it stops (exit 5, one line) having written nothing, and `check` finds
+    the study and MLflow in agreement, every layout measured once. `databases`: SQLite files whose lock a pause
+    must not hold (a paused SQLite writer blocks the other driver below the lease, which is not this test's
+    subject); a journal's lock file is checked beside it."""
     data = spec_data(tmp_path, "split", seq_len=128, backend="replay", replay_table=str(TABLE), fixed={},
-                     budget={"n_trials": 14})
+                     budget={"n_trials": 14}, storage=storage)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data))
     first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a"),
@@ -339,11 +417,10 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover(tmp_path
         assert refused.returncode == 2 and "being run by" in refused.stderr and "host-a" in refused.stderr, refused
         assert first.poll() is None, "the first driver finished before it could be paused; give it more trials"
 
-        _pause_while_waiting(first, data, [tmp_path / "optuna.db", tmp_path / "mlflow.db"])
+        _pause_while_waiting(first, data, [*databases, tmp_path / "mlflow.db"], tmp_path / "optuna.journal.lock")
         paused_at = measured_count(data["storage"], data["name"])
-        study = optuna.load_study(study_name=data["name"], storage=data["storage"])
-        while time.time() - Holder.of(study).heartbeat <= LEASE_S:
-            time.sleep(0.2)
+        # host-b watches the paused holder's beat count stand still for the lease timeout, then takes over (its
+        # heartbeat's time, 200 s old by host-a's clock, decides nothing)
         takeover = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path,
                                   env=_env("host-b"), capture_output=True, text=True, timeout=300)
         assert takeover.returncode == 0, takeover.stderr[-3000:]

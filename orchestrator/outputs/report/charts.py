@@ -32,7 +32,7 @@ from orchestrator.storage import studies
 FIGURES = ("pareto", "importance", "predicted_vs_measured", "winner_breakdown", "best_so_far", "gpu_hours")
 _STATUS_COLORS = {"ok": "#1f77b4", "oom": "#d62728", "error": "#7f7f7f", "invalid": "#9467bd",
                   "timeout": "#ff7f0e", "infeasible": "#bcbd22", "interrupted": "#8c564b",
-                  "unschedulable": "#17becf"}
+                  "unschedulable": "#17becf", "pruned": "#e377c2"}
 _ROW_PX = 24  # one category of a horizontal bar chart: its label (12 px) and the gap to the next
 # plotly's hover labels, like sig(): 4 significant digits, thousands separators, no e-notation (d3-format)
 _HOVER_FORMAT = ",.4~r"
