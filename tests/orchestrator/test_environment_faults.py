@@ -140,7 +140,7 @@ def _ray(sweep_spec, name: str, real: bool = False, **changes) -> dict:
 
     trainer = {"backend": "ray", "launcher": "python", "steps": 2, "warmup": 1, "seq_len": 128, "gbs": 4,
                "trial_timeout_s": 600} if real else FAKE_TRAINER
-    return sweep_spec(name, trainer, {"gpus_per_node": 1, "budget": {"n_trials": 4},
+    return sweep_spec(name, trainer, {"gpus_per_node": 1, "budget": {"n_trials": 3},
                                       "free": ["mbs", "recompute"]}, **changes)
 
 
@@ -155,29 +155,28 @@ def _sweep(data: dict, tmp_path: Path, *extra: str) -> int:
 @pytest.mark.slow  # Ray and a trainer process per trial
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault, real", [("run directory read-only", False), ("run directory full", False),
-                                         ("MLflow store deleted", False), ("run directory read-only", True)])
+                                         ("run directory read-only", True)])
 def test_a_fault_between_real_trials_stops_the_sweep_and_resume_runs_the_trial_again(
         tmp_path, sweep_spec, monkeypatch, capsys, read_only, fault, real):
     """`real`: the Megatron-Core CPU trainer (one process a trial) instead of the fake one."""
     monkeypatch.delenv("MOE_AUTOTUNE_TRAINER_MODULE", raising=False)
     data = _ray(sweep_spec, "between-trials", real)
     runs = tmp_path / "runs" / data["name"]
-    act = {"run directory read-only": lambda: read_only(runs), "run directory full": lambda: _full_under(
-        monkeypatch, runs), "MLflow store deleted": (tmp_path / "mlflow.db").unlink}[fault]
+    # (an MLflow store deleted mid-sweep: the analytic sweeps below and the forked writer's test)
+    act = {"run directory read-only": lambda: read_only(runs),
+           "run directory full": lambda: _full_under(monkeypatch, runs)}[fault]
     recorded = _after(monkeypatch, 2, act)
     code = _sweep(data, tmp_path)
     line = _one_line(capsys)
     if fault == "run directory read-only":
         assert code == 7 and line.startswith(f"error: the run directory cannot be written: '{runs}/trial-"), line
-    elif fault == "run directory full":  # no mount: the driver's fsync under the run directory answers ENOSPC
+    else:  # no mount: the driver's fsync under the run directory answers ENOSPC
         assert code == 4 and line.startswith("error: the run directory's disk is full: ") and str(runs) in line, line
-    else:
-        assert code == 8 and "vanished mid-sweep" in line, line
-    ours = fault.startswith("run")  # a trial in flight: interrupted, the line says so
-    assert not ours or ("recorded as interrupted, not as its layout's failure" in line and "--resume" in line), line
+    # a trial in flight: interrupted, the line says so
+    assert "recorded as interrupted, not as its layout's failure" in line and "--resume" in line, line
     statuses = _statuses(data)
     assert [statuses[n] for n in recorded] == ["ok", "ok"] and "error" not in statuses.values(), statuses
-    assert [s for n, s in statuses.items() if n not in recorded].count("interrupted") == int(ours), statuses
+    assert [s for n, s in statuses.items() if n not in recorded].count("interrupted") == 1, statuses
     read_only.mend(runs)
     monkeypatch.undo()
     assert _sweep(data, tmp_path, "--resume") == 0
