@@ -315,11 +315,11 @@ def test_a_paused_holder_on_its_own_host_is_never_taken(study, storage):
 
 
 # ---- real drivers: SIGSTOP past the lease, a takeover, SIGCONT -----------------------------------------------
-def _env(host: str) -> dict:
+def _env(host: str, delay_s: float = REPLAY_DELAY_S) -> dict:
     """A driver on `host`; host-a's clock runs 200 s behind, host-b's 200 s ahead (issue 58: the lease compares
     no two hosts' clocks, so neither takes a live lease nor keeps a dead one)."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", TIMEOUT_ENV: str(LEASE_S),
-            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(REPLAY_DELAY_S),
+            HOST_ENV: host, "MOE_AUTOTUNE_REPLAY_DELAY_S": str(delay_s),
             CLOCK_SKEW_ENV: {"host-a": "-200", "host-b": "200"}.get(host, "0")}
 
 
@@ -349,18 +349,19 @@ def _unlocked(path: Path) -> bool:
         return False
 
 
-def _waiting_on_its_trial(data: dict, stopped: datetime.datetime) -> bool:
+def _waiting_on_its_trial(data: dict, stopped: datetime.datetime, delay_s: float) -> bool:
     """Was the driver, when stopped, inside a trial's replay delay: a running trial whose MLflow run it has
     opened, begun less than half the delay before the stop? (The stop's time, not the check's: on a loaded
     machine the check itself can take longer than the delay.) A driver paused between the fence and the write
     right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py)."""
     study = studies.load_study(data["storage"], data["name"])
     return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
-               and (stopped - t.datetime_start).total_seconds() < REPLAY_DELAY_S / 2
+               and (stopped - t.datetime_start).total_seconds() < delay_s / 2
                for t in study.get_trials(deepcopy=False))
 
 
-def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], journal_lock: Path) -> None:
+def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], journal_lock: Path,
+                         delay_s: float) -> None:
     """SIGSTOP the driver while it waits on a trial and holds no database or journal lock (a paused writer would
     block the other driver at the storage's level, which is not what this test is about)."""
     while True:
@@ -368,7 +369,7 @@ def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], jo
         os.kill(proc.pid, signal.SIGSTOP)
         stopped = datetime.datetime.now()
         if all(_unlocked(db) for db in dbs) and not os.path.lexists(journal_lock) and \
-                _waiting_on_its_trial(data, stopped):
+                _waiting_on_its_trial(data, stopped, delay_s):
             return
         os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
@@ -391,10 +392,12 @@ def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover_in_a_jou
 @pytest.mark.xdist_group("postgres")
 def test_a_driver_paused_past_its_lease_writes_nothing_after_a_takeover_in_postgresql(tmp_path, postgres):
     """Issue 58's reported case: two drivers on one PostgreSQL study."""
-    _paused_takeover(tmp_path, postgres.create_database("paused"), [])
+    # each look at the paused driver reads the study from the server: under a loaded suite a look can outlast half
+    # a 1 s trial, and the driver finished before one landed inside a trial's wait; 2 s trials leave room
+    _paused_takeover(tmp_path, postgres.create_database("paused"), [], delay_s=2.0)
 
 
-def _paused_takeover(tmp_path: Path, storage: str, databases: list[Path]) -> None:
+def _paused_takeover(tmp_path: Path, storage: str, databases: list[Path], delay_s: float = REPLAY_DELAY_S) -> None:
     """Driver A (host-a) is paused while it waits on a trial, until its lease is stale; driver B (host-b) resumes
     and finishes the study; A is continued: it stops (exit 5, one line) having written nothing, and `check` finds
     the study and MLflow in agreement, every layout measured once. `databases`: SQLite files whose lock a pause
@@ -404,25 +407,27 @@ def _paused_takeover(tmp_path: Path, storage: str, databases: list[Path]) -> Non
                      budget={"n_trials": 14}, storage=storage)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data))
-    first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a"),
+    first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a", delay_s),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while measured_count(data["storage"], data["name"]) < 2:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.2)
-        # a live holder on another host, heartbeat fresh: never taken
-        refused = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path, env=_env("host-b"),
+        # a live holder on another host, its beat advancing: never taken
+        refused = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path,
+                                 env=_env("host-b", delay_s),
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and "being run by" in refused.stderr and "host-a" in refused.stderr, refused
         assert first.poll() is None, "the first driver finished before it could be paused; give it more trials"
 
-        _pause_while_waiting(first, data, [*databases, tmp_path / "mlflow.db"], tmp_path / "optuna.journal.lock")
+        _pause_while_waiting(first, data, [*databases, tmp_path / "mlflow.db"], tmp_path / "optuna.journal.lock",
+                             delay_s)
         paused_at = measured_count(data["storage"], data["name"])
         # host-b watches the paused holder's beat count stand still for the lease timeout, then takes over (its
         # heartbeat's time, 200 s old by host-a's clock, decides nothing)
         takeover = subprocess.run([CLI, "sweep", str(spec), "--quiet", "--resume"], cwd=tmp_path,
-                                  env=_env("host-b"), capture_output=True, text=True, timeout=300)
+                                  env=_env("host-b", delay_s), capture_output=True, text=True, timeout=300)
         assert takeover.returncode == 0, takeover.stderr[-3000:]
         before = _snapshot(data)
 
