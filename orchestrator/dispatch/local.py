@@ -7,7 +7,8 @@ A hang is killed with its whole process tree (status timeout); a lost Ray worker
 
 Every trial first waits for its placement group (one bundle per node, for single-node trials too), so that "never
 started" and "started and hung" are told apart: a trial the cluster has not placed within `placement_timeout_s`
-(counted while none of the sweep's own trials holds a placement: queueing behind them is no fault) is given up as
+(counted while none of the sweep's own trials holds a placement and none asked before it still waits: queueing
+behind them is no fault) is given up as
 `unschedulable`; one that asks for more than the cluster has is refused before it waits (`unplaceable`). A stop
 (`stop`, `close`: Ctrl-C, SIGTERM) ends every wait within POLL_S and each trial's process tree within STOP_GRACE_S.
 
@@ -66,6 +67,7 @@ class LocalRayBackend:
         self._started_ray = False
         self._stopping = threading.Event()  # set by stop(): every trial's wait ends, its tasks are cancelled
         self._placed = 0  # trials of this backend holding a placement now (their resources reserved)
+        self._waiting: list[object] = []  # this backend's trials awaiting placement, in the order they asked
         self._lock = threading.Lock()
         if not spec.ray_address:
             self._refuse_before_start()
@@ -190,24 +192,36 @@ class LocalRayBackend:
 
     def _await_placement(self, pg, request: TrialRequest) -> TrialResult | None:
         """None once the trial's bundles are reserved; else its result: unschedulable after placement_timeout_s of
-        waiting while none of this backend's trials held a placement (queueing behind them is no fault of the
-        cluster's), interrupted when the sweep stops first."""
+        waiting while none of this backend's trials held a placement or was ahead of it in the queue (queueing
+        behind them is no fault of the cluster's), interrupted when the sweep stops first."""
         import ray
 
-        ready, bound, waited = pg.ready(), self.spec.placement_timeout_s, 0.0
-        while not self._stopping.is_set():
-            began = time.monotonic()
-            done, _ = ray.wait([ready], timeout=POLL_S)
-            if done:
-                return None
-            if not self._placed:
-                waited += time.monotonic() - began
-            if waited >= bound:
-                asks = trial_asks(request.nodes, self._bundle(request.gpus_per_node))
-                return TrialResult(status="unschedulable", error=(
-                    f"not placed within placement_timeout_s ({bound:g} s), never started: a trial asks for {asks}; "
-                    f"the Ray cluster has {cluster_has(alive_nodes())}, {cluster_free()}"))
-        return TrialResult(status="interrupted", error=STOPPED)
+        ready, bound, waited, turn = pg.ready(), self.spec.placement_timeout_s, 0.0, object()
+        with self._lock:
+            self._waiting.append(turn)
+        try:
+            while not self._stopping.is_set():
+                began = time.monotonic()
+                done, _ = ray.wait([ready], timeout=POLL_S)
+                if done:
+                    return None
+                if self._cluster_is_to_blame(turn):
+                    waited += time.monotonic() - began
+                if waited >= bound:
+                    asks = trial_asks(request.nodes, self._bundle(request.gpus_per_node))
+                    return TrialResult(status="unschedulable", error=(
+                        f"not placed within placement_timeout_s ({bound:g} s), never started: a trial asks for "
+                        f"{asks}; the Ray cluster has {cluster_has(alive_nodes())}, {cluster_free()}"))
+            return TrialResult(status="interrupted", error=STOPPED)
+        finally:
+            with self._lock:
+                self._waiting.remove(turn)
+
+    def _cluster_is_to_blame(self, turn: object) -> bool:
+        """Does this wait count against the cluster: none of the sweep's trials holds a placement, and none that
+        asked earlier still waits for one (a loaded machine can take over a second to place the first)?"""
+        with self._lock:
+            return not self._placed and self._waiting[0] is turn
 
     @contextlib.contextmanager
     def _holding(self) -> Iterator[None]:

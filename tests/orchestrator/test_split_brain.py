@@ -349,14 +349,19 @@ def _unlocked(path: Path) -> bool:
         return False
 
 
+FENCE_MARGIN_S = 0.25  # the stop's time is read just after SIGSTOP: a margin for that read, not for load
+
+
 def _waiting_on_its_trial(data: dict, stopped: datetime.datetime, delay_s: float) -> bool:
     """Was the driver, when stopped, inside a trial's replay delay: a running trial whose MLflow run it has
-    opened, begun less than half the delay before the stop? (The stop's time, not the check's: on a loaded
+    opened, begun less than the delay (less a margin) before the stop? The trial began before its submit, so its
+    answer, and the fence checked after it, were still to come. (The stop's time, not the check's: on a loaded
     machine the check itself can take longer than the delay.) A driver paused between the fence and the write
-    right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py)."""
+    right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py).
+    Half the delay was the bound once; a loaded suite spent that between the trial's start and its submit."""
     study = studies.load_study(data["storage"], data["name"])
     return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
-               and (stopped - t.datetime_start).total_seconds() < delay_s / 2
+               and (stopped - t.datetime_start).total_seconds() < delay_s - FENCE_MARGIN_S
                for t in study.get_trials(deepcopy=False))
 
 
