@@ -3,7 +3,8 @@
 Both are `MoeAutotuneError`s (one line on the command line). A store that cannot be used at the start
 is bad input (exit 2, nothing created); a store that fails in the middle of a sweep (a full disk) exits
 with 4 once what was measured is safe (see the README's failure table). The environment failing mid-sweep stops the
-sweep, never a layout: a full disk 4, the MLflow store vanished 8, the run directory refusing writes 7.
+sweep, never a layout: a full disk 4, the MLflow store vanished 8, the run directory refusing writes 7, the Optuna
+storage refusing writes 9.
 
 | exit | class |
 |---|---|
@@ -13,6 +14,7 @@ sweep, never a layout: a full disk 4, the MLflow store vanished 8, the run direc
 | 6 | OutputError |
 | 7 | RunDirectoryError |
 | 8 | TrackingLost |
+| 9 | StorageRefused |
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ class StorageError(MoeAutotuneError):
 class StorageFull(StorageError):
     """The device under the Optuna storage is full; results so far are kept (storage or spool)."""
     exit_code = 4
+
+
+class StorageRefused(StorageError):
+    """The Optuna storage stopped taking writes mid-sweep: its file or folder made read-only or immutable, a
+    read-only remount (orchestrator/storage/write_guard.py notices a SQLite file whose write-ahead log would take
+    the writes on). The environment, not a layout: the sweep stops, the trial in flight is never charged to its
+    layout (--resume runs it again once the storage takes writes): exit 9. At the start it is bad input (exit 2)."""
+    exit_code = 9
 
 
 class LeaseLost(StorageError):

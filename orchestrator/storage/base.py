@@ -13,10 +13,11 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import StorageError, StorageFull, TrackingError, TrackingFull
+from orchestrator.errors import StorageError, StorageFull, StorageRefused, TrackingError, TrackingFull
 from orchestrator.redact import redact_uri
 from orchestrator.storage.connections import MLFLOW, SQLITE_BUSY_S, BoundedClient, mlflow_client, root_line, unreachable
 from orchestrator.storage.files import device, disk_full
+from orchestrator.storage.write_guard import REFUSALS, refusal
 
 OPTUNA = "Optuna storage"  # how error lines name the study's store (connections.MLFLOW: the tracking store)
 __all__ = ["MLFLOW", "OPTUNA", "Store", "StudyStore", "TrackingStore"]
@@ -77,6 +78,8 @@ class StudyStore(Store):
             return StorageFull(f"the {OPTUNA}'s disk is full: {device(self.path, self.url)}; {kept}")
         line = root_line(exc)[:300]
         low = line.lower()
+        if not doing and self._refused(exc, low):  # mid-sweep (the study exists): the environment's fault, exit 9
+            return self._refused_mid_sweep(exc)
         if "readonly" in low or "read-only" in low or "permission denied" in low:
             return StorageError(f"the {OPTUNA} {self.shown} refuses writes: {line} (a read-only or immutable file "
                                 "or folder: make it writable, or use another --storage)")
@@ -86,6 +89,35 @@ class StudyStore(Store):
         if doing:
             return StorageError(f"{doing} the {OPTUNA} {self.shown}: {redact_uri(line)}")
         return StorageError(f"the {OPTUNA} {self.shown} failed: {redact_uri(line)}")
+
+
+    def _refused(self, exc: BaseException, low: str) -> bool:
+        """Was the write refused by the file system (a read-only or immutable file or folder), not failed?"""
+        if any(word in low for word in ("readonly", "read-only", "permission denied", "not permitted")):
+            return True
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, OSError) and seen.errno in REFUSALS:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return self.path is not None and "disk i/o error" in low and refusal(self.path) is not None
+
+    def _refused_mid_sweep(self, exc: BaseException) -> StorageRefused:
+        """One line for a store that stopped taking writes mid-sweep: which file and why (the file system asked
+        now, else the refused write's own OSError), what became of the trial in flight, and what to do."""
+        found = refusal(self.path) if self.path is not None else None
+        seen: BaseException | None = exc
+        while found is None and seen is not None:
+            found = seen if isinstance(seen, OSError) and seen.errno in REFUSALS else None
+            seen = seen.__cause__ or seen.__context__
+        if found is not None:
+            where = found.filename if found.filename else self.path
+            why = f"{str(where)!r} is {REFUSALS.get(found.errno, found.strerror or 'not writable')}"
+        else:
+            why = redact_uri(root_line(exc))[:300]
+        return StorageRefused(f"the {OPTUNA} {self.shown} stopped taking writes mid-sweep: {why}; the sweep stopped, "
+                              "a trial in flight is not charged to its layout (--resume runs it again); what was "
+                              "measured is kept: make it writable and rerun with --resume")
 
 
 class TrackingStore(Store):

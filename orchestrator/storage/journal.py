@@ -24,13 +24,14 @@ import os
 from pathlib import Path
 
 import optuna
-from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
 from search_spaces.errors import SpecError
 
 from orchestrator.errors import StorageError
 from orchestrator.redact import redact_uri
 from orchestrator.storage.base import OPTUNA, StudyStore
+from orchestrator.storage.fencing import FencedJournalBackend
 from orchestrator.storage.files import read_head, require_writable, usable_path
 
 PREFIX = "journal:///"
@@ -106,7 +107,8 @@ def open_journal(path: Path, url: str, write: bool) -> optuna.storages.BaseStora
             _require_journal_start(fh.read(len(JOURNAL_START)), "Optuna storage", shown, path)
         cut_torn_tail(path)
     try:
-        return JournalStorage(JournalFileBackend(str(path)))
+        backend = FencedJournalBackend(str(path))
+        return backend.register(JournalStorage(backend))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a line Optuna cannot read or apply
         raise damaged(path, url, exc) from None
 

@@ -11,6 +11,7 @@ from orchestrator.storage.base import OPTUNA, StudyStore
 from orchestrator.storage.files import require_writable
 from orchestrator.storage.rdb import open_rdb, optuna_schema
 from orchestrator.storage.sqlite_files import create_sqlite, require_table, require_unlocked, sqlite_file
+from orchestrator.storage.write_guard import guard
 
 OPTUNA_TABLE = "studies"  # the table every Optuna store has from its first opening
 
@@ -48,4 +49,8 @@ class SqliteStudyStore(StudyStore):
                 create_sqlite(path, optuna_schema)
             except Exception as exc:  # noqa: BLE001 -- a full disk, a folder that refuses the file
                 raise self.failure(exc, "cannot create") from None
-        return open_rdb(self, attempts, schema_races=False)
+        storage = open_rdb(self, attempts, schema_races=False)
+        if create and path is not None:  # a sweep's: its WAL would take writes on past a read-only file
+            assert isinstance(storage, optuna.storages.RDBStorage)
+            guard(storage.engine, path)
+        return storage

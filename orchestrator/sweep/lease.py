@@ -12,11 +12,13 @@ Presumed dead is not dead: a driver paused (SIGSTOP, a frozen VM) past its lease
 lease taken. Every write of a driver (study.ask and tell, trial user attrs, MLflow records, the result spool)
 is fenced: `fence()` reads the lease from the storage and, when another driver (a later epoch) holds it or it
 was released, raises `LeaseLost`: the driver stops with one line and exit code 5, writing nothing more.
-(Optuna's storage has no compare-and-set, so a driver paused between the fence's read and the write that
-follows it could still make that one write; the fence is read right before each group of Optuna writes and
-before every single MLflow call that writes, orchestrator/tracking/client.py's FencedClient.) Within half the timeout
-of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays one
-read per heartbeat there, not one per write.
+The fence is read right before each group of Optuna writes and before every single MLflow call that writes
+(orchestrator/tracking/client.py's FencedClient). A driver paused between the fence's read and the write that follows
+it is refused by the Optuna store itself: taking the lease raises the study's fencing epoch in the store, and the store
+checks it in the same transaction (or under the same lock) as each write (orchestrator/storage/fencing.py). MLflow's
+stores keep no such token: that one MLflow write can land, and a resume closes its run as orphaned. Within half the
+timeout of the driver's own write of the lease no rival can have taken it, and the fence reads nothing: a sweep pays
+one read per heartbeat there, not one per write.
 
 Taking a lease is claim-then-write. A driver first creates the claim of the next epoch: a study of its own, named
 for the study and the epoch (`claim_name`). Creating a name is the one write every
@@ -49,6 +51,7 @@ import optuna
 from orchestrator.errors import LeaseLost, StorageError
 from orchestrator.records import StudyRecord
 from orchestrator.storage import studies
+from orchestrator.storage.fencing import fence_writes
 
 STALE_AFTER_S = 120.0  # longer than anything the loop blocks on (an MLflow request times out in 30 s)
 HEARTBEAT_EVERY_S = 10.0
@@ -156,6 +159,10 @@ class Lease:
             other = now is not None and now.token not in (self.token, holder.token if holder else None)
             if max(_epoch(now), self._recorded_epoch()) >= self.epoch or other:
                 raise self._taken_at_once(now)  # our first read was stale: another driver took this epoch
+            try:
+                fence_writes(self.storage, self.study.study_name, self.epoch)  # the store refuses older epochs
+            except LeaseLost:
+                raise self._taken_at_once(None) from None
             self._write()
             if self._claim_id(self.epoch + 1) is not None:  # presumed dead while claiming: the next one is taken
                 raise self._taken_at_once(None)

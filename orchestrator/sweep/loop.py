@@ -170,7 +170,7 @@ class Sweep:
             raise
         except optuna.exceptions.UpdateFinishedTrialError:
             # Optuna refused a write to a trial another driver has finished: the study was taken over between
-            # our fence and this write (the storage has no compare-and-set); the fence says so in one line
+            # our fence and this write (a rival that keeps no fencing epoch: an older moe-autotune); the fence says so
             self.session.lease.fence()
             raise
         except studies.STORAGE_ERRORS as exc:  # e.g. a full disk: one line naming it, exit 4

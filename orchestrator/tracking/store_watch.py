@@ -5,7 +5,11 @@ its next connection), and the sweep ended with exit 0, its records nowhere.
 Each write of the tracker asks first (`check`: one stat of the store's file or folder, TrackingStore.vanished); the
 sweep's end asks once more, and also whether its parent run is still there (`parent_gone`: a server's store wiped).
 A store gone is TrackingLost: one line, exit 8; what was measured is in the Optuna storage, and --resume records it
-in the store (a new one, or the one put back).
+in the store (a new one, or the one put back). A server's store answers for itself: a write it refuses with an answer
+(not a server that is down) asks whether the sweep's experiment and parent run are still there (`runs_gone`); an
+experiment deleted (in MLflow's trash) or gone, a parent run gone (the server's store wiped, or the server restarted
+on another) is the same exit 8, where before each record was spooled and the sweep ended with exit 3 (and a resume
+into a deleted experiment was an internal error).
 """
 
 from __future__ import annotations
@@ -67,10 +71,53 @@ class StoreWatch:
                 self.lose(f"its parent run {run_id} no longer exists")
         self.check()
 
+    def runs_gone(self, failed: Exception, client: Any, experiment_id: str | None, run_id: str | None) -> None:
+        """After a write `failed` with the store's answer (MLflow's error, not a store that is down, which is not
+        asked again): TrackingLost when it no longer holds the sweep's runs (gone_runs); else the spool keeps it."""
+        from mlflow.exceptions import MlflowException
+
+        if self.lost is None and experiment_id is not None and isinstance(failed, MlflowException):
+            found = gone_runs(client, experiment_id, run_id)
+            if found is not None:
+                self.lost = lost_runs(self.store.shown, *found)
+        self.check()
+
     def lose(self, why: str) -> None:
         self.lost = (f"the MLflow store {self.store.shown} vanished mid-sweep: {why}; the sweep stopped, what was "
                      "measured is kept in the Optuna storage: put the store back (or let a new one be made) and rerun "
                      "with --resume to record it")
 
 
-__all__ = ["StoreWatch"]
+def gone_runs(client: Any, experiment_id: str, run_id: str | None) -> tuple[str, str] | None:
+    """(why, what to do) when the store no longer holds the sweep's experiment or parent run, or holds them deleted
+    (in MLflow's trash); None when they are there, or the store cannot be asked now (down: the spool keeps it)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment = client.get_experiment(experiment_id)
+        if experiment.lifecycle_stage == "deleted":
+            return deleted_experiment(experiment.name, experiment_id)
+        if run_id is not None and client.get_run(run_id).info.lifecycle_stage == "deleted":
+            return f"its parent run {run_id} was deleted", "restore it (MLflow's UI) and rerun with --resume"
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return (f"its experiment (id {experiment_id}) or parent run {run_id} no longer exists (the store was "
+                    "wiped, or the server now serves another)", "rerun with --resume")
+    except Exception:  # noqa: BLE001 -- cannot be asked now (down): the record waits in the spool
+        return None
+    return None
+
+
+def deleted_experiment(name: str, experiment_id: str) -> tuple[str, str]:
+    return (f"its experiment {name!r} (id {experiment_id}) was deleted",
+            f"restore it (mlflow experiments restore --experiment-id {experiment_id}) or remove it for good (mlflow gc "
+            f"--experiment-ids {experiment_id}), then rerun with --resume")
+
+
+def lost_runs(shown: str, why: str, remedy: str) -> str:
+    """The one line of a store that lost the sweep's runs."""
+    return (f"the MLflow store {shown} lost the sweep's runs: {why}; the sweep stopped, what was measured is kept in "
+            f"the Optuna storage: {remedy} to record it")
+
+
+__all__ = ["StoreWatch", "deleted_experiment", "gone_runs", "lost_runs"]

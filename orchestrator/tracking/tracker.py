@@ -32,7 +32,7 @@ from orchestrator.tracking import parent_run
 from orchestrator.tracking.client import FencedClient, unusable
 from orchestrator.tracking.record_spool import RecordSpool
 from orchestrator.tracking.runs import ChildRun, RunRecord, step_metrics
-from orchestrator.tracking.store_watch import StoreWatch
+from orchestrator.tracking.store_watch import StoreWatch, deleted_experiment, lost_runs
 from orchestrator.tracking.views import (
     EXPERIMENT_KIND_TAG,
     PARENT_TAG,
@@ -120,6 +120,8 @@ class Tracker(WriteBehind):
         """The sweep's parent run (made, or found on --resume); `named`: each stored trial's own run id (its
         record's mlflow_run_id, None when it names none), which decides the runs a resume adopts (_load_children)."""
         exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is not None and exp.lifecycle_stage == "deleted":  # MLflow refuses runs in it, and a new one its name
+            raise TrackingLost(lost_runs(self.store.shown, *deleted_experiment(exp.name, exp.experiment_id)))
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
             self.experiment_name, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
         mark_training_experiment(self.client, self.experiment_id, spec.get("free"))  # also an older experiment
@@ -199,6 +201,7 @@ class Tracker(WriteBehind):
         except TrackingLost:  # the store is gone: the sweep stops
             raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down: the record waits in the storage and the spool
+            self.watch.runs_gone(exc, self.client, self.experiment_id, self.parent_run_id)  # or TrackingLost
             log.warning("MLflow: no run for trial %d yet (%s: %s); it is recorded when MLflow is back",
                         number, type(exc).__name__, redact_text(str(exc)))
             return None
@@ -299,6 +302,7 @@ class Tracker(WriteBehind):
             return False
 
     def _spool_failed(self, run: RunRecord, exc: Exception) -> None:
+        self.watch.runs_gone(exc, self.client, self.experiment_id, self.parent_run_id)  # or TrackingLost
         try:
             self.spool.add({"trial_number": run.record.number, "payload": run.payload(),
                             "error": redact_text(f"{type(exc).__name__}: {exc}")})

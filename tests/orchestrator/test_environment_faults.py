@@ -1,9 +1,10 @@
-"""Faults of the environment stop the sweep, never a layout (issue 58 item 3): the run directory turning read-only
-or full, the MLflow store deleted, replaced or its folder gone mid-sweep. Each ends the sweep with one line and its
-exit code (7: the run directory refuses writes; 4: a full disk; 8: the MLflow store vanished), no trial is its
-layout's `error`, and `--resume` once the fault is mended measures each layout of the budget once (`check` clean).
-Before: every later trial failed as `error` ("backend failed: PermissionError"), burning the budget; a deleted MLflow
-database went unnoticed (exit 0).
+"""Faults of the environment stop the sweep, never a layout (issue 58): the run directory turning read-only or full,
+the MLflow store deleted, replaced or its folder gone mid-sweep, a server's store losing the sweep's runs, the Optuna
+storage turning read-only. Each ends the sweep with one line and its exit code (7: the run directory refuses writes;
+4: a full disk; 8: the MLflow store vanished or lost the sweep's runs; 9: the Optuna storage refuses writes), no
+trial is its layout's `error`, and `--resume` once the fault is mended measures each layout of the budget once
+(`check` clean). Before: every later trial failed as `error` ("backend failed: PermissionError"), burning the
+budget; a deleted MLflow database went unnoticed (exit 0).
 
 The faults are real where they can be: a folder refuses writes by `chattr +i` as root (CI; mode bits do not stop
 root), by mode 0555 otherwise; a full disk is a small tmpfs (root: a mount) or, without one, the driver's fsync of a
@@ -52,11 +53,30 @@ def _after(monkeypatch, n: int, action: Callable[[], None]) -> list[int]:
     return seen
 
 
+def _refuse_on_answer(n: int, paths: list[Path]) -> None:
+    """The replay backend's `n`th answer (its trial in flight) first makes `paths` immutable (chattr +i)."""
+    from orchestrator.dispatch import replay
+
+    real, answers = replay._after, []
+
+    def answer(seconds, result):
+        answers.append(result)
+        if len(answers) == n:
+            for path in paths:
+                subprocess.run(["chattr", "+i", str(path)], check=True)
+        return real(seconds, result)
+
+    replay._after = answer
+
+
 if __name__ == "__main__":  # the CLI with PATH deleted once AFTER trials are recorded (see the docstring)
     from orchestrator.commands.cli import console_main
 
-    _after(pytest.MonkeyPatch(), int(sys.argv[1]), Path(sys.argv[2]).unlink)
-    sys.argv = [sys.argv[0], *sys.argv[3:]]
+    if sys.argv[1] == "refuse":  # ... refuse N PATH,PATH ARGS: the store refuses writes while trial N runs
+        _refuse_on_answer(int(sys.argv[2]), [Path(p) for p in sys.argv[3].split(",")])
+    else:
+        _after(pytest.MonkeyPatch(), int(sys.argv[1]), Path(sys.argv[2]).unlink)
+    sys.argv = [sys.argv[0], *sys.argv[4 if sys.argv[1] == "refuse" else 3:]]
     console_main()
 
 
@@ -329,7 +349,90 @@ def test_an_mlflow_store_deleted_under_the_forked_writer_is_exit_8(tmp_path, swe
     _measured_once(data)
 
 
-# ---- 3. the pieces -----------------------------------------------------------------------------------
+# ---- 3. the Optuna storage stops taking writes; a server's store loses the sweep's runs ----------------------
+@pytest.mark.slow  # two CLI processes (a driver that failed exits: its lease is then taken over at once)
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not IS_ROOT, reason="chattr +i needs root (CI runs as root)")
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_an_optuna_storage_that_turns_read_only_mid_sweep_is_exit_9_and_resume_finishes(tmp_path, sweep_spec,
+                                                                                         read_only, kind):
+    """Before: a journal was exit 2 (the bad-input code, `failed: Operation not permitted`); SQLite in WAL mode went
+    on into its -wal file and ended with exit 0, its main file never holding the sweep. Now: one line, exit 9, the
+    trial in flight not charged to its layout, and --resume once it is writable measures each layout once."""
+    from tests.sweep_helpers import write_spec
+
+    store = tmp_path / "store"
+    store.mkdir()
+    path = store / ("optuna.journal" if kind == "journal" else "optuna.db")
+    data = sweep_spec("store-refuses", seq_len=128, backend="replay", fixed={}, budget={"n_trials": 5},
+                      replay_table=str(ROOT / "tests" / "data" / "replay_small.csv"),
+                      storage=f"{kind}:///{path}", tracking_uri="none")
+    spec = write_spec(tmp_path / "spec.json", data)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_AUTOTUNE_REPLAY_DELAY_S": "0.2"}
+    refused = subprocess.run([sys.executable, "-m", "tests.orchestrator.test_environment_faults", "refuse", "3",
+                              f"{path},{store}", "sweep", str(spec), "--quiet"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=240)
+    lines = refused.stderr.strip().splitlines()
+    for locked in (path, store):  # mended before anything is asserted: tmp_path can then be removed
+        read_only.mend(locked)
+    assert refused.returncode == 9 and len(lines) == 1, refused.stderr[-3000:]
+    assert lines[0].startswith(f"error: the Optuna storage {data['storage']} stopped taking writes mid-sweep: "
+                               f"'{path}' is immutable (chattr +i)"), lines
+    assert "not charged to its layout" in lines[0] and lines[0].endswith("rerun with --resume"), lines
+    statuses = _statuses(data)  # trial 2 was in flight: left running or interrupted, never its layout's failure
+    assert "error" not in statuses.values() and statuses.get(2) in (None, "interrupted", "running"), statuses
+    again = subprocess.run([sys.executable, "-m", "orchestrator.commands.cli", "sweep", str(spec), "--quiet",
+                            "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _measured_once(data)
+
+
+@pytest.mark.slow  # a real MLflow server (the session's), and `mlflow gc`
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["deleted", "gone for good"])
+def test_a_server_store_that_loses_the_sweeps_runs_is_exit_8_and_resume_records_everything(
+        tmp_path, sweep_spec, monkeypatch, capsys, mlflow_server, how):
+    """The sweep's experiment deleted on the server mid-sweep (in MLflow's trash; or removed by `mlflow gc`, as a
+    store wiped): before, every later record was spooled (`must be in the 'active' state`) and the sweep ended with
+    exit 3, and its --resume was an internal error (exit 70). Now exit 8 and one line saying what to do."""
+    from mlflow import MlflowClient
+
+    name = f"server-lost-{how.split()[0]}-{os.getpid()}"
+    data = sweep_spec(name, budget={"n_trials": 6}, tracking_uri=mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri)
+
+    def experiment_id() -> str:
+        experiment = client.get_experiment_by_name(name)
+        assert experiment is not None, name
+        return experiment.experiment_id
+
+    def delete() -> None:
+        gone = experiment_id()
+        client.delete_experiment(gone)
+        if how == "gone for good":
+            gc = subprocess.run([str(Path(sys.executable).with_name("mlflow")), "gc", "--backend-store-uri",
+                                 f"sqlite:///{mlflow_server.root / 'mlflow-server.db'}", "--experiment-ids",
+                                 gone, "--tracking-uri", mlflow_server.uri],
+                                capture_output=True, text=True, timeout=120)
+            assert gc.returncode == 0, gc.stderr[-2000:]
+
+    _after(monkeypatch, 2, delete)
+    code = _sweep(data, tmp_path)
+    line = _one_line(capsys)
+    assert code == 8 and line.startswith(f"error: the MLflow store {mlflow_server.uri} lost the sweep's runs: "), line
+    said = "was deleted; " if how == "deleted" else "no longer exists"
+    assert said in line and "kept in the Optuna storage" in line and "--resume" in line, line
+    assert "error" not in _statuses(data).values()
+    monkeypatch.undo()
+    if how == "deleted":  # a resume into the trash says so, then the restored experiment is recorded into
+        assert _sweep(data, tmp_path, "--resume") == 8
+        assert "mlflow experiments restore --experiment-id" in _one_line(capsys)
+        client.restore_experiment(experiment_id())
+    assert _sweep(data, tmp_path, "--resume") == 0
+    _measured_once(data)
+
+
+# ---- 4. the pieces -----------------------------------------------------------------------------------
 def test_the_probe_names_the_path_and_the_cause(tmp_path, read_only):
     from orchestrator.errors import RunDirectoryError, RunDirectoryFull
     from orchestrator.storage import run_directory
@@ -390,7 +493,9 @@ def test_each_environment_fault_has_its_own_documented_exit_code():
     codes = {c.__name__: c.exit_code for c in vars(errors).values()
              if isinstance(c, type) and issubclass(c, MoeAutotuneError)}
     assert codes["RunDirectoryError"] == 7 and codes["TrackingLost"] == 8 and codes["RunDirectoryFull"] == 4
-    others = {code for name, code in codes.items() if name not in ("RunDirectoryError", "TrackingLost")}
-    assert 7 not in others and 8 not in others
+    assert codes["StorageRefused"] == 9
+    own = ("RunDirectoryError", "TrackingLost", "StorageRefused")
+    others = {code for name, code in codes.items() if name not in own}
+    assert 7 not in others and 8 not in others and 9 not in others
     exits = (ROOT / "docs" / "reliability.md").read_text().split("## Exit codes", 1)[1].split("##", 1)[0]
-    assert "7 means" in exits and "8 means" in exits, exits
+    assert "7 means" in exits and "8 means" in exits and "9 means" in exits, exits

@@ -31,6 +31,7 @@ from orchestrator.errors import StorageError
 from orchestrator.outputs.check import check
 from orchestrator.records import StudyRecord, queries
 from orchestrator.storage import studies
+from orchestrator.storage.fencing import FENCE_SUFFIX
 from orchestrator.sweep import lease as leases
 from orchestrator.sweep.lease import CLOCK_SKEW_ENV, HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
 from tests.sweep_helpers import measured_count, spec_data
@@ -74,6 +75,25 @@ def _beating(beat: Callable[[], None]):
     finally:
         stop.set()
         thread.join()
+
+
+def test_a_write_right_after_a_fence_that_passed_is_refused_by_the_store_once_taken_over(tmp_path, monkeypatch):
+    """The gap the lease's own look leaves (paused between `fence()` and the write after it) is closed by the store:
+    each driver on a storage of its own, as two processes are (orchestrator/storage/fencing.py)."""
+    monkeypatch.setenv(TIMEOUT_ENV, "0.5")
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first_storage, second_storage = studies.open_storage(url), studies.open_storage(url)
+    first = Lease(optuna.create_study(study_name="gap", storage=first_storage), first_storage, host="host-a")
+    first.acquire()
+    first.fence()  # passes: the write that follows is the one a pause could delay
+    second = Lease(optuna.load_study(study_name="gap", storage=second_storage), second_storage, host="host-b")
+    second.acquire()
+    with pytest.raises(LeaseLost, match="taken over by a driver of epoch 2 .*store refused its write"):
+        first.store(family="written after the takeover")
+    assert Holder.of(second.study).token == second.token
+    assert StudyRecord.of(optuna.load_study(study_name="gap", storage=url)).family is None
+    second.store(family="the holder's")
+    assert StudyRecord.of(optuna.load_study(study_name="gap", storage=url)).family == "the holder's"
 
 
 def test_a_live_holder_on_another_host_is_never_taken_and_a_stale_one_is_fenced(study, storage):
@@ -264,15 +284,18 @@ def _race(url: str) -> None:
 
     for round_ in range(8):
         barrier, outcomes = threading.Barrier(4), []
-        threads = [threading.Thread(target=drive, args=(Lease(study, store), rng.uniform(0, 0.05), barrier,
-                                                        outcomes)) for study, store in zip(drivers, stores)]
+        leases = [Lease(study, store) for study, store in zip(drivers, stores)]
+        threads = [threading.Thread(target=drive, args=(lease, rng.uniform(0, 0.05), barrier, outcomes))
+                   for lease in leases]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         winners = [o for o in outcomes if o != "refused"]
         assert len(winners) == 1 and Holder.of(drivers[0]).token == winners[0], (round_, outcomes)
-        StudyRecord.write(drivers[0], driver_lease=None)  # released: the next round races again
+        winner = next(lease for lease in leases if lease.token == winners[0])
+        # released by its holder (the store refuses the others' writes): the next round races again
+        StudyRecord.write(winner.study, driver_lease=None)
     assert [s.study_name for s in stores[0].get_all_studies()] == ["race"]
 
 
@@ -357,7 +380,8 @@ def _waiting_on_its_trial(data: dict, stopped: datetime.datetime, delay_s: float
     opened, begun less than the delay (less a margin) before the stop? The trial began before its submit, so its
     answer, and the fence checked after it, were still to come. (The stop's time, not the check's: on a loaded
     machine the check itself can take longer than the delay.) A driver paused between the fence and the write
-    right after it could still make that one write: the storage has no compare-and-set (orchestrator/sweep/lease.py).
+    right after it is refused by the Optuna store (orchestrator/storage/fencing.py), but could still make one MLflow
+    write, which this test's snapshot would count (orchestrator/sweep/lease.py).
     Half the delay was the bound once; a loaded suite spent that between the trial's start and its submit."""
     study = studies.load_study(data["storage"], data["name"])
     return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
@@ -373,7 +397,9 @@ def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], jo
         assert proc.poll() is None, "the driver finished before it was caught waiting on a trial"
         os.kill(proc.pid, signal.SIGSTOP)
         stopped = datetime.datetime.now()
+        fence_lock = journal_lock.with_name(journal_lock.name.replace(".lock", FENCE_SUFFIX + ".lock"))
         if all(_unlocked(db) for db in dbs) and not os.path.lexists(journal_lock) and \
+                not os.path.lexists(fence_lock) and \
                 _waiting_on_its_trial(data, stopped, delay_s):
             return
         os.kill(proc.pid, signal.SIGCONT)
