@@ -25,10 +25,16 @@ them, and the reverse). The class rule (bench/leave_one_out.py MODEL_CLASS_RULE)
 hidden size wide (moe_ffn_hidden_size <= 0.5 x hidden_size) are fine-grained, wider ones coarse; dense models are in
 neither class and stay in both fits. Per direction: the held-out rows' mean and max absolute % error. Beside them,
 the number of constants fitted to end-to-end rows, counted from bench/fit_calibration.py's parameter vector
-(PARAMETERS, then STATE_STEP).
+(the product variant's parameters, then STATE_STEP).
 
-    .venv/bin/python bench/estimator_accuracy.py            # every row + the tables + the folds (~10 CPU-minutes)
-    .venv/bin/python bench/estimator_accuracy.py --no-folds # without the refits
+Fits side by side (issue 57, item 2; bench/variant_comparison.py): each of bench/fit_calibration.py's variants --
+every GEMM term fitted to the rows (`all-fitted`), Hopper's GEMM terms read from the kernel tables (`table-pinned`,
+search_spaces/calibration/kernel_pins.py) -- fitted on the fit half and folded alike, every figure above and the
+constants count beside each other; the product's calibration.json is PRODUCT's fit.
+
+    .venv/bin/python bench/estimator_accuracy.py              # every row + the tables + the folds (~20 CPU-minutes)
+    .venv/bin/python bench/estimator_accuracy.py --no-folds   # without the refits
+    .venv/bin/python bench/estimator_accuracy.py --no-compare # the product's variant alone (~10 CPU-minutes)
 `run()` returns the figures as a dict (bench/run_all.py reuses it).
 """
 
@@ -44,7 +50,8 @@ from search_spaces.calibration.calibration_file import Calibration, calibration 
 from search_spaces.calibration.fit import Measurement, predict_tokens, predict_tokens_best_cp  # noqa: E402
 from search_spaces.calibration.reference import declared_halves, long_context_moe_rows, published_rows  # noqa: E402
 
-from bench.fit_calibration import PARAMETERS, STATE_STEP  # noqa: E402
+from bench import variant_comparison  # noqa: E402
+from bench.fit_calibration import PRODUCT, VARIANTS, Variant, fit_variant  # noqa: E402
 from bench.leave_one_out import MODEL_CLASS_RULE, folds, predict, run_fold  # noqa: E402
 
 SHORT, LONG = 8192, 16384  # rows <= 8K, rows >= 16K
@@ -88,7 +95,10 @@ def trends(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run(cal: Calibration | None = None, with_folds: bool = True) -> dict:
+def run(cal: Calibration | None = None, with_folds: bool = True, variant: Variant = PRODUCT,
+        compare: bool = True) -> dict:
+    """The figures of `cal` (the packaged calibration: PRODUCT's fit), its folds refitted as `variant` fits;
+    `compare`: the other variant's too, fitted on the fit half here, and both side by side."""
     cal = cal or calibration()
     rows_in = published_rows()
     fit, held = declared_halves(rows_in)
@@ -107,30 +117,46 @@ def run(cal: Calibration | None = None, with_folds: bool = True) -> dict:
             table[f"{half} {name}"] = {"mape": _mape(sel), "rows": len(sel)}
     by_family = {f"{half} {fam}": _mape([r for r in rows if r["half"] == half and r["family"] == fam])
                  for half in ("fitted", "held out") for fam in sorted({r["family"] for r in rows})}
-    return {"rows": rows, "mape": table, "mape_by_family": by_family, "trends": trends(rows),
-            "count": len(rows), "skipped": skipped, "mape_all": _mape(rows), "long_context_moe": long_context(cal),
-            "leave_one_out": leave_one_out(cal) if with_folds else None}
+    out = {"rows": rows, "mape": table, "mape_by_family": by_family, "trends": trends(rows),
+           "count": len(rows), "skipped": skipped, "mape_all": _mape(rows), "long_context_moe": long_context(cal),
+           "leave_one_out": leave_one_out(cal, variant) if with_folds else None,
+           "fitted_constants": fitted_constants(variant), "variant": variant.key}
+    if compare:
+        out["variants"] = compare_variants(out, cal, variant, with_folds)
+    return out
+
+
+def compare_variants(result: dict, cal: Calibration, variant: Variant, with_folds: bool) -> dict:
+    """`result` (of `variant`) beside every other variant's, each fitted on the fit half and folded alike
+    (bench/variant_comparison.py)."""
+    pairs = [(variant, variant_comparison.figures(result, cal))]
+    for other in VARIANTS.values():
+        if other is not variant:
+            other_cal = fit_variant(other, verbose=False)
+            other_result = run(other_cal, with_folds, other, compare=False)
+            pairs.append((other, variant_comparison.figures(other_result, other_cal)))
+    return variant_comparison.side_by_side(sorted(pairs, key=lambda p: p[0].key))
 
 
 def _pct(errs: list[float]) -> float | None:
     return round(100 * sum(abs(e) for e in errs) / len(errs), 1) if errs else None
 
 
-def leave_one_out(cal: Calibration) -> dict:
-    """Each fold's left-out MAPE, the packaged calibration's on the same rows, rows, refit CPU seconds; the mean
-    over the folds of each kind; and every left-out row's error (bench/leave_one_out.py)."""
+def leave_one_out(cal: Calibration, variant: Variant = PRODUCT) -> dict:
+    """Each fold's left-out MAPE, `cal`'s on the same rows, rows, refit CPU seconds (the refits: `variant`'s);
+    the mean over the folds of each kind; and every left-out row's error (bench/leave_one_out.py)."""
     rows, long_rows = published_rows(), long_context_moe_rows()
-    out: dict = {"folds": [], "rows": []}
+    out: dict = {"folds": [], "rows": [], "variant": variant.key}
     for fold in folds():
-        result = run_fold(fold, rows, long_rows)
+        result = run_fold(fold, rows, long_rows, variant=variant)
         errs = [e for _, e in result["errors"]]
         packaged = [e for m, _ in result["errors"] for e in [predict(m, cal)] if e is not None]
         out["folds"].append({k: result[k] for k in ("kind", "name", "refused", "refit_cpu_s", "evaluations",
                                                     "fitted")}
                             | {"rows": len(errs), "mape": _pct(errs), "packaged_mape": _pct(packaged),
                                "max": round(100 * max(map(abs, errs)), 1) if errs else None})
-        print(f"fold {fold.kind} {fold.name}: {len(errs)} rows, MAPE {_pct(errs)}% (packaged {_pct(packaged)}%), "
-              f"refit {result['refit_cpu_s']} CPU s", file=sys.stderr, flush=True)
+        print(f"{variant.key} fold {fold.kind} {fold.name}: {len(errs)} rows, MAPE {_pct(errs)}% "
+              f"(packaged {_pct(packaged)}%), refit {result['refit_cpu_s']} CPU s", file=sys.stderr, flush=True)
         out["rows"] += [{"fold": f"{fold.kind} {fold.name}", "model": m.model, "gpu": m.gpu, "seq_len": m.seq_len,
                          "layout": m.layout.key(), "published_tflops": round(m.tflops(), 1),
                          "error_pct": round(100 * e, 1)} for m, e in result["errors"]]
@@ -141,18 +167,18 @@ def leave_one_out(cal: Calibration) -> dict:
                    for kind, fs in (("source", [f for f in out["folds"] if f["kind"] == "source"]),
                                     ("gpu", gpu_folds), ("family", out["families"]))}
     out["refit_cpu_s"] = round(sum(f["refit_cpu_s"] for f in out["folds"]), 0)
-    out["generalisation"] = generalisation(out["rows"])
+    out["generalisation"] = generalisation(out["rows"], variant)
     return out
 
 
-def fitted_constants() -> dict:
-    """The constants bench/fit_calibration.py fits to the end-to-end rows, counted from its parameter vector
-    (PARAMETERS, then STATE_STEP alone): how many, and their names."""
-    vector = PARAMETERS + [STATE_STEP]
+def fitted_constants(variant: Variant = PRODUCT) -> dict:
+    """The constants bench/fit_calibration.py fits to the end-to-end rows, counted from the variant's parameter
+    vector (then STATE_STEP alone): how many, and their names."""
+    vector = variant.fitted_constants()
     return {"count": len(vector), "names": [p.name for p in vector]}
 
 
-def generalisation(loo_rows: list[dict]) -> dict:
+def generalisation(loo_rows: list[dict], variant: Variant = PRODUCT) -> dict:
     """Leave-one-generation-out and leave-one-model-class-out (COLUMNS), each direction from its fold's left-out
     rows: rows, mean and max absolute % error, the three rows that miss most; the class rule; the constants count."""
     columns = []
@@ -163,7 +189,7 @@ def generalisation(loo_rows: list[dict]) -> dict:
                         "mean": _mape(rows), "max": max((abs(r["error_pct"]) for r in rows), default=None),
                         "worst": [f"{r['model']} {r['gpu']} {r['seq_len'] // 1024}K {r['error_pct']:+.1f}%"
                                   for r in worst]})
-    return {"columns": columns, "class_rule": MODEL_CLASS_RULE, "fitted_constants": fitted_constants()}
+    return {"columns": columns, "class_rule": MODEL_CLASS_RULE, "fitted_constants": fitted_constants(variant)}
 
 
 def long_context(cal: Calibration) -> dict:
@@ -176,7 +202,7 @@ def long_context(cal: Calibration) -> dict:
 
 
 def main() -> None:
-    result = run(with_folds="--no-folds" not in sys.argv[1:])
+    result = run(with_folds="--no-folds" not in sys.argv[1:], compare="--no-compare" not in sys.argv[1:])
     print(f"{'half':8} {'source':20} {'model':20} {'gpu':6} {'n':>5} {'seq':>8} {'published':>9} "
           f"{'predicted':>9} {'err%':>6}")
     for r in result["rows"]:
@@ -203,8 +229,10 @@ def main() -> None:
                   f"{c['fitted_on']}: {c['rows']} rows, mean |error| {c['mean']}%, max {c['max']}% "
                   f"(worst: {'; '.join(c['worst'])})")
         print(f"model classes: {gen['class_rule']}")
-        fitted = gen["fitted_constants"]
-        print(f"constants fitted to end-to-end rows: {fitted['count']} ({', '.join(fitted['names'])})")
+    fitted = result["fitted_constants"]
+    print(f"constants fitted to end-to-end rows: {fitted['count']} ({', '.join(fitted['names'])})")
+    if result.get("variants"):
+        print("\n".join(variant_comparison.lines(result["variants"])))
 
 
 def section(r: dict) -> list[str]:
@@ -227,7 +255,7 @@ def section(r: dict) -> list[str]:
               "| model | GPU | length | half | published trend | predicted trend |", "|---|---|---|---|---|---|"]
     lines += [f"| {t['model']} | {t['gpu']} | {t['seq_len'] // 1024}K | {t['half']} | {t['published_trend']} | "
               f"{t['predicted_trend']} |" for t in r["trends"]]
-    lines += loo_section(r["leave_one_out"])
+    lines += loo_section(r["leave_one_out"]) + variant_comparison.markdown(r.get("variants"))
     lc = r["long_context_moe"]
     lines += ["", "Long-context MoE rows (search_spaces/calibration/reference/moe_long_context.csv), scored apart "
               "from the table above, each at its best CP communication type (none is published): MAPE fitted "

@@ -21,6 +21,10 @@ release factor per NeMo container of the long-sequence rows (they ran older atte
 published kernel rates (FlashAttention-3 on H100, FlashAttention-4 on B200; throughput.py), not fitted. MEASURED, not
 fitted: Blackwell Ultra's rate over Blackwell (`sustained_rate`, from rows equal in all but the chip). NOT fitted:
 bandwidths, the CP, PP and attention-shape terms (physics: they carry the extrapolation to long contexts).
+
+Variants (`--variant`, issue 57 item 2): `all-fitted` moves every constant above; `table-pinned` reads Hopper's
+three GEMM terms from their own kernels' tables (search_spaces/calibration/kernel_pins.py) and fits the rest
+(PINNED_PARAMETERS). PRODUCT is the one calibration.json is fitted with; bench/estimator_accuracy.py prints both.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from search_spaces.calibration.calibration_file import CALIBRATION_PATH, Calibration, calibration
 from search_spaces.calibration.fit import SHARED_PARAMETERS, Parameter, errors, fit, mape, predict_tokens_best_cp
+from search_spaces.calibration.kernel_pins import PINNED_NAMES, pinned
 from search_spaces.calibration.knob_pairs import load_knob_pairs, predicted_ratio
 from search_spaces.calibration.reference import (
     declared_halves,
@@ -74,6 +80,29 @@ PARAMETERS = SHARED_PARAMETERS + [
     Parameter("gemm_efficiency", "blackwell", 0.2, DENSE_GEMM_CEILING, every_precision=True),
     Parameter("grouped_gemm_efficiency", "blackwell", 0.1, 1.0),
 ] + [Parameter("attention_release_factor", release, 0.2, 1.5) for release in OLD_RELEASES]
+# Hopper's GEMM terms read from the kernel tables (search_spaces/calibration/kernel_pins.py) instead: the rest
+PINNED_PARAMETERS = [p for p in PARAMETERS if p.name not in PINNED_NAMES]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which constants the end-to-end fit moves: all of PARAMETERS, or those the kernel tables leave open (the
+    tables' terms then set in the start, before the fit and in every fold of bench/leave_one_out.py)."""
+    key: str
+    title: str
+    parameters: tuple[Parameter, ...]
+    pins_from_tables: bool
+
+    def fitted_constants(self) -> list[Parameter]:
+        """Every constant fitted to end-to-end rows: the parameter vector, then STATE_STEP alone."""
+        return [*self.parameters, STATE_STEP]
+
+
+ALL_FITTED = Variant("all-fitted", "every GEMM term fitted to the rows", tuple(PARAMETERS), False)
+TABLE_PINNED = Variant("table-pinned", "Hopper GEMM terms from the kernel tables", tuple(PINNED_PARAMETERS), True)
+VARIANTS = {v.key: v for v in (ALL_FITTED, TABLE_PINNED)}
+# the variant the packaged calibration.json is fitted with (the other: bench/estimator_accuracy.py's comparison)
+PRODUCT = ALL_FITTED
 ULTRA = {"b300": "b200", "gb300": "gb200"}  # Blackwell Ultra chip -> the Blackwell chip with the same peaks
 STORED = ("gemm_efficiency", "grouped_gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency",
           "attention_release_factor", "ep_exposed", "ep_serial_exposed", "elementwise_passes", "routed_passes",
@@ -110,9 +139,10 @@ def ultra_ratio(rows) -> tuple[float, int]:
     return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else (1.0, 0)
 
 
-def start(refit: bool = True) -> Calibration:
+def start(refit: bool = True, variant: Variant = PRODUCT) -> Calibration:
     """The packaged calibration (a refit starts where the last fit ended; `refit=False`: the Calibration defaults),
-    with the cpu constants kept from the packaged file (bench/cpu_calibration.py fits them)."""
+    with the cpu constants kept from the packaged file (bench/cpu_calibration.py fits them) and, for a
+    table-pinned variant, the kernel tables' terms."""
     packaged = calibration().model_dump()
     base = dict(packaged) if refit else Calibration().model_dump()
     for key, value in packaged.items():
@@ -129,7 +159,12 @@ def start(refit: bool = True) -> Calibration:
     if not refit or not all(r in base["attention_release_factor"] for r in OLD_RELEASES):
         base["attention_release_factor"] = dict(KERNEL_RELEASE_FACTOR)
     base["software"] = PUBLISHED_STACK
-    return Calibration.model_validate(base)
+    return with_pins(Calibration.model_validate(base), variant)
+
+
+def with_pins(cal: Calibration, variant: Variant) -> Calibration:
+    """`cal` with the kernel tables' terms when the variant pins them."""
+    return pinned(cal)[0] if variant.pins_from_tables else cal
 
 
 def extra_loss(pairs, long_rows):
@@ -167,6 +202,30 @@ def report(cal: Calibration, rows, name: str) -> dict:
     return out
 
 
+def fit_variant(variant: Variant, from_defaults: bool = False, max_evals: int = 2500, rows_only: bool = False,
+                shared_only: bool = False, verbose: bool = True) -> Calibration:
+    """The variant's constants fitted on the declared fit half (the objective of the module docstring), then the
+    delta-net state step: what `main` writes, and what bench/estimator_accuracy.py compares."""
+    fit_rows = declared_halves(published_rows())[0]
+    pairs = [p for p in load_knob_pairs() if p.half == "fit"]
+    long_fit = [m for m in declared_halves(long_context_moe_rows())[0] if m.release not in ASSUMED_LAYOUT_SERIES]
+    params = SHARED_PARAMETERS if shared_only else list(variant.parameters)
+    cal, summary = fit(fit_rows, params, start(refit=not from_defaults, variant=variant), max_evals=max_evals,
+                       extra_loss=None if rows_only else extra_loss(pairs, long_fit))
+    cal, step = fit_state_step(cal)
+    if verbose:
+        print(f"{variant.key}: loss {summary['loss_before']:.4f} -> {summary['loss_after']:.4f} after "
+              f"{summary['evaluations']} evaluations; delta_net_state_step_s {cal.delta_net_state_step_s:.3g} "
+              f"(Qwen3-Next fit half: loss {step['loss_before']:.4f} -> {step['loss_after']:.4f})", flush=True)
+    return cal
+
+
+def stored(cal: Calibration) -> dict:
+    """What calibration.json keeps of `cal` (STORED, rounded to 4 significant figures)."""
+    constants = cal.model_dump()
+    return {k: constants[k] if k == "software" else rounded(constants[k]) for k in STORED}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="fit and report, do not write calibration.json")
@@ -177,24 +236,16 @@ def main() -> None:
                         "MXFP8, EP and pass constants), the per-family rates kept from the start")
     parser.add_argument("--from-defaults", action="store_true", help="start from the Calibration defaults, not the "
                         "packaged constants")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default=PRODUCT.key,
+                        help=f"which constants the rows fit (default: the product's, {PRODUCT.key})")
     parser.add_argument("--out", type=Path, default=CALIBRATION_PATH,
                         help="where to write (default: the packaged file)")
     args = parser.parse_args()
+    cal = fit_variant(VARIANTS[args.variant], args.from_defaults, args.max_evals, args.rows_only, args.shared_only)
     fit_rows, held = declared_halves(published_rows())
-    pairs = [p for p in load_knob_pairs() if p.half == "fit"]
-    long_fit = [m for m in declared_halves(long_context_moe_rows())[0] if m.release not in ASSUMED_LAYOUT_SERIES]
-    params = SHARED_PARAMETERS if args.shared_only else PARAMETERS
-    cal, summary = fit(fit_rows, params, start(refit=not args.from_defaults), max_evals=args.max_evals,
-                       extra_loss=None if args.rows_only else extra_loss(pairs, long_fit))
-    print(f"loss {summary['loss_before']:.4f} -> {summary['loss_after']:.4f} after {summary['evaluations']} "
-          "evaluations", flush=True)
-    cal, step = fit_state_step(cal)
-    print(f"delta_net_state_step_s {cal.delta_net_state_step_s:.3g} (Qwen3-Next fit half: loss "
-          f"{step['loss_before']:.4f} -> {step['loss_after']:.4f})", flush=True)
     report(cal, fit_rows, "fitted half")
     report(cal, held, "held-out half")
-    constants = cal.model_dump()
-    keep = {k: constants[k] if k == "software" else rounded(constants[k]) for k in STORED}
+    keep = stored(cal)
     print(json.dumps(keep))
     if not args.dry_run:
         args.out.write_text(json.dumps(keep, indent=2) + "\n")

@@ -5,9 +5,9 @@ The landscapes are bench/search_efficiency.py's (its CASES, its landscapes and i
 deliberate error per dimension value, 2% run-to-run noise), so the figures sit beside that section's. Every seed draws
 one truth per case, and every strategy searches that same truth. Each sweep is followed trial by trial:
 
-  the winner     the sweep's best measured layout (highest measured tokens/s/GPU among the trials that ran and fit);
-                 the sweep is "within 2%" once its winner's true throughput is at least 98% of the optimum (the best
-                 truly fitting layout of the whole table)
+  the winner     the sweep's answer as it stores it (orchestrator/sweep/loop.py _record_answer): the calibrated
+                 search's, the measured layout it believes fastest; another search's, the best measured. "Within 2%"
+                 once its true throughput is at least 98% of the optimum (the best truly fitting layout)
   GPU-hours      each trial charged as the sweep charges a what-if trial (orchestrator/sweep/fidelity.py,
                  Sizing.gpu_seconds): num_gpus x (STARTUP_S + steps run x the layout's true step time); an OOM: start-up
                  plus one step. "to within 2%" sums the trials up to the one that brought the winner within 2%;
@@ -30,8 +30,8 @@ Strategies (the sweep's own samplers through Optuna's ask/tell and the sweep's S
 
   default, N trials      today: the calibrated search (rules of thumb first), every trial 20 steps, stops at n_trials
   + convergence          budget.converge_below 0.05 (converge_margin 0.02): stops once the calibrated search's posterior
-                         chance that an untried layout is more than 2% faster falls below 5% (orchestrator/sweep/loop.py
-                         _check_converged, asked after every trial as the sweep asks it)
+                         chance that a layout is more than 2% faster than its answer falls below 5% (orchestrator/sweep/
+                         loop.py _check_converged, asked after every trial as the sweep asks it)
   + stop rules           the per-trial rules above; a pruned trial's reported steps are its intermediate values, whose
                          median the calibrated search learns as its figure (orchestrator/search/samplers.py), as in
                          the sweep; it is no measurement (never the winner)
@@ -106,7 +106,8 @@ class TrialRun:
     true: float  # the layout's true tokens/s/GPU (0 when it does not truly fit)
     hours: float  # GPU-hours charged
     steps: int
-    chance: float | None  # after it: P(an untried layout beats the best by > the margin), when asked
+    chance: float | None  # after it: P(a layout beats the answer by > the margin), when asked
+    answer: float | None = None  # after it: the true tokens/s/GPU of the sweep's answer (None: the best measured)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +186,13 @@ class Sampler(se.SweepSampler):
         ask = getattr(self.sampler, "chance_of_better", None)
         return None if ask is None else float(ask(self.study, tried, best, CONVERGE.converge_margin))
 
+    def answer(self) -> str | None:
+        """The key of the layout the sweep would store as its answer now (orchestrator/sweep/loop.py
+        _record_answer); None for a search with no belief (the best measured is the answer)."""
+        ask = getattr(self.sampler, "answer", None)
+        layout = None if ask is None else ask(self.study)
+        return None if layout is None else layout.key()
+
 
 def sweep(land: se.Landscape, truth: se.Truth, seed: int, plan: Plan,
           charge: Callable[[se.Truth, int, int], float]) -> list[TrialRun]:
@@ -211,7 +219,9 @@ def sweep(land: se.Landscape, truth: se.Truth, seed: int, plan: Plan,
             chance = sampler.chance_of_better(tried, best)
             converged = chance is not None and chance < (CONVERGE.converge_below or 0.0)
         true = float(truth.tokens[i]) if truth.fits[i] else 0.0
-        runs.append(TrialRun(i, m.status, m.figure, true, charge(truth, i, m.steps), m.steps, chance))
+        answer = sampler.answer()
+        answer_true = None if answer is None else float(truth.tokens[position[answer]])
+        runs.append(TrialRun(i, m.status, m.figure, true, charge(truth, i, m.steps), m.steps, chance, answer_true))
     return runs
 
 
@@ -263,14 +273,16 @@ def outcome(runs: Sequence[TrialRun], target: float) -> Outcome:
     """What a sweep that ran exactly `runs` got: when its winner first was within 2% (`target`: 98% of the
     optimum's true tokens/s/GPU), what it spent, and whether it ended wrong."""
     winner: TrialRun | None = None
+    answer: float | None = None  # the winner's true tokens/s/GPU
     reached, hours, to_reach = None, 0.0, math.inf
     for k, run in enumerate(runs, 1):
         hours += run.hours
         if run.status == "ok" and run.figure is not None and (winner is None or run.figure > (winner.figure or 0.0)):
             winner = run
-        if reached is None and winner is not None and winner.true >= target:
+        answer = run.answer if run.answer is not None else winner.true if winner is not None else None
+        if reached is None and answer is not None and answer >= target:
             reached, to_reach = k, hours
-    wrong = winner is None or winner.true < target
+    wrong = answer is None or answer < target
     return Outcome(reached, to_reach, len(runs), hours, wrong)
 
 
@@ -411,8 +423,9 @@ def section(r: dict) -> list[str]:
             f"`stopping:` defaults) are modelled on simulated steps, step-to-step noise exp(N(0, {r['step_noise']})) "
             f"(a stated figure, not a measured one) over the run noise exp(N(0, {r['run_noise']})). Convergence: "
             f"`budget.converge_below: {r['converge_below']}`, margin {r['converge_margin']:.0%}. Within 2% = the "
-            "sweep's winner (best measured) truly within 2% of the best truly fitting layout; GPU-h to within 2% "
-            "sums the trials until then, spent sums every trial until the sweep stopped; a wrong stop ended with a "
+            "sweep's answer (the calibrated search's: the measured layout it believes fastest; the grid's: its best "
+            "measured) truly within 2% of the best truly fitting layout; GPU-h to within 2% sums the trials until "
+            "then, spent sums every trial until the sweep stopped; a wrong stop ended with a "
             f"winner more than 2% worse. Budget {r['budget']} trials; medians are nearest-rank (\"not reached\" / "
             f"\">{r['budget']}\": in fewer than half the sweeps). Bold: the candidate (default + stop rules + "
             "convergence; its calibrated search learns a pruned trial's reported steps).", "", table(r), "",

@@ -35,11 +35,14 @@ from search_spaces.calibration.reference import LONG_CONTEXT_MOE_SOURCE, ORIGINS
 from bench.fit_calibration import (
     ASSUMED_LAYOUT_SERIES,
     KERNEL_RELEASE_FACTOR,
-    PARAMETERS,
+    PARAMETERS,  # noqa: F401 (the full vector, read from here by tests/bench)
+    PRODUCT,
     STATE_STEP,
+    Variant,
     extra_loss,
     start,
     ultra_ratio,
+    with_pins,
 )
 
 # per-family constants the fit moves: reset to the defaults for a family no kept row measures
@@ -101,9 +104,10 @@ def _moved_by(p: Parameter, kept: list[Measurement]) -> bool:
     return True
 
 
-def fold_start(kept: list[Measurement], cold: bool) -> Calibration:
-    """The fit's start without what the kept rows cannot know (see the module docstring)."""
-    base = start(refit=not cold)
+def fold_start(kept: list[Measurement], cold: bool, variant: Variant = PRODUCT) -> Calibration:
+    """The fit's start without what the kept rows cannot know (see the module docstring); a table-pinned
+    variant's kernel-table terms stay (no row set them)."""
+    base = start(refit=not cold, variant=variant)
     defaults = Calibration()
     families = {m.family for m in kept}
     update: dict = {}
@@ -120,17 +124,17 @@ def fold_start(kept: list[Measurement], cold: bool) -> Calibration:
     update["sustained_rate"] = {gpu: round(ratio, 3) if pairs else 1.0 for gpu in base.sustained_rate}
     if not any(m.release in ASSUMED_LAYOUT_SERIES for m in kept):
         update["delta_net_state_step_s"] = defaults.delta_net_state_step_s
-    return base.model_copy(update=update)
+    return with_pins(base.model_copy(update=update), variant)
 
 
 def refit(kept: list[Measurement], long_kept: list[Measurement], cold: bool = False,
-          max_evals: int = 2500) -> tuple[Calibration, dict]:
-    """bench/fit_calibration.py's fit on `kept` (published rows) and `long_kept` (long-context MoE rows), with
-    only the parameters those rows move; returns the constants and the fit's summary."""
+          max_evals: int = 2500, variant: Variant = PRODUCT) -> tuple[Calibration, dict]:
+    """bench/fit_calibration.py's fit of `variant` on `kept` (published rows) and `long_kept` (long-context MoE
+    rows), with only the parameters those rows move; returns the constants and the fit's summary."""
     pairs = [p for p in load_knob_pairs() if p.half == "fit"]
-    params = [p for p in PARAMETERS if _moved_by(p, kept)]
+    params = [p for p in variant.parameters if _moved_by(p, kept)]
     long_fitted = [m for m in long_kept if m.release not in ASSUMED_LAYOUT_SERIES]
-    cal, summary = fit(kept, params, fold_start(kept + long_kept, cold), max_evals=max_evals,
+    cal, summary = fit(kept, params, fold_start(kept + long_kept, cold, variant), max_evals=max_evals,
                        extra_loss=extra_loss(pairs, long_fitted))
     state_rows = [m for m in long_kept if m.release in ASSUMED_LAYOUT_SERIES]
     if state_rows:
@@ -145,11 +149,13 @@ def predict(m: Measurement, cal: Calibration) -> float | None:
 
 
 def run_fold(fold: Fold, rows: list[Measurement], long_rows: list[Measurement], cold: bool = False,
-             max_evals: int = 2500) -> dict:
-    """Refit without the fold's rows; each left-out row's error, the refit's CPU seconds and evaluations."""
+             max_evals: int = 2500, variant: Variant = PRODUCT) -> dict:
+    """Refit (`variant`'s constants) without the fold's rows; each left-out row's error, the refit's CPU seconds
+    and evaluations."""
     t0 = time.process_time()
     cal, summary = refit([m for m in rows if not fold.leaves_out(m)],
-                         [m for m in long_rows if not fold.leaves_out(m)], cold=cold, max_evals=max_evals)
+                         [m for m in long_rows if not fold.leaves_out(m)], cold=cold, max_evals=max_evals,
+                         variant=variant)
     cpu_s = time.process_time() - t0
     out = [(m, predict(m, cal)) for m in rows + long_rows if fold.leaves_out(m)]
     return {"kind": fold.kind, "name": fold.name, "errors": [(m, e) for m, e in out if e is not None],

@@ -50,9 +50,12 @@ def fits(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """Best measured tokens/s among status ok trials that fit the GPU memory."""
+    """The sweep's answer (StudyRecord.answer) when it names a status ok trial that fits, else the best measured
+    tokens/s among those."""
     ok = [t for t in finished_trials(study) if fits(t)]
-    return max(ok, key=lambda t: t.values[0], default=None)
+    chosen = StudyRecord.of(study).answer
+    named = next((t for t in ok if t.number == chosen), None) if chosen is not None else None
+    return named or max(ok, key=lambda t: t.values[0], default=None)
 
 
 def gpu_hours(study: optuna.Study) -> tuple[float, float]:

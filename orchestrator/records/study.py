@@ -39,6 +39,9 @@ class StudyRecord(Stored):
     driver_lease: dict[str, Any] | None = stored("The driver holding the study (orchestrator.sweep.lease): token, "
                                                  "epoch, host, pid, heartbeat; None when released.")
     driver_lease_epoch: int | None = stored("The last lease epoch taken (a later driver's is higher).")
+    answer: int | None = stored("The trial the sweep chose as its answer when it stopped: the measured layout its "
+                                "search believes fastest (the calibrated search's posterior, not the luckiest run); "
+                                "None: the best measured trial is the answer.")
 
     @classmethod
     def of(cls, study: Any) -> "StudyRecord":

@@ -73,10 +73,17 @@ class Proposer:
         return Proposed(trial, queued, layout, self.prior.predict(layout))
 
     def chance_of_better(self, study: Any, tried: set[str], best: float, margin: float) -> float | None:
-        """The chance that a layout not yet tried beats `best` by more than `margin` (the calibrated search's
-        posterior); None for a search that has no model of it."""
+        """The chance that a layout beats the search's answer by more than `margin` (the calibrated search's
+        posterior; `best`, the best measured figure, is the bar before it has an answer); None for a search that has
+        no model of it."""
         ask = getattr(self.sampler, "chance_of_better", None)
         return ask(study, tried, best, margin) if ask is not None else None
+
+    def answer(self, study: Any) -> Layout | None:
+        """The measured layout the search believes fastest (the calibrated search's posterior); None for a search
+        that has no model of it, or before anything was measured: then the best measured trial is the answer."""
+        ask = getattr(self.sampler, "answer", None)
+        return ask(study) if ask is not None else None
 
     def seeds(self) -> list[tuple[dict[str, Any], str]]:
         """The params of the trials a new study starts with, and who proposed each: the layouts carried from a

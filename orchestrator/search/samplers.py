@@ -172,6 +172,11 @@ class CalibratedSampler(LayoutSampler):
         self._learn(study.get_trials(deepcopy=False))
         return self.search.chance_of_better(tried, best, margin)
 
+    def answer(self, study: optuna.Study) -> Layout | None:
+        """CalibratedSearch.answer (the measured layout it believes fastest), after learning from the study."""
+        self._learn(study.get_trials(deepcopy=False))
+        return self.search.answer()
+
 
 class OrderedSampler(LayoutSampler):
     """The first untried layout of a fixed order (random search, grid search)."""

@@ -66,8 +66,9 @@ class Budget(_Strict):
     max_proposals_per_trial: int = Field(default=20, ge=1, strict=True)
     """Proposals allowed per counted trial before the sweep gives up finding new layouts."""
     converge_below: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    """Stop once the calibrated search finds the chance that a layout not yet measured beats the best measured one by
-    more than `converge_margin` below this (e.g. 0.05); None: run to n_trials. The calibrated search only."""
+    """Stop once the calibrated search finds the chance that a layout beats its answer (the measured layout it believes
+    fastest) by more than `converge_margin` below this (e.g. 0.05); None: run to n_trials. The calibrated search
+    only."""
     converge_margin: float = Field(default=0.02, gt=0, lt=1, allow_inf_nan=False)
     """How much better (relative tokens/s/GPU) a layout must be to count for `converge_below`."""
 

@@ -222,15 +222,16 @@ class Sweep:
             self._check_converged()
 
     def _check_converged(self) -> None:
-        """Stop proposing once the calibrated search's chance that an untried layout beats the best measured one
-        by more than the margin is below the spec's bound (budget.converge_below): the sweep says so and why."""
+        """Stop proposing once the calibrated search's chance that a layout beats its answer (the measured layout it
+        believes fastest) by more than the margin is below the spec's bound (budget.converge_below): the sweep says so
+        and why. Measurement noise counts: the chance compares within posterior draws, not with the best figure."""
         budget = self.spec.budget
         if budget.converge_below is None or self.stop_reason is not None or self.best <= 0:
             return
         chance = self.session.search.chance_of_better(self.session.writes.study, {k for k, _ in self.taken if k},
                                                       self.best, budget.converge_margin)
         if chance is not None and chance < budget.converge_below:
-            self.stop_reason = (f"converged: P(an untried layout is faster by > {budget.converge_margin:.0%}) = "
+            self.stop_reason = (f"converged: P(a layout beats the answer by > {budget.converge_margin:.0%}) = "
                                 f"{chance:.2f} < {budget.converge_below:g}, after {self.measured} trials")
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
@@ -284,6 +285,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
     """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
     study = session.study
     session.lease.fence()  # the parent run's summary is a write
+    _record_answer(session)
     found = session.summary()
     best, pareto = found.best, found.pareto
     pending = 0
@@ -310,6 +312,19 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
     return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
                         wall_time_s=time.monotonic() - start, summary=found, mlflow_pending=pending,
                         messages=messages)
+
+
+def _record_answer(session: Session) -> None:
+    """Store the sweep's answer: a fitting trial of the layout its search believes fastest, a full-size one first (a
+    search with no belief stores none, and the best measured trial is the answer: queries.best_fitting_trial)."""
+    layout = session.search.answer(session.writes.study)
+    number = None
+    if layout is not None:
+        key = layout.key()
+        ran = [TrialRecord.of(t) for t in queries.finished_trials(session.study) if queries.fits(t)]
+        ours = sorted((r for r in ran if r.layout_key == key), key=lambda r: (bool(r.proxy), r.number))
+        number = ours[0].number if ours else None
+    session.lease.store(answer=number)
 
 
 def _log_views(tracker: Tracker, study: optuna.Study) -> None:

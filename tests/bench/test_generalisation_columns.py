@@ -7,7 +7,7 @@ import pytest
 from search_spaces.calibration.reference import long_context_moe_rows, published_rows
 
 from bench.estimator_accuracy import COLUMNS, fitted_constants, generalisation, generalisation_section
-from bench.fit_calibration import PARAMETERS, STATE_STEP
+from bench.fit_calibration import PRODUCT, STATE_STEP
 from bench.leave_one_out import FINE_GRAINED_WIDTH, MODEL_CLASS_RULE, folds, model_class
 
 ROWS = published_rows() + long_context_moe_rows()
@@ -71,5 +71,5 @@ def test_a_column_reads_only_its_own_folds_rows_mean_and_max_absolute_error():
 
 def test_the_fitted_constants_are_counted_from_the_fits_parameter_vector():
     fitted = fitted_constants()
-    assert fitted["count"] == len(PARAMETERS) + 1 == len(fitted["names"])
+    assert fitted["count"] == len(PRODUCT.parameters) + 1 == len(fitted["names"])
     assert fitted["names"][-1] == STATE_STEP.name and len(set(fitted["names"])) == fitted["count"]

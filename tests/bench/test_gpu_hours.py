@@ -121,3 +121,14 @@ def test_with_the_rules_the_grid_charges_fewer_steps_and_still_finds_the_optimum
     # far below the optimum once it is measured: measured enough or pruned at the first step a rule may decide
     assert all(r.steps == gh.WARMUP + gh.STOPPING.min_measured_steps for r in ruled[3:])
     assert gh.outcome(ruled, truth.target).spent < gh.outcome(plain, truth.target).spent
+
+
+def test_the_winner_is_the_sweeps_answer_when_its_search_names_one():
+    """Issue 59: a calibrated sweep stores the layout its search believes fastest as its answer
+    (orchestrator/sweep/loop.py _record_answer), not the luckiest measured figure; the outcome follows it."""
+    best = gh.TrialRun(0, "ok", 990.0, 1000.0, 1.0, 20, None, answer=1000.0)
+    lucky = gh.TrialRun(2, "ok", 1010.0, 900.0, 1.0, 20, None, answer=1000.0)  # measured above, not believed
+    got = gh.outcome([best, lucky], 980.0)
+    assert got.reached == 1 and not got.wrong
+    misled = gh.TrialRun(2, "ok", 1010.0, 900.0, 1.0, 20, None, answer=900.0)
+    assert gh.outcome([best, misled], 980.0).wrong
