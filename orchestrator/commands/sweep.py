@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 def sweep(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="sweep spec YAML (see examples/)"),
-    backend: Optional[str] = typer.Option(None, help=backends.choices_help()),
+    backend: Optional[str] = typer.Option(None, help=backends.CHOICES_HELP),
     n_trials: Optional[int] = typer.Option(None, "--n-trials", help="trials to run (cost-model rejections are free)"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent"),
     storage: Optional[str] = typer.Option(None, help=f"Optuna storage URL (default {DEFAULT_STORAGE})",
@@ -37,7 +37,7 @@ def sweep(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="join a running Ray cluster"),
     seed: Optional[int] = typer.Option(None, help="sampler seed (reproducible proposals)"),
     replay_table: Optional[str] = typer.Option(None, "--replay-table", help="CSV for --backend replay"),
-    search: Optional[str] = typer.Option(None, "--search", help=searches.choices_help()),
+    search: Optional[str] = typer.Option(None, "--search", help=searches.CHOICES_HELP),
     fidelity: Optional[str] = typer.Option(None, "--fidelity", help="auto (default) | full | proxy"),
     trial_gpus: Optional[int] = typer.Option(None, "--trial-gpus", help="the most GPUs one trial may use"),
     calibration: Optional[str] = typer.Option(None, "--calibration",

@@ -17,7 +17,7 @@ from orchestrator.dispatch.base import Backend, TrialRequest, unplaceable
 from orchestrator.errors import ClusterError
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "BackendKind", "TrialRequest", "canonical_backend",
-           "choices_help", "make_backend"]
+           "CHOICES_HELP", "make_backend"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,9 @@ def canonical_backend(name: str) -> str:
     return kind.name
 
 
-def choices_help() -> str:
-    """`name (what it is) | ...` for help texts."""
-    return " | ".join(f"{k.name} ({k.doc}" + (f"; also {', '.join(k.aliases)}" if k.aliases else "") + ")"
-                      for k in BACKENDS.values())
+# `name (what it is) | ...`: the backends as help texts name them
+CHOICES_HELP = " | ".join(f"{k.name} ({k.doc}" + (f"; also {', '.join(k.aliases)}" if k.aliases else "") + ")"
+                          for k in BACKENDS.values())
 
 
 def make_backend(spec, prior) -> Backend:

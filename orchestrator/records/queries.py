@@ -58,6 +58,14 @@ def best_fitting_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return named or max(ok, key=lambda t: t.values[0], default=None)
 
 
+def fitting_trial_of(study: optuna.Study, layout_key: str) -> int | None:
+    """The number of a status ok trial of `layout_key` that fits, a full-size one first (the sweep's answer names
+    it: StudyRecord.answer); None when the layout has none."""
+    ran = [TrialRecord.of(t) for t in finished_trials(study) if fits(t)]
+    ours = sorted((r for r in ran if r.layout_key == layout_key), key=lambda r: (bool(r.proxy), r.number))
+    return ours[0].number if ours else None
+
+
 def gpu_hours(study: optuna.Study) -> tuple[float, float]:
     """(GPU-hours the study's trials used, GPU-hours the same trials would have used at full size)."""
     return _gpu_hours(measured_records(study))

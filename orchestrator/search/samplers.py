@@ -109,7 +109,7 @@ class LayoutSampler(SearchHooks, optuna.samplers.BaseSampler):
             self._observed.add(t.number)
             layout = self._layout_of(t.params)
             if layout is not None and record.status:
-                self.observe(layout, record.status, _throughput(t, record), record.measured("peak_memory_gib"))
+                self.observe(layout, record.status, *_observed(t, record))
 
     def _taken(self, trials: Iterable[FrozenTrial], current: int) -> set[str]:
         keys = set()
@@ -189,13 +189,14 @@ class OrderedSampler(LayoutSampler):
         return next((lay for lay in self.order if lay.key() not in taken), None)
 
 
-def _throughput(t: FrozenTrial, record: TrialRecord) -> float | None:
-    """What a trial says of its layout's tokens/s/GPU: its measured figure; for one pruned (cannot win), the median
-    of the steps it reported before it was stopped (issue 59: a search that learns nothing from a pruned trial needs
-    more trials than one that runs every trial whole)."""
+def _observed(t: FrozenTrial, record: TrialRecord) -> tuple[float | None, float | None]:
+    """What a trial says of its layout: (tokens/s/GPU, peak memory GiB) as measured; for one pruned (cannot win),
+    its tokens/s/GPU is the median of the steps it reported before it was stopped (issue 59: a search that learns
+    nothing from a pruned trial needs more trials than one that runs every trial whole)."""
+    tokens, peak = (record.measured(name) for name in ("tokens_per_sec_per_gpu", "peak_memory_gib"))
     if record.status == "pruned" and t.intermediate_values:
-        return float(statistics.median(t.intermediate_values.values()))
-    return record.measured("tokens_per_sec_per_gpu")
+        return float(statistics.median(t.intermediate_values.values())), peak
+    return tokens, peak
 
 
 def nemo_grid_order(layouts: Iterable[Layout]) -> list[Layout]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_SEARCH", "SEARCH_KINDS", "SearchKind", "choices_help"]
+__all__ = ["DEFAULT_SEARCH", "SEARCH_KINDS", "CHOICES_HELP", "SearchKind"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,5 @@ SEARCH_KINDS: dict[str, SearchKind] = {kind.name: kind for kind in (
 DEFAULT_SEARCH = next(iter(SEARCH_KINDS))
 
 
-def choices_help() -> str:
-    """`name (what it is) | ...` for help texts."""
-    return " | ".join(f"{k.name} ({k.doc})" for k in SEARCH_KINDS.values())
+# `name (what it is) | ...`: the searches as help texts name them
+CHOICES_HELP = " | ".join(f"{k.name} ({k.doc})" for k in SEARCH_KINDS.values())

@@ -318,13 +318,7 @@ def _record_answer(session: Session) -> None:
     """Store the sweep's answer: a fitting trial of the layout its search believes fastest, a full-size one first (a
     search with no belief stores none, and the best measured trial is the answer: queries.best_fitting_trial)."""
     layout = session.search.answer(session.writes.study)
-    number = None
-    if layout is not None:
-        key = layout.key()
-        ran = [TrialRecord.of(t) for t in queries.finished_trials(session.study) if queries.fits(t)]
-        ours = sorted((r for r in ran if r.layout_key == key), key=lambda r: (bool(r.proxy), r.number))
-        number = ours[0].number if ours else None
-    session.lease.store(answer=number)
+    session.lease.store(answer=queries.fitting_trial_of(session.study, layout.key()) if layout is not None else None)
 
 
 def _log_views(tracker: Tracker, study: optuna.Study) -> None:

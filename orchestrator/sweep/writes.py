@@ -81,7 +81,8 @@ class WholeTrialWrites:
     def study(self) -> optuna.Study:
         if self.copy is None and not self.stored.get_trials(deepcopy=False, states=_UNFINISHED):
             trials = self.stored.get_trials(deepcopy=False)
-            self.copy = optuna.create_study(storage=studies.in_memory(), sampler=self.stored.sampler,
+            # no storage named: Optuna keeps the copy in this process's memory
+            self.copy = optuna.create_study(sampler=self.stored.sampler,
                                             directions=self.stored.directions, study_name=self.stored.study_name)
             self.copy.add_trials(trials)
             self._next = len(trials)
