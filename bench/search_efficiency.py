@@ -204,7 +204,8 @@ class SweepSampler:
         while self.proposals < PROPOSALS_PER_TRIAL * BUDGET:
             self.proposals += 1
             trial = self.study.ask(self.space.distributions())
-            if TrialRecord.of(trial).proposed_by is None and self.sampler.exhausted:
+            sampled = TrialRecord.of(trial).proposed_by is None
+            if sampled and self.sampler.exhausted:
                 return None
             try:
                 layout = self.space.layout(trial.params)
@@ -215,7 +216,7 @@ class SweepSampler:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             prediction = self.prior.predict(layout)
-            if self.screen(prediction):
+            if self.screen(prediction, sampled):
                 self._tell(trial, "infeasible", None, prediction.peak_memory_gib or 0.0)
                 continue
             self.pending[layout.key()] = trial

@@ -42,6 +42,7 @@ from orchestrator.dispatch.ray_cluster import (
     cluster_has,
     free_port_and_address,
     local_node,
+    placeable_now,
     ray_env,
     refusal,
     trial_asks,
@@ -193,10 +194,12 @@ class LocalRayBackend:
     def _await_placement(self, pg, request: TrialRequest) -> TrialResult | None:
         """None once the trial's bundles are reserved; else its result: unschedulable after placement_timeout_s of
         waiting while none of this backend's trials held a placement or was ahead of it in the queue (queueing
-        behind them is no fault of the cluster's), interrupted when the sweep stops first."""
+        behind them is no fault of the cluster's) and the cluster's free resources could not place it (Ray's own
+        latency is not either), interrupted when the sweep stops first."""
         import ray
 
         ready, bound, waited, turn = pg.ready(), self.spec.placement_timeout_s, 0.0, object()
+        bundle = self._bundle(request.gpus_per_node)
         with self._lock:
             self._waiting.append(turn)
         try:
@@ -205,10 +208,10 @@ class LocalRayBackend:
                 done, _ = ray.wait([ready], timeout=POLL_S)
                 if done:
                     return None
-                if self._cluster_is_to_blame(turn):
+                if self._cluster_is_to_blame(turn) and not placeable_now(request.nodes, bundle):
                     waited += time.monotonic() - began
                 if waited >= bound:
-                    asks = trial_asks(request.nodes, self._bundle(request.gpus_per_node))
+                    asks = trial_asks(request.nodes, bundle)
                     return TrialResult(status="unschedulable", error=(
                         f"not placed within placement_timeout_s ({bound:g} s), never started: a trial asks for "
                         f"{asks}; the Ray cluster has {cluster_has(alive_nodes())}, {cluster_free()}"))

@@ -78,6 +78,22 @@ def cluster_has(alive: list[dict[str, float]]) -> str:
     return f"{len(alive)} nodes: " + ", ".join(f"{n} with {what}" for n, what in each)
 
 
+def placeable_now(nodes: int, bundle: dict[str, float]) -> bool:
+    """Could the cluster's free resources place the trial now (then a wait is Ray's own placement latency, which a
+    loaded machine stretches past a second, not a cluster too busy or too small)? Per node where Ray tells it, else
+    on the cluster's total."""
+    import ray
+
+    try:
+        from ray._private.state import available_resources_per_node
+
+        free = list(available_resources_per_node().values())
+    except Exception:  # noqa: BLE001 -- a private API of Ray's: the public total is the weaker fallback
+        total = ray.available_resources()
+        return all(total.get(name, 0.0) >= amount * nodes for name, amount in bundle.items())
+    return refusal(free, nodes, bundle) is None
+
+
 def cluster_free() -> str:
     """What the cluster has free now (GPUs and CPUs)."""
     import ray

@@ -51,11 +51,14 @@ class Screen:
     memory_limit_gib: float
     margin: float = 1.0  # the calibrated search tries near misses of the memory model on purpose
 
-    def __call__(self, prediction: Prediction) -> str | None:
+    def __call__(self, prediction: Prediction, sampled: bool = True) -> str | None:
+        """`sampled`: the search's own proposal, which may be a near miss its measured peaks say fits; a queued one
+        (a rule of thumb, a layout carried from another length, a re-run) is held to the cost model's memory as it
+        is: nothing has measured it (a rule of thumb predicted 9% over ran into an OOM when the margin let it)."""
         if not prediction.legal:
             return prediction.reason or "illegal layout"
         peak = prediction.peak_memory_gib
-        if peak is not None and peak > self.margin * self.memory_limit_gib:
+        if peak is not None and peak > (self.margin if sampled else 1.0) * self.memory_limit_gib:
             return prediction.reason or f"predicted peak memory {peak:.1f} GiB"
         return None
 

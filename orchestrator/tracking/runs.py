@@ -26,6 +26,9 @@ class ChildRun:
     # driver of the study (found on resume), or a record of it begun here that did not finish (spooled, handed back)
     may_hold_record: bool = False
     params_logged: bool = True  # False: made for a finished trial's record, whose batch logs its params
+    started_ms: int | None = None
+    """The run's start time: the timestamp of every figure of its record, so that a record made twice (a retry
+    that raced another writer of the run) is the same rows twice, which MLflow's store keeps once."""
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ class Tracker(WriteBehind):
                 number = parse_count(run.data.tags.get(TRIAL_TAG) or "")  # a value read back: bounded
                 if number is None:
                     continue
-                child = ChildRun(run.info.run_id, run.info.status, dict(run.data.params), may_hold_record=True)
+                child = ChildRun(run.info.run_id, run.info.status, dict(run.data.params), may_hold_record=True,
+                                 started_ms=run.info.start_time)
                 kept = self._adopts(number, child, named)
                 if kept is not None:
                     self._children[number] = kept
@@ -228,7 +229,8 @@ class Tracker(WriteBehind):
         run = self.client.create_run(self.experiment_id, run_name=f"trial-{number}", tags={
             "mlflow.parentRunId": self.parent_run_id, TRIAL_TAG: str(number), "backend": backend,
             STUDY_TAG: self.study_name, "status": "running"})
-        self._children[number] = child = ChildRun(run.info.run_id, "RUNNING", params, params_logged=False)
+        self._children[number] = child = ChildRun(run.info.run_id, "RUNNING", params, params_logged=False,
+                                                  started_ms=run.info.start_time)
         self._uncertain.discard(number)
         if params_now:
             self._log_params(child)
@@ -251,7 +253,8 @@ class Tracker(WriteBehind):
             elif number in self._uncertain:
                 if not run.data.params and params:
                     self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
-                self._children[number] = ChildRun(run.info.run_id, run.info.status, params, may_hold_record=True)
+                self._children[number] = ChildRun(run.info.run_id, run.info.status, params, may_hold_record=True,
+                                                  started_ms=run.info.start_time)
                 self._uncertain.discard(number)
         return self._children.get(number)
 
@@ -313,7 +316,8 @@ class Tracker(WriteBehind):
         record = run.record
         child = self._child(record.number, record.layout, record.backend or "", params_now=False)
         run_id = child.run_id
-        t = now_ms()
+        # at the run's start time, not now: the same record made again (whatever raced) logs the same rows
+        t = child.started_ms or now_ms()
         metrics = [Metric(key, value, t, step) for key, value, step in record.mlflow_metrics()]
         if child.may_hold_record:
             metrics = self._not_yet_logged(run_id, metrics)

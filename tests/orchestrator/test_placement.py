@@ -27,6 +27,7 @@ from search_spaces.layouts.layout import Layout
 from orchestrator.commands.cli import main
 from orchestrator.dispatch.analytic import AnalyticBackend
 from orchestrator.dispatch.base import TrialRequest
+from orchestrator.dispatch.ray_cluster import placeable_now
 from orchestrator.errors import ClusterError
 from orchestrator.records import TrialRecord, queries
 from orchestrator.records.trial import TRIAL_TAG
@@ -153,6 +154,8 @@ def test_a_trial_not_placed_within_the_bound_is_unschedulable_and_a_queue_behind
         assert backend.unplaceable(1, cpus + 1) == (f"a trial asks for 1 node with {cpus + 1} CPUs; the Ray cluster "
                                                     f"has 1 node with no GPU and {cpus} CPUs")
         assert backend.unplaceable(2, 1).startswith("a trial asks for 2 nodes, each with 1 CPU")
+        assert placeable_now(1, {"CPU": cpus}) and not placeable_now(1, {"CPU": cpus + 1})
+        assert not placeable_now(2, {"CPU": 1}), "two nodes' bundles on a one-node cluster"
         # the first takes every CPU for 4 s; the second waits behind it, past the 1 s bound: that is a queue
         first = backend.submit(_request(tmp_path, "first", cpus, seconds=4))
         time.sleep(0.5)
@@ -166,6 +169,54 @@ def test_a_trial_not_placed_within_the_bound_is_unschedulable_and_a_queue_behind
     assert big.error.startswith(f"not placed within placement_timeout_s (1 s), never started: a trial asks for 1 "
                                 f"node with {cpus + 1} CPUs; the Ray cluster has 1 node with no GPU and {cpus} CPUs")
     assert not (tmp_path / "big" / "command.json").exists(), "an unschedulable trial never starts"
+
+
+class _SlowRay:
+    """Ray on a loaded machine: a placement group whose resources are free is still not placed (the CI case: the
+    queue's first trial ended, its CPUs were free, and Ray took past the 1 s bound to place the next)."""
+
+    def __init__(self, monkeypatch, free_now: bool):
+        import ray
+
+        import orchestrator.dispatch.local as local
+
+        monkeypatch.setattr(ray, "wait", lambda refs, timeout: (time.sleep(timeout), ([], refs))[1])
+        monkeypatch.setattr(local, "placeable_now", lambda nodes, bundle: free_now)
+        monkeypatch.setattr(local, "alive_nodes", lambda: [{"CPU": 2.0}])
+        monkeypatch.setattr(local, "cluster_free", lambda: "2 CPUs free now" if free_now else "no CPU free now")
+
+    def ready(self):
+        return object()
+
+
+@pytest.mark.parametrize("free_now", [True, False], ids=["free", "busy"])
+def test_the_placement_clock_stands_still_while_the_free_resources_could_place_the_trial(tmp_path, monkeypatch,
+                                                                                         free_now):
+    """Ray's own placement latency is not the cluster's fault: only a wait that the cluster's free resources could
+    not end counts against placement_timeout_s."""
+    import concurrent.futures
+    import threading
+
+    from orchestrator.dispatch.local import LocalRayBackend
+
+    backend = object.__new__(LocalRayBackend)  # its state only: Ray is the fake above
+    backend.spec = make_spec(tmp_path, "clock", **{**FAKE_TRAINER, "placement_timeout_s": 0.5})
+    backend.use_gpus, backend._placed, backend._waiting = False, 0, []
+    backend._stopping, backend._lock = threading.Event(), threading.Lock()
+    pg = _SlowRay(monkeypatch, free_now)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(backend._await_placement, pg, _request(tmp_path, "slow", 2))
+        try:
+            result = waiting.result(timeout=2.5)  # five times the bound
+        except concurrent.futures.TimeoutError:
+            result = None
+        backend._stopping.set()
+        stopped = waiting.result(timeout=30)
+    if free_now:
+        assert result is None and stopped.status == "interrupted", stopped
+    else:
+        assert result is not None and result.status == "unschedulable", result
+        assert "no CPU free now" in result.error
 
 
 def _trainers(folder: Path) -> list[psutil.Process]:

@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 
 import optuna
 import pytest
@@ -325,6 +326,33 @@ def test_a_record_that_failed_after_its_figures_is_delivered_from_the_spool_with
     monkeypatch.setattr(MlflowClient, failing, real)
     assert tracker.flush() == 0
     assert client.get_run(run_id).info.status == "FINISHED"
+    for key in ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "step_time_s", "loss"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)) >= 1, (key, steps)
+    assert len(client.get_metric_history(run_id, "tokens_per_sec_per_gpu")) == 1  # what `check` asks
+
+
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_a_record_made_twice_by_writers_that_raced_is_in_its_run_once(tmp_path, monkeypatch, request, store):
+    """By class, not by case: whatever lets two writers make one trial's record (each asked the run what it held
+    before the other's figures were there: seen twice in the SIGTERM-and-resume rounds under load), the figures are
+    logged at the run's start time, so the second batch is the same rows, which MLflow's store keeps once."""
+    monkeypatch.chdir(tmp_path)
+    uri = request.getfixturevalue("mlflow_server").uri if store == "server" else f"sqlite:///{tmp_path / 'm.db'}"
+    payload = {"layout": {"tp": 1}, "backend": "local", "status": "ok",
+               "result": {"tokens_per_sec_per_gpu": 100.0, "step_time_s": 0.5, "step_times_s": [0.6, 0.5, 0.5],
+                          "loss": [5.0, 4.9], "extra": {"fidelity": "full"}},
+               "prediction": {"tokens_per_sec_per_gpu": 110.0, "peak_memory_gib": 1.5}}
+    tracker = Tracker(uri, f"raced-{store}", tmp_path / "w" / "mlflow-spool.jsonl")
+    tracker.start({"name": "raced"}, f"raced-{store}", resume=False)
+    monkeypatch.setattr(Tracker, "_not_yet_logged", lambda self, run_id, metrics: metrics)  # read before the other
+    run = RunRecord.from_payload(0, payload)
+    tracker._record(run)
+    run_id = tracker._children[0].run_id
+    time.sleep(0.01)  # the second writer's clock has moved on
+    tracker._children[0].status = "RUNNING"
+    tracker._record(run)
+    client = MlflowClient(uri)
     for key in ("tokens_per_sec_per_gpu", "predicted_tokens_per_sec_per_gpu", "step_time_s", "loss"):
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)) >= 1, (key, steps)
