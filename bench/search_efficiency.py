@@ -204,8 +204,8 @@ class SweepSampler:
         while self.proposals < PROPOSALS_PER_TRIAL * BUDGET:
             self.proposals += 1
             trial = self.study.ask(self.space.distributions())
-            sampled = TrialRecord.of(trial).proposed_by is None
-            if sampled and self.sampler.exhausted:
+            queued_by = TrialRecord.of(trial).proposed_by
+            if queued_by is None and self.sampler.exhausted:
                 return None
             try:
                 layout = self.space.layout(trial.params)
@@ -216,7 +216,7 @@ class SweepSampler:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             prediction = self.prior.predict(layout)
-            if self.screen(prediction, sampled):
+            if self.screen(prediction, queued_by):
                 self._tell(trial, "infeasible", None, prediction.peak_memory_gib or 0.0)
                 continue
             self.pending[layout.key()] = trial

@@ -56,11 +56,21 @@ from orchestrator.records.tables import (
     layout_cells,
     row,
 )
-from orchestrator.records.trial import PROMOTION_TAG, TRIAL_TAG, TrialRecord, enqueue, trials
+from orchestrator.records.trial import (
+    PREVIOUS_LENGTH,
+    PROMOTION_TAG,
+    RULE_OF_THUMB,
+    SEED_SOURCES,
+    TRIAL_TAG,
+    TrialRecord,
+    enqueue,
+    trials,
+)
 
 __all__ = ["BY_METRIC", "COLUMN", "COMPARE", "COMPOSED", "CONTEXT_COLUMNS", "EXTRA", "HEADLINE", "LAYOUT_COLUMNS",
            "PROMOTION_TAG",
            "LEADERBOARD_COLUMNS", "LEADERBOARD_EXTRA", "METRICS", "Metric", "NUMBER_COLUMNS", "OBJECTIVE", "PREDICTED",
-           "REQUIRED_COLUMNS", "Stored", "StudyRecord", "TABLE", "TABLE_COLUMNS", "TAG", "TRAIN_COLUMNS", "TRIAL_TAG",
+           "PREVIOUS_LENGTH", "REQUIRED_COLUMNS", "RULE_OF_THUMB", "SEED_SOURCES",
+           "Stored", "StudyRecord", "TABLE", "TABLE_COLUMNS", "TAG", "TRAIN_COLUMNS", "TRIAL_TAG",
            "TrialRecord", "VIEW", "VIEW_METRICS", "enqueue", "finite", "jsonable", "layout_cells", "load_result",
            "metrics", "row", "stored", "trials"]

@@ -36,6 +36,11 @@ INTERRUPTED_BEFORE_TELL = "the sweep stopped after the trial was measured, befor
 MAX_TAG_CHARS = 4000  # what an MLflow tag value keeps of a long reason (a trainer's traceback)
 
 
+RULE_OF_THUMB, PREVIOUS_LENGTH = "rule-of-thumb", "previous length"
+SEED_SOURCES = (RULE_OF_THUMB, PREVIOUS_LENGTH)
+"""Who proposed a study's first trials (Proposer.seeds): layouts nothing measured here and the search did not pick."""
+
+
 @dataclass(frozen=True)
 class TrialRecord(Stored):
     """One trial as the sweep stored it: Optuna's own fields, then the user attrs (the `stored` fields)."""

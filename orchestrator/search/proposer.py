@@ -15,7 +15,7 @@ import optuna
 from search_spaces.errors import SpecError
 from search_spaces.layouts.layout import Layout
 
-from orchestrator.records import TrialRecord
+from orchestrator.records import PREVIOUS_LENGTH, RULE_OF_THUMB, TrialRecord
 from orchestrator.search.prior import Prediction, Prior
 from orchestrator.search.samplers import SweepSampler
 from orchestrator.search.searches import make_sampler
@@ -89,7 +89,7 @@ class Proposer:
         """The params of the trials a new study starts with, and who proposed each: the layouts carried from a
         previous length, then the rules of thumb (Prior.seeds)."""
         carried = {lay.replace(**self.prior.pinned) for lay in self.prior.carried}
-        return [(self.space.params(seed), "previous length" if seed in carried else "rule-of-thumb")
+        return [(self.space.params(seed), PREVIOUS_LENGTH if seed in carried else RULE_OF_THUMB)
                 for seed in self.prior.seeds()]
 
 

@@ -13,9 +13,10 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
+import orchestrator.storage.connections as connections
 from orchestrator.errors import StorageError, StorageFull, StorageRefused, TrackingError, TrackingFull
 from orchestrator.redact import redact_uri
-from orchestrator.storage.connections import MLFLOW, SQLITE_BUSY_S, BoundedClient, mlflow_client, root_line, unreachable
+from orchestrator.storage.connections import MLFLOW, BoundedClient, mlflow_client, root_line, unreachable
 from orchestrator.storage.files import device, disk_full
 from orchestrator.storage.write_guard import REFUSALS, refusal
 
@@ -85,7 +86,7 @@ class StudyStore(Store):
                                 "or folder: make it writable, or use another --storage)")
         if "locked" in low:
             return StorageError(f"the {OPTUNA} {self.shown} is locked by another process: {line} (waited "
-                                f"{SQLITE_BUSY_S} s; stop it or wait, then rerun)")
+                                f"{connections.SQLITE_BUSY_S:g} s; stop it or wait, then rerun)")
         if doing:
             return StorageError(f"{doing} the {OPTUNA} {self.shown}: {redact_uri(line)}")
         return StorageError(f"the {OPTUNA} {self.shown} failed: {redact_uri(line)}")

@@ -15,8 +15,8 @@ from typing import Callable
 
 from search_spaces.errors import SpecError
 
+import orchestrator.storage.connections as connections
 from orchestrator.errors import StorageError, StorageFull
-from orchestrator.storage.connections import SQLITE_BUSY_S
 from orchestrator.storage.files import device, disk_full, fsync_dir, read_head, usable_path
 
 PREFIX = "sqlite:///"
@@ -41,7 +41,7 @@ def require_table(url: str, table: str, what: str, shown: str, hint: str) -> Non
 def has_table(path: Path, table: str) -> bool:
     """Does the SQLite file have `table`? Read without writing anything (read_only_uri)."""
     try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True, timeout=SQLITE_BUSY_S)
+        conn = sqlite3.connect(read_only_uri(path), uri=True, timeout=connections.SQLITE_BUSY_S)
         try:
             return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (table,)).fetchone() is not None
@@ -62,7 +62,7 @@ def sqlite_file(url: str) -> Path | None:
 def require_unlocked(path: Path, what: str, shown: str) -> None:
     """Take SQLite's write lock once (waiting SQLITE_BUSY_S for another writer), then let it go."""
     try:
-        with closing(sqlite3.connect(path, timeout=SQLITE_BUSY_S, isolation_level=None)) as conn:
+        with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S, isolation_level=None)) as conn:
             # a damaged file is refused here: the stores' own engines retry it for minutes
             damage = [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
             if damage != ["ok"]:
@@ -77,7 +77,7 @@ def require_unlocked(path: Path, what: str, shown: str) -> None:
                               "and rerun") from None
         if "locked" in text or "busy" in text:
             raise StorageError(f"the {what} {shown} is locked by another process (waited "
-                               f"{SQLITE_BUSY_S} s); stop it or wait, then rerun") from None
+                               f"{connections.SQLITE_BUSY_S:g} s); stop it or wait, then rerun") from None
         raise StorageError(f"the {what} {shown} refuses writes: {text}") from None
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"cannot use the {what} {shown}: {exc}") from None
@@ -122,7 +122,7 @@ def _clear_orphans(path: Path) -> None:
 
 def _settle(path: Path) -> None:
     """Everything in the main file (no -wal beside it), on disk: what is linked into place is the whole store."""
-    with closing(sqlite3.connect(path, timeout=SQLITE_BUSY_S, isolation_level=None)) as conn:
+    with closing(sqlite3.connect(path, timeout=connections.SQLITE_BUSY_S, isolation_level=None)) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.execute("PRAGMA journal_mode=DELETE")
     fd = os.open(path, os.O_RDONLY)

@@ -23,7 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
-from orchestrator.storage.connections import SQLITE_BUSY_S
+import orchestrator.storage.connections as connections
 
 _installed = False
 _PARENTS: list[Any] = []  # connections a forked process found in its pools: the parent's, never closed here
@@ -60,6 +60,6 @@ def _on_connect(dbapi_connection, _record) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         # a file another process holds locked: waited for as long as every other SQLite opening waits
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
+        cursor.execute(f"PRAGMA busy_timeout={int(connections.SQLITE_BUSY_S * 1000)}")
     finally:
         cursor.close()

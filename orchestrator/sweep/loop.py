@@ -253,7 +253,7 @@ class Sweep:
         if taken in self.taken or taken in busy:
             self.recorder.discard(trial, f"repeated proposal of {taken[0]} ({taken[1]} size)")
             return None
-        reason = self.screen(prediction, sampled=proposed.queued.proposed_by is None) or size.refusal
+        reason = self.screen(prediction, proposed.queued.proposed_by) or size.refusal
         if reason:
             self.recorder.infeasible(trial, layout, prediction, reason)
             return None

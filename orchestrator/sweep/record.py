@@ -24,7 +24,7 @@ from search_spaces.layouts.layout import PARALLEL_SIZES, Layout
 from search_spaces.result import TrialResult
 from search_spaces.validation import numbers_only, validate
 
-from orchestrator.records import TrialRecord, lifecycle
+from orchestrator.records import SEED_SOURCES, TrialRecord, lifecycle
 from orchestrator.redact import redact_mapping, redact_text
 from orchestrator.search.prior import Prediction
 from orchestrator.storage import run_directory, studies
@@ -51,14 +51,16 @@ class Screen:
     memory_limit_gib: float
     margin: float = 1.0  # the calibrated search tries near misses of the memory model on purpose
 
-    def __call__(self, prediction: Prediction, sampled: bool = True) -> str | None:
-        """`sampled`: the search's own proposal, which may be a near miss its measured peaks say fits; a queued one
-        (a rule of thumb, a layout carried from another length, a re-run) is held to the cost model's memory as it
-        is: nothing has measured it (a rule of thumb predicted 9% over ran into an OOM when the margin let it)."""
+    def __call__(self, prediction: Prediction, proposed_by: str | None = None) -> str | None:
+        """`proposed_by`: who queued the trial (None: the search sampled it). The search's own proposal may be a near
+        miss its measured peaks say fits, and a re-run (a resume's, a confirmation) was let through before; a seed (a
+        rule of thumb, a layout carried from another length) is held to the cost model's memory as it is: nothing
+        has measured it (rules of thumb predicted 9-24% over ran into OOMs when the margin let them)."""
         if not prediction.legal:
             return prediction.reason or "illegal layout"
         peak = prediction.peak_memory_gib
-        if peak is not None and peak > (self.margin if sampled else 1.0) * self.memory_limit_gib:
+        margin = 1.0 if proposed_by in SEED_SOURCES else self.margin
+        if peak is not None and peak > margin * self.memory_limit_gib:
             return prediction.reason or f"predicted peak memory {peak:.1f} GiB"
         return None
 

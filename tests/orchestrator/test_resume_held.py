@@ -73,7 +73,7 @@ def test_a_storage_locked_while_a_driver_elsewhere_holds_the_study_names_that_dr
     study = optuna.load_study(study_name="held", storage=data["storage"])
     elsewhere = Holder(token="t" * 32, epoch=7, host="elsewhere", pid=4242, heartbeat=time.time())
     StudyRecord.write(study, driver_lease=elsewhere.to_attr())  # a driver on another host holds it
-    monkeypatch.setattr("orchestrator.storage.sqlite_files.SQLITE_BUSY_S", 0.5)  # the storage's wait, shortened
+    monkeypatch.setattr("orchestrator.storage.connections.SQLITE_BUSY_S", 0.5)  # the storage's wait, shortened
     capsys.readouterr()
     with _locked(data["storage"]):
         assert main(["sweep", str(spec), "--quiet", "--resume"]) == 2

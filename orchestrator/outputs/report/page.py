@@ -117,7 +117,7 @@ def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | N
     from orchestrator.spec.economics import money, to_train
 
     parts = []
-    seeds = [v for v in trials if v.proposed_by in ("rule-of-thumb", "previous length")]
+    seeds = [v for v in trials if v.proposed_by in records.SEED_SOURCES]
     first = min(seeds, key=lambda v: v.number) if seeds else None
     context = StudyRecord.of(study)
     cost, gpus = context.cost, int(context.num_gpus or 0)
