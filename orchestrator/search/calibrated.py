@@ -31,7 +31,7 @@ class CalibratedSearch:
     # the memory model is pessimistic (issue 16 measured 16-19% over-prediction of activations on GPU). Such a near
     # miss is proposed only once the memory corrected by measured peaks says it fits (propose); a rule of thumb is
     # never let through by it (orchestrator/sweep/record.py Screen). At 1.15 the true optimum of 5 of 90 bench
-    # sweeps was predicted 18-28% over and never tried (bench/gpu_hours.py: wrong stops 3/3/2 of 30 -> 0/2/1 at 1.35)
+    # sweeps was predicted 18-28% over and never tried (bench/gpu_hours.py: wrong stops 3/4/2 of 30 -> 0/2/1 at 1.35)
     MEMORY_MARGIN = 1.35
 
     def __init__(self, candidates: Iterable[Layout], predict: Callable[[Layout], tuple[bool, float, float | None]],
