@@ -375,32 +375,37 @@ def _unlocked(path: Path) -> bool:
 FENCE_MARGIN_S = 0.25  # the stop's time is read just after SIGSTOP: a margin for that read, not for load
 
 
-def _waiting_on_its_trial(data: dict, stopped: datetime.datetime, delay_s: float) -> bool:
-    """Was the driver, when stopped, inside a trial's replay delay: a running trial whose MLflow run it has
-    opened, begun less than the delay (less a margin) before the stop? The trial began before its submit, so its
-    answer, and the fence checked after it, were still to come. (The stop's time, not the check's: on a loaded
-    machine the check itself can take longer than the delay.) A driver paused between the fence and the write
-    right after it is refused by the Optuna store (orchestrator/storage/fencing.py), but could still make one MLflow
-    write, which this test's snapshot would count (orchestrator/sweep/lease.py).
-    Half the delay was the bound once; a loaded suite spent that between the trial's start and its submit."""
-    study = studies.load_study(data["storage"], data["name"])
-    return any(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None
-               and (stopped - t.datetime_start).total_seconds() < delay_s - FENCE_MARGIN_S
-               for t in study.get_trials(deepcopy=False))
+def _started_trials(study: optuna.Study) -> list[datetime.datetime]:
+    """When each running trial whose MLflow run the driver has opened began."""
+    return [t.datetime_start for t in study.get_trials(deepcopy=False)
+            if t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.datetime_start is not None]
 
 
 def _pause_while_waiting(proc: subprocess.Popen, data: dict, dbs: list[Path], journal_lock: Path,
                          delay_s: float) -> None:
     """SIGSTOP the driver while it waits on a trial and holds no database or journal lock (a paused writer would
-    block the other driver at the storage's level, which is not what this test is about)."""
+    block the other driver at the storage's level, which is not what this test is about).
+
+    The study is read while the driver runs, through one storage opened once: a look at a stopped driver let the
+    trial's delay pass during the look (a loaded suite's PostgreSQL read outlasted half a trial), and the driver,
+    stopped for each look, finished its trials unseen. A trial seen running with its MLflow run opened, begun less
+    than the delay (less a margin) before the stop, had not answered at the stop: it began before its submit, so its
+    answer, and the fence checked after it, were still to come (orchestrator/sweep/lease.py). A driver paused between
+    the fence and the write right after it is refused by the Optuna store (orchestrator/storage/fencing.py), but could
+    still make one MLflow write, which this test's snapshot would count."""
+    study = optuna.load_study(study_name=data["name"], storage=studies.open_storage(data["storage"], create=False))
+    fence_lock = journal_lock.with_name(journal_lock.name.replace(".lock", FENCE_SUFFIX + ".lock"))
     while True:
         assert proc.poll() is None, "the driver finished before it was caught waiting on a trial"
+        started = _started_trials(study)
+        if not any((datetime.datetime.now() - t).total_seconds() < delay_s - FENCE_MARGIN_S for t in started):
+            time.sleep(0.02)
+            continue
         os.kill(proc.pid, signal.SIGSTOP)
         stopped = datetime.datetime.now()
-        fence_lock = journal_lock.with_name(journal_lock.name.replace(".lock", FENCE_SUFFIX + ".lock"))
-        if all(_unlocked(db) for db in dbs) and not os.path.lexists(journal_lock) and \
-                not os.path.lexists(fence_lock) and \
-                _waiting_on_its_trial(data, stopped, delay_s):
+        if any((stopped - t).total_seconds() < delay_s - FENCE_MARGIN_S for t in started) and \
+                all(_unlocked(db) for db in dbs) and not os.path.lexists(journal_lock) and \
+                not os.path.lexists(fence_lock):
             return
         os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
