@@ -48,6 +48,7 @@ from orchestrator.tracking.write_behind import WriteBehind
 from orchestrator.tracking.writer_process import WriterProcess
 
 log = logging.getLogger("moe_autotune")
+ORPHANED = "orphaned: made by a driver that had lost the study's lease ({})"  # why a resume closes a run aside
 
 
 class Tracker(WriteBehind):
@@ -173,16 +174,13 @@ class Tracker(WriteBehind):
         other = self._children.get(number)
         own = named.get(number)
         if own is not None and child.run_id != own:
-            self._orphan(child, number, f"trial {number} names run {own}")
+            self._close_aside(child, number, ORPHANED.format(f"trial {number} names run {own}"))
             return None
         if other is None or own is not None:
             return child
         keep, drop = (other, child) if child.status == "RUNNING" else (child, other)
-        self._orphan(drop, number, f"trial {number} has run {keep.run_id}")
+        self._close_aside(drop, number, ORPHANED.format(f"trial {number} has run {keep.run_id}"))
         return keep
-
-    def _orphan(self, child: ChildRun, number: int, why: str) -> None:
-        self._close_aside(child, number, f"orphaned: made by a driver that had lost the study's lease ({why})")
 
     def finish(self, summary: dict[str, Any], pareto_csv: str | None, status: str = "FINISHED") -> None:
         self.settle()

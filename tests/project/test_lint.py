@@ -55,3 +55,37 @@ def test_no_module_is_exempt_from_the_type_check():
     ours = ("search_spaces", "orchestrator", "trainers", "bench")
     untyped = [m for o in config.get("overrides", []) for m in o.get("module", []) if m.split(".")[0] in ours]
     assert untyped == []
+
+
+# ---- sizes a reader can hold (issue 54) -------------------------------------------------------------------------
+MAX_ORCHESTRATOR_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+PACKAGES = ("orchestrator", "search_spaces", "trainers", "slurm")
+
+
+def long_functions(source: str, limit: int) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of each function or method of `source` longer than `limit` lines, its decorators
+    left out and its docstring counted."""
+    import ast
+
+    return [(node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1)
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > limit]
+
+
+def test_the_size_check_sees_what_it_judges():
+    body = "\n".join(f"    x{i} = {i}" for i in range(3))
+    assert long_functions(f"def f():\n{body}\n\ndef g():\n    pass\n", 3) == [("f", 1, 4)]
+    assert long_functions(f"class C:\n    def m(self):\n    {body}\n", 4) == []
+
+
+def test_no_orchestrator_module_over_400_lines_and_no_function_over_60():
+    """A newcomer reads a module of the orchestrator and a function anywhere in one sitting (issue 54)."""
+    big = sorted(f"{p.relative_to(REPO)}: {n} lines" for p in (REPO / "orchestrator").rglob("*.py")
+                 if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_ORCHESTRATOR_MODULE_LINES)
+    assert big == [], big
+    long = sorted(f"{p.relative_to(REPO)}:{line} {name}: {n} lines" for package in PACKAGES
+                  for p in (REPO / package).rglob("*.py")
+                  for name, line, n in long_functions(p.read_text(encoding="utf-8"), MAX_FUNCTION_LINES))
+    assert long == [], long
