@@ -77,7 +77,9 @@ def long_functions(source: str, limit: int) -> list[tuple[str, int, int]]:
 def test_the_size_check_sees_what_it_judges():
     body = "\n".join(f"    x{i} = {i}" for i in range(3))
     assert long_functions(f"def f():\n{body}\n\ndef g():\n    pass\n", 3) == [("f", 1, 4)]
-    assert long_functions(f"class C:\n    def m(self):\n    {body}\n", 4) == []
+    method = "\n".join("    " + line for line in f"def m(self):\n{body}".splitlines())
+    assert long_functions(f"class C:\n{method}\n", 3) == [("m", 2, 4)]  # a method counts as a function
+    assert long_functions(f"class C:\n{method}\n", 4) == []
 
 
 def test_no_orchestrator_module_over_400_lines_and_no_function_over_60():
