@@ -13,8 +13,8 @@ at the first trial that measures a layout whose true throughput is at least that
 after BUDGET trials (then it counts as "> BUDGET"). Strategies:
 
   calibrated      the sweep's default sampler (orchestrator/search/samplers.py CalibratedSampler): rank by the
-                  cost model, correct throughput and memory online from measurements (Thompson sampling over
-                  per-value effects); tries near misses of the memory model. Like every sweep here it runs
+                  cost model, correct throughput and memory online from measurements (expected improvement
+                  over per-value effects); tries near misses of the memory model. Like every sweep here it runs
                   the rules of thumb (the table layouts nearest to them) first; the row "no rules of thumb"
                   is the search alone (what this benchmark measured before the sweep used it as a sampler)
   tpe             the sweep's `--search tpe`: Optuna's multivariate TPE over the dimensions, the rules of

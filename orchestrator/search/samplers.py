@@ -1,8 +1,8 @@
 """The sweep's samplers: Optuna samplers over the layout parameters (the searches of orchestrator.search.table).
 
     CalibratedSampler  the untried legal layout the cost model ranks best, corrected online from every
-                       measurement (orchestrator.search.calibrated.CalibratedSearch: Thompson sampling over
-                       per-value effects); tries near misses of the memory model on purpose
+                       measurement (orchestrator.search.calibrated.CalibratedSearch: expected improvement
+                       over per-value effects); tries near misses of the memory model on purpose
     TPESearch          Optuna's multivariate TPE over the dimensions (proposals the cost model rejects are free)
     OrderedSampler     the first untried layout of a fixed order (random search, NeMo's grid order)
 

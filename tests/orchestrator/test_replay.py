@@ -7,6 +7,7 @@ seeded random factor; three rows recorded as oom, one as error), as its `note` c
 from __future__ import annotations
 
 import csv
+import math
 import shutil
 from pathlib import Path
 
@@ -220,3 +221,34 @@ def test_an_oom_raises_the_memory_correction_of_what_shares_its_values():
     for _ in range(10):
         lay = search.propose(tried)
         assert lay.tp != 1  # the other tp=1 layouts are predicted to need as much: not proposed
+
+
+@pytest.mark.parametrize("stray, kept", [(0.0, (0.0, 0.0)), (0.15, (0.8, 1.0))])
+def test_a_measured_layouts_own_residual_is_kept_as_far_as_layouts_stray_beyond_the_noise(stray, kept):
+    """Once 5 layouts are measured the search learns how far a layout strays from its values' effects: measured at the
+    prediction (within the noise), one layout's lucky run is the noise's and its belief stays at its values' effects;
+    when rows stray +-15% (a replay table's interactions), a row's own figure is kept."""
+    layouts, predict = _toy()
+    search = CalibratedSearch(layouts, predict, memory_limit_gib=10.0, seed=0)
+    measured = layouts[:6]
+    for k, lay in enumerate(measured[:-1]):
+        search.observe(lay, "ok", 100.0 * (1.0 + stray * (-1) ** k), 1.0)
+    lucky = measured[-1]
+    search.observe(lucky, "ok", 103.0, 1.0)  # 3%: one run noise above its prediction
+    # the share of its residual (measured over its values' effects, log space) its belief keeps
+    share = math.log(search.believed(lucky) / search.predicted(lucky)) / math.log(103.0 / search.predicted(lucky))
+    assert kept[0] - 1e-9 <= share <= kept[1] + 1e-9
+
+
+def test_the_next_trial_is_the_one_with_the_most_to_gain_not_a_sure_tie():
+    """Every value of tp 1-2 and pp 1-2 measured at the prediction: tp=2, pp=2 can only tie the answer, while a layout
+    with an unmeasured value (tp 4 or pp 4) could be faster; the search proposes those, every time."""
+    layouts, predict = _toy()
+    search = CalibratedSearch(layouts, predict, memory_limit_gib=10.0, seed=0)
+    measured = [lay for lay in layouts if (lay.tp, lay.pp) in ((1, 1), (1, 2), (2, 1))]
+    for lay in measured:
+        search.observe(lay, "ok", 100.0, 1.0)
+    tried = {lay.key() for lay in measured}
+    for _ in range(20):
+        proposed = search.propose(tried)
+        assert 4 in (proposed.tp, proposed.pp)
