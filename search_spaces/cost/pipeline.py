@@ -111,19 +111,36 @@ def _balanced_split(units: list[Unit], stages: int) -> list[tuple[Unit, ...]]:
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
     for k in range(1, stages + 1):
+        row = best[k - 1]
         for i in range(k, n - (stages - k) + 1):
-            row, b, c = best[k - 1], inf, 0
-            for j in range(k - 1, i):
-                val = max(row[j], prefix[i] - prefix[j])
-                if val < b - 1e-12:
-                    b, c = val, j
-            best[k][i], cut[k][i] = b, c
+            best[k][i], cut[k][i] = _best_cut(row, prefix, k - 1, i)
     parts, i = [], n
     for k in range(stages, 0, -1):
         j = cut[k][i]
         parts.append(tuple(units[j:i]))
         i = j
     return parts[::-1]
+
+
+def _best_cut(row: list[float], prefix: list[float], lo: int, i: int) -> tuple[float, int]:
+    """The first j in [lo, i) minimising max(row[j], prefix[i] - prefix[j]), and that minimum. row (the heaviest
+    part of the first j units in k-1 stages) never falls as j grows and the last part's weight always falls, so the
+    minimum sits where they cross: a binary search for the first j whose row reaches the last part, then the
+    better of it and the one before (the earlier on a tie, as a scan from lo finds). O(log n), not O(n): `estimate`
+    walks these splits for every PP x VPP of the space (issue 33's 0.5 s)."""
+    a, b = lo, i  # the first j in [lo, i) with row[j] >= prefix[i] - prefix[j]; i when there is none
+    while a < b:
+        mid = (a + b) // 2
+        if row[mid] >= prefix[i] - prefix[mid]:
+            b = mid
+        else:
+            a = mid + 1
+    if a == lo:
+        return max(row[lo], prefix[i] - prefix[lo]), lo
+    before = prefix[i] - prefix[a - 1]  # row[a - 1] is below it
+    if a == i or before <= row[a]:
+        return before, a - 1
+    return row[a], a
 
 
 @lru_cache(maxsize=4096)
