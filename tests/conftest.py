@@ -8,6 +8,7 @@ fixture), "wheel" (one built wheel and its venvs).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -105,6 +106,24 @@ def _mlflow_uri_per_test():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# the stop handlers and the unraisable hook this process had before any test ran a command in it
+_STOP_HANDLERS = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+_UNRAISABLE_HOOK = sys.unraisablehook
+
+
+@pytest.fixture(autouse=True)
+def _stop_handlers_restored():
+    """An in-process command installs the handlers a stop (Ctrl-C, SIGTERM) runs: during a sweep they unwind it
+    (orchestrator/commands/interrupts.py), once it returned they exit at once (exiting.py). After each test the
+    process gets back the ones it had before any test (a module's fixture may run a command too): a worker stopped
+    at the end of the run printed a KeyboardInterrupt's traceback from an exit hook."""
+    yield
+    for signum, handler in _STOP_HANDLERS.items():
+        if handler is not None:  # None: installed outside Python, nothing a test changes
+            signal.signal(signum, handler)
+    sys.unraisablehook = _UNRAISABLE_HOOK
 
 
 _CLOCKS = ("perf_counter", "monotonic", "time", "sleep")

@@ -17,6 +17,10 @@ from orchestrator.storage import studies
 FAKE_TRAINER: dict[str, Any] = {"backend": "ray", "launcher": "python", "trainer_module": "tests.fake_trainer",
                                 "steps": 3, "warmup": 1}
 
+# a budget that runs to n_trials: for tests that count the trials (convergence, on by default, may stop a long
+# analytic sweep of tiny-moe after 56-72 trials)
+TO_THE_END: dict[str, Any] = {"converge_below": None}
+
 
 def spec_data(tmp_path: Path, name: str = "sweep", **changes: Any) -> dict[str, Any]:
     """A small sweep spec as data: tiny-moe on 4 CPU ranks with the analytic backend (seconds per sweep), its

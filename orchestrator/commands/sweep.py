@@ -122,6 +122,8 @@ def _print_outcome(outcome) -> None:
         statuses = Counter(r.status for r in found.records.values() if r.status)
         typer.echo("error: no trial measured a layout that fits; statuses: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), err=True)
+    if outcome.stopped and outcome.stopped not in outcome.messages:  # its budget: how likely a better layout still is
+        out.print(f"stopped: {outcome.stopped}", markup=False)
     for msg in outcome.messages:
         typer.echo(("error: " if outcome.mlflow_pending else "note: ") + redact_uri(msg), err=True)
 
@@ -170,7 +172,7 @@ def status(
 
     from search_spaces.layouts.layout import PARALLEL_SIZES
 
-    from orchestrator.records import queries
+    from orchestrator.records import StudyRecord, queries
     from orchestrator.storage import studies
     from orchestrator.sweep.lease import Holder
     # a length family: its table, then each length's leaderboard
@@ -189,6 +191,8 @@ def status(
     lease = Holder.of(study)
     if lease:
         out.print(f"being run by pid {lease.pid} on {lease.host}")
+    elif stopped := StudyRecord.of(study).stopped:  # a running sweep's last stop is no longer the news
+        out.print(f"stopped: {stopped}", markup=False)
     out.print(_gpu_hours_line(found))
     table = Table()
     cols = ["trial", "status", "fidelity", *PARALLEL_SIZES, "mbs", "recompute", "tokens_per_sec_per_gpu",

@@ -42,6 +42,9 @@ class StudyRecord(Stored):
     answer: int | None = stored("The trial the sweep chose as its answer when it stopped: the measured layout its "
                                 "search believes fastest (the calibrated search's posterior, not the luckiest run); "
                                 "None: the best measured trial is the answer.")
+    stopped: str | None = stored("Why the sweep's last run stopped, in words: converged (with the chance that a layout "
+                                 "beats the answer), its budget reached (with that chance where the search tells "
+                                 "it), every layout tried, its proposals cap. None: it has not stopped on its own.")
 
     @classmethod
     def of(cls, study: Any) -> "StudyRecord":

@@ -247,7 +247,12 @@ class CalibratedSearch:
         memory = self._memory_mean[:, None] + self._memory_chol @ rng.standard_normal((self.X.shape[1], draws))
         fits = np.log(np.maximum(self.pred_mem[rest], 1e-9))[:, None] + self.X[rest] @ memory <= np.log(self.limit)
         own = np.array([self._residual(int(i)) for i in rest])
-        score = np.where(fits, self.log_pred[rest, None] + self.X[rest] @ w + own[:, None], -np.inf)
+        # what an unmeasured layout does beyond its values' effects (_interaction_variance): before 5 layouts are
+        # measured, as much as one value's effect (a replay table's rows stray +-15%: 2 trials were "converged")
+        unmeasured = np.array([int(i) not in self._measured for i in rest])
+        stray = np.sqrt(self._interaction if len(self._measured) >= 5 else 1.0 / self.prior_precision)
+        own = own[:, None] + stray * unmeasured[:, None] * rng.standard_normal((rest.size, draws))
+        score = np.where(fits, self.log_pred[rest, None] + self.X[rest] @ w + own, -np.inf)
         if answer is None:
             bar = np.full(draws, np.log(best))
         else:

@@ -38,6 +38,7 @@ from orchestrator.records import HEADLINE, TrialRecord, lifecycle, metrics, quer
 from orchestrator.search.prior import Prior
 from orchestrator.spec.schema import WHAT_IF_BACKENDS, SweepSpec
 from orchestrator.storage import run_directory, studies
+from orchestrator.sweep.convergence import Convergence
 from orchestrator.sweep.lease import LeaseLost
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.record import INTERRUPTED, Proposal, Recorder, Screen
@@ -60,6 +61,8 @@ class SweepOutcome:
     """The study as every view counts it (its lifecycle tally, spend, best): what the command prints."""
     mlflow_pending: int = 0
     messages: list[str] = field(default_factory=list)
+    stopped: str | None = None
+    """Why the sweep stopped (StudyRecord.stopped): converged, its budget with the chance that remains, ..."""
     exit_code: int = field(init=False)
     """3: MLflow did not receive every record (kept for --resume); 0: a layout was measured that fits; else 1."""
 
@@ -155,6 +158,8 @@ class Sweep:
         self.best = at_start.best.values[0] if at_start.best is not None else 0.0  # tokens/s/GPU that fit
         self.proposals = 0
         self.stop_reason: str | None = None
+        self.convergence = Convergence(self.spec.budget, session.search)
+        self.finished = 0  # trials finished in this run (convergence is asked once per finished trial)
         self.messages: list[str] = []
 
     def run(self) -> SweepOutcome:
@@ -164,7 +169,7 @@ class Sweep:
             with SweepProgress(f"sweep {self.spec.name}", self.spec.budget.n_trials,
                                enabled=self.show_progress) as view:
                 view.bar.update(view.task, completed=self.measured)
-                self._loop(dispatcher, view, start)
+                out_of_time = self._loop(dispatcher, view, start)
                 self.recorder.flush()  # nothing is left untold: everything told is stored (writes.py)
         except LeaseLost:  # another driver took the study over: it recovers the running trials, not us
             raise
@@ -183,11 +188,14 @@ class Sweep:
             _release_what_the_stop_cut_off(exc)
             self.recorder.interrupted(list(dispatcher.running.values()))
             raise
+        self._check_converged()  # the last trial's, if the loop's last pass did not ask
         if self.stop_reason:
             self.messages.append(self.stop_reason)
-        return summarise(self.session, start, self.measured, self.messages)
+        stopped = self.stop_reason or self.convergence.at_budget(out_of_time)
+        return summarise(self.session, start, self.measured, self.messages, stopped)
 
-    def _loop(self, dispatcher: Dispatcher, view: SweepProgress, start: float) -> None:
+    def _loop(self, dispatcher: Dispatcher, view: SweepProgress, start: float) -> bool:
+        """Run trials until the budget or a stop; True when it stopped for budget.wall_time_s."""
         budget = self.spec.budget
         max_proposals = budget.n_trials * budget.max_proposals_per_trial
         while True:
@@ -206,8 +214,9 @@ class Sweep:
                 self.taken.add((proposal.layout.key(), proposal.size.fidelity))
                 dispatcher.submit(proposal)
             if not dispatcher.running:
-                return
+                return out_of_time
             for future, proposal, result in dispatcher.done(timeout=1.0):
+                self.finished += 1
                 dispatcher.steps.finished(proposal)  # its last steps reported before its tell
                 row = self.recorder.finish(proposal, result)
                 dispatcher.settle(future)
@@ -223,16 +232,10 @@ class Sweep:
 
     def _check_converged(self) -> None:
         """Stop proposing once the calibrated search's chance that a layout beats its answer (the measured layout it
-        believes fastest) by more than the margin is below the spec's bound (budget.converge_below): the sweep says so
-        and why. Measurement noise counts: the chance compares within posterior draws, not with the best figure."""
-        budget = self.spec.budget
-        if budget.converge_below is None or self.stop_reason is not None or self.best <= 0:
-            return
-        chance = self.session.search.chance_of_better(self.session.writes.study, {k for k, _ in self.taken if k},
-                                                      self.best, budget.converge_margin)
-        if chance is not None and chance < budget.converge_below:
-            self.stop_reason = (f"converged: P(a layout beats the answer by > {budget.converge_margin:.0%}) = "
-                                f"{chance:.2f} < {budget.converge_below:g}, after {self.measured} trials")
+        believes fastest) by more than the margin is below the spec's bound (budget.converge_below)."""
+        if self.stop_reason is None:
+            self.stop_reason = self.convergence.check(self.session.writes.study, self.finished,
+                                                      (k for k, _ in self.taken if k), self.best, self.measured)
 
     def _propose(self, busy: set[tuple[str, str]]) -> Proposal | None:
         """The next trial to run, or None after telling Optuna why a proposal will not run."""
@@ -281,11 +284,15 @@ def _kept_result(queued: TrialRecord) -> TrialResult | None:
         return TrialResult(status="invalid", error=f"the kept result is not a trial result: {exc}"[:500])
 
 
-def summarise(session: Session, start: float, measured: int, messages: list[str]) -> SweepOutcome:
-    """The best and the Pareto front; the parent MLflow run gets them when every record was delivered."""
+def summarise(session: Session, start: float, measured: int, messages: list[str],
+              stopped: str | None = None) -> SweepOutcome:
+    """The best and the Pareto front; the parent MLflow run gets them when every record was delivered. `stopped`:
+    why the sweep stopped, stored on the study (`status` and the report say it)."""
     study = session.study
     session.lease.fence()  # the parent run's summary is a write
     _record_answer(session)
+    if stopped is not None:
+        session.lease.store(stopped=stopped)
     found = session.summary()
     best, pareto = found.best, found.pareto
     pending = 0
@@ -295,7 +302,8 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
             if not pending:
                 session.tracker.verify()  # a store (or its parent run) gone since its last write: one line, exit 8
                 _log_views(session.tracker, study)
-                session.tracker.finish(_summary(session, found, measured, messages), _pareto_csv(study, pareto))
+                session.tracker.finish(_summary(session, found, measured, messages, stopped),
+                                       _pareto_csv(study, pareto))
         except TrackingLost:  # the records are in the Optuna storage: --resume makes them in the store
             raise
         except Exception as exc:  # noqa: BLE001 -- MLflow down at the end: said below, exit code 3
@@ -311,7 +319,7 @@ def summarise(session: Session, start: float, measured: int, messages: list[str]
                         f"(the reason of each: moe-autotune status)")
     return SweepOutcome(study=study, best=best, pareto=pareto, n_measured=measured, n_infeasible=n_infeasible,
                         wall_time_s=time.monotonic() - start, summary=found, mlflow_pending=pending,
-                        messages=messages)
+                        messages=messages, stopped=stopped)
 
 
 def _record_answer(session: Session) -> None:
@@ -336,11 +344,13 @@ def _log_views(tracker: Tracker, study: optuna.Study) -> None:
                           [page.html_path, *page.pngs.values()])
 
 
-def _summary(session: Session, found: queries.StudySummary, measured: int, notes: list[str]) -> dict[str, Any]:
+def _summary(session: Session, found: queries.StudySummary, measured: int, notes: list[str],
+             stopped: str | None) -> dict[str, Any]:
     best = found.best
     summary: dict[str, Any] = {
         "n_trials": measured,
-        "notes": list(notes),  # why it stopped (converged, everything tried, the proposals cap), what it could not
+        "stopped": stopped,  # why: converged, its budget (with the chance that remains), everything tried, ...
+        "notes": list(notes),  # why it stopped on its own (converged, everything tried, the cap), what it could not
         "best": None if best is None else _best(found.records[best.number]),
         "pareto": [t.number for t in found.pareto],
         "trials_by_state": dict(found.tally.counts),  # the trial lifecycle's counts (records/lifecycle.py)

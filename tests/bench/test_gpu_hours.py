@@ -84,9 +84,12 @@ def test_stopping_after_n_without_improvement_stops_where_expected(land):
 
 def test_convergence_stops_after_the_first_trial_below_the_bound():
     runs = [gh.TrialRun(k, "ok", 1.0, 1.0, 1.0, 20, chance) for k, chance in enumerate([None, 0.5, 0.04, 0.01])]
-    assert gh.converged(0.05, 60)(runs) == 3
-    assert gh.converged(0.01, 60)(runs) == 4  # never below: the budget or the end
-    assert gh.converged(0.05, 2)(runs) == 2
+    assert gh.converged(0.05, 60, min_trials=1)(runs) == 3
+    assert gh.converged(0.01, 60, min_trials=1)(runs) == 4  # never below: the budget or the end
+    assert gh.converged(0.05, 2, min_trials=1)(runs) == 2
+    # as the sweep: not before its Convergence.MIN_TRIALS-th trial
+    more = runs + [gh.TrialRun(k, "ok", 1.0, 1.0, 1.0, 20, 0.5) for k in range(4, 6)] + [runs[2]]
+    assert gh.Convergence.MIN_TRIALS == 5 and gh.converged(0.05, 60)(more) == 7
 
 
 def test_the_stop_rules_decide_a_trial_where_the_spec_says(land):
@@ -132,3 +135,14 @@ def test_the_winner_is_the_sweeps_answer_when_its_search_names_one():
     assert got.reached == 1 and not got.wrong
     misled = gh.TrialRun(2, "ok", 1010.0, 900.0, 1.0, 20, None, answer=900.0)
     assert gh.outcome([best, misled], 980.0).wrong
+
+
+def test_deepspeed_as_right_as_the_candidate_is_the_smallest_patience_that_stops_wrong_no_more_often():
+    case = se.Case("tiny-moe", "cpu", 4, 128, {"precision": "fp32", "dispatcher": "alltoall"})
+    row = gh.run_case(case, seeds=2, cap=5)
+    strategies, outcomes = row["strategies"], row["outcomes"]
+    as_right = strategies[gh.AS_RIGHT]
+    assert as_right["wrong_stops"] <= strategies[gh.CANDIDATE]["wrong_stops"]
+    assert as_right["n"] == gh.AS_RIGHT_N[0]  # five layouts: a patience of 8 sees them all, never wrong
+    assert len(outcomes[gh.AS_RIGHT]) == 2 and all(o.trials == 5 for o in outcomes[gh.AS_RIGHT])
+    assert gh.targets(row)["beats_as_right"] == (strategies[gh.CANDIDATE]["spent_median"] < as_right["spent_median"])

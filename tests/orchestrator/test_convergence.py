@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 
 from orchestrator.records import StudyRecord, queries
 from orchestrator.search.calibrated import CalibratedSearch
+from orchestrator.storage import studies
 from orchestrator.sweep import run_sweep
 from tests.sweep_helpers import make_spec, prior_for
 
@@ -19,11 +20,13 @@ def test_a_converged_sweep_stops_early_with_the_same_best_and_says_why(tmp_path)
     (tmp_path / "all").mkdir()
     (tmp_path / "conv").mkdir()
     # the analytic backend has no run noise, the search assumes 3%: its chance falls slowly (a bound of 0.2 here)
-    ran_out = run_sweep(make_spec(tmp_path / "all", "all", budget={"n_trials": 60}, tracking_uri="none"),
-                        show_progress=False)
+    ran_out = run_sweep(make_spec(tmp_path / "all", "all", budget={"n_trials": 60, "converge_below": None},
+                                  tracking_uri="none"), show_progress=False)
     spec = make_spec(tmp_path / "conv", "conv", budget={"n_trials": 60, "converge_below": 0.2})
     out = run_sweep(spec, prior=prior_for(spec), show_progress=False)
     assert ran_out.n_measured == 60 and not any(m.startswith("converged") for m in ran_out.messages)
+    assert StudyRecord.of(ran_out.study).stopped == "budget.n_trials (60) reached"  # convergence off: no chance
+    assert not any("n_trials" in m for m in ran_out.messages)
     assert out.n_measured < 60
     reason = next(m for m in out.messages if m.startswith("converged: P(a layout beats the answer by > 2%) = "))
     assert f"after {out.n_measured} trials" in reason
@@ -34,6 +37,36 @@ def test_a_converged_sweep_stops_early_with_the_same_best_and_says_why(tmp_path)
     summary = json.loads(client.download_artifacts(out.study.user_attrs["mlflow_parent_run_id"], "summary.json",
                                                    str(tmp_path)) and (tmp_path / "summary.json").read_text())
     assert reason in summary["notes"]
+    assert StudyRecord.of(out.study).stopped == reason  # `status` and the report read it there
+
+
+def test_convergence_is_on_by_default_and_a_sweep_at_its_ceiling_says_how_likely_a_better_layout_is(tmp_path, capsys):
+    """Issue 59: the spec's default converges (budget.converge_below 0.05); a sweep whose n_trials come first says the
+    chance that remains, `status` and the report say why it stopped, and --resume with more trials goes on."""
+    from orchestrator.commands.cli import main
+    from orchestrator.outputs.report.page import headline
+    from orchestrator.outputs.winner import views
+    from tests.sweep_helpers import spec_data, write_spec
+
+    data = spec_data(tmp_path, "ceiling", budget={"n_trials": 4})
+    assert "converge_below" not in data["budget"]  # the default
+    spec = write_spec(tmp_path / "spec.json", data)
+    assert main(["sweep", str(spec), "--quiet"]) == 0
+    said = capsys.readouterr()
+    printed = " ".join(said.out.split())  # rich may wrap the line
+    assert "stopped: budget.n_trials (4) reached before converging: P(a layout beats the answer by > 2%) = " in printed
+    assert "n_trials" not in said.err  # news, not a warning
+    study = studies.load_study(data["storage"], "ceiling")
+    stopped = StudyRecord.of(study).stopped or ""
+    chance = float(stopped.split(" = ")[1].split(",")[0])
+    assert 0.05 <= chance <= 1.0 and f"stopped: {stopped}" in printed
+    assert main(["status", "ceiling", "--storage", data["storage"]]) == 0
+    assert f"stopped: {stopped}" in " ".join(capsys.readouterr().out.split())  # rich may wrap the line
+    assert f"It stopped: {stopped}." in headline(study, views(study), None)
+    assert main(["sweep", str(spec), "--quiet", "--resume", "--n-trials", "6"]) == 0
+    again = studies.load_study(data["storage"], "ceiling")
+    assert queries.summary(again).measured == 6
+    assert (StudyRecord.of(again).stopped or "").startswith(("budget.n_trials (6) reached", "converged: "))
 
 
 def test_the_chance_of_better_falls_as_the_search_measures_and_is_zero_with_nothing_left(tmp_path):

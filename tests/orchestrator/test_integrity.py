@@ -25,7 +25,7 @@ from orchestrator.records import TRIAL_TAG, queries
 from orchestrator.sweep.spool import ResultSpool
 from orchestrator.tracking.tracker import Tracker
 from orchestrator.tracking.views import SUPERSEDED_TAG, layout_params
-from tests.sweep_helpers import direct_writes, measured_count, write_spec
+from tests.sweep_helpers import TO_THE_END, direct_writes, measured_count, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -145,8 +145,8 @@ def test_a_child_run_of_another_layout_is_superseded_not_reused(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_then_resume_without_a_seed_keeps_every_run_with_its_own_trial(tmp_path, sweep_spec):
-    data = sweep_spec("integrity", seed=None, budget={"n_trials": 120}, track_rejected=True, gpus_per_node=8,
-                      seq_len=512, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
+    data = sweep_spec("integrity", seed=None, budget={"n_trials": 120, **TO_THE_END}, track_rejected=True,
+                      gpus_per_node=8, seq_len=512, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
     spec = _write(tmp_path, data)
     proc = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -242,7 +242,8 @@ def test_a_full_disk_is_one_line_keeps_what_was_measured_and_resume_finishes(tmp
         pytest.skip("cannot mount a tmpfs here")
     try:
         data = sweep_spec("integrity", storage=f"sqlite:///{disk / 'optuna.db'}", gpus_per_node=8, seq_len=512,
-                          budget={"n_trials": 150}, free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
+                          budget={"n_trials": 150, **TO_THE_END},
+                          free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
         spec = _write(tmp_path, data)
         filler = disk / "filler"
         filler.write_bytes(b"\0" * (15 * 2 ** 20 + 200 * 1024))  # leaves room for some dozens of trials

@@ -24,7 +24,7 @@ from orchestrator.commands.cli import main
 from orchestrator.outputs.check import check
 from orchestrator.records import queries
 from orchestrator.storage import journal, studies
-from tests.sweep_helpers import spec_data, write_spec
+from tests.sweep_helpers import TO_THE_END, spec_data, write_spec
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 
@@ -140,7 +140,7 @@ def test_a_full_disk_mid_sweep_is_exit_4_and_the_resume_cuts_the_torn_line_and_f
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     try:
         url = f"journal:///{disk / 'optuna.journal'}"
-        data, spec = _sweep(tmp_path, url, gpus_per_node=8, seq_len=512, budget={"n_trials": 60},
+        data, spec = _sweep(tmp_path, url, gpus_per_node=8, seq_len=512, budget={"n_trials": 60, **TO_THE_END},
                             free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
         filler = disk / "filler"
         filler.write_bytes(b"\0" * (1024 * 1024 - 96 * 1024))  # room for some dozens of trials
@@ -180,7 +180,7 @@ def test_the_default_journal_missing_beside_an_older_sqlite_storage_names_it(tmp
 def test_a_sweep_on_a_journal_sigkilled_again_and_again_resumes_to_a_whole_consistent_study(tmp_path):
     """SIGKILL lands anywhere, an append included: every resume cuts what was torn, and the study ends whole."""
     url = f"journal:///{tmp_path / 'optuna.journal'}"
-    data, spec = _sweep(tmp_path, url, gpus_per_node=8, seq_len=512, budget={"n_trials": 120},
+    data, spec = _sweep(tmp_path, url, gpus_per_node=8, seq_len=512, budget={"n_trials": 120, **TO_THE_END},
                         free=["tp", "cp", "ep", "etp", "pp", "vpp", "mbs", "recompute"])
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cli = [sys.executable, "-m", "orchestrator.commands.cli", "sweep", str(spec), "--quiet"]

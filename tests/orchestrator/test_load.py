@@ -20,7 +20,7 @@ import optuna
 import pytest
 
 from orchestrator.records import queries
-from tests.sweep_helpers import write_spec
+from tests.sweep_helpers import TO_THE_END, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 8
@@ -68,7 +68,7 @@ def _check_study(storage: str, name: str, n_trials: int) -> None:
 def test_thousand_analytic_trials_from_eight_concurrent_sweeps(tmp_path, sweep_spec, fast_storage):
     start = time.monotonic()
     specs = {name: write_spec(tmp_path / f"{name}.yaml", sweep_spec(
-        name, LOAD, budget={"n_trials": TRIALS_PER_WORKER, "max_concurrent": 8}, storage=fast_storage,
+        name, LOAD, budget={"n_trials": TRIALS_PER_WORKER, "max_concurrent": 8, **TO_THE_END}, storage=fast_storage,
         seed=abs(hash(name)) % 1000)) for name in (f"load-{i}" for i in range(WORKERS))}
     procs = {name: _start(spec, tmp_path) for name, spec in specs.items()}
     outputs = {name: proc.communicate(timeout=1700) for name, proc in procs.items()}
@@ -90,7 +90,7 @@ def test_two_sweeps_racing_for_one_study_name(tmp_path, sweep_spec, fast_storage
     """Started at the same moment with the same name: one runs, the other is refused; never both in one study."""
     n_trials = 20
     spec = write_spec(tmp_path / "contested.yaml", sweep_spec(
-        "contested", LOAD, budget={"n_trials": n_trials, "max_concurrent": 8}, storage=fast_storage,
+        "contested", LOAD, budget={"n_trials": n_trials, "max_concurrent": 8, **TO_THE_END}, storage=fast_storage,
         seed=abs(hash("contested")) % 1000))
     procs = [_start(spec, tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=800) for p in procs]

@@ -34,7 +34,7 @@ from orchestrator.storage import studies
 from orchestrator.storage.fencing import FENCE_SUFFIX
 from orchestrator.sweep import lease as leases
 from orchestrator.sweep.lease import CLOCK_SKEW_ENV, HOST_ENV, TIMEOUT_ENV, Holder, Lease, LeaseLost
-from tests.sweep_helpers import measured_count, spec_data
+from tests.sweep_helpers import TO_THE_END, measured_count, spec_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("moe-autotune"))
@@ -440,7 +440,7 @@ def _paused_takeover(tmp_path: Path, storage: str, databases: list[Path], delay_
     must not hold (a paused SQLite writer blocks the other driver below the lease, which is not this test's
     subject); a journal's lock file is checked beside it."""
     data = spec_data(tmp_path, "split", seq_len=128, backend="replay", replay_table=str(TABLE), fixed={},
-                     budget={"n_trials": 14}, storage=storage)
+                     budget={"n_trials": 14, **TO_THE_END}, storage=storage)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data))
     first = subprocess.Popen([CLI, "sweep", str(spec), "--quiet"], cwd=tmp_path, env=_env("host-a", delay_s),

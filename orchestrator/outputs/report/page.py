@@ -143,4 +143,6 @@ def headline(study: optuna.Study, trials: list[TrialView], winner: TrialView | N
                    if read.gpu_hours_to_best is not None else "")
         used = "would have used (predicted: nothing ran)" if read.predicted else "used"
         parts.append(f"The sweep {used} {sig(spend.gpu_hours)} GPU-hours{usd}{to_best}{full}.")
+    if context.stopped and not context.driver_lease:  # why it stopped (a sweep being run has not yet)
+        parts.append(f"It stopped: {context.stopped.rstrip('.')}.")
     return " ".join(parts)
