@@ -41,13 +41,15 @@ class Convergence:
         return (f"converged: P(a layout beats the answer by > {budget.converge_margin:.0%}) = {self.chance:.2f} < "
                 f"{budget.converge_below:g}, after {measured} trials")
 
-    def at_budget(self, out_of_time: bool) -> str:
+    def at_budget(self, out_of_time: bool, measured: int) -> str:
         """Why a sweep that did not stop itself stopped, with the chance of a better layout where it was asked."""
         budget = self.budget
         reached = (f"budget.wall_time_s ({budget.wall_time_s:g} s) reached" if out_of_time
                    else f"budget.n_trials ({budget.n_trials}) reached")
         if self.chance is None or budget.converge_below is None:
             return reached
-        return (f"{reached} before converging: P(a layout beats the answer by > {budget.converge_margin:.0%}) = "
-                f"{self.chance:.2f}, not below {budget.converge_below:g}; more trials may find a better layout "
-                f"(--resume with a larger --n-trials goes on)")
+        chance = f"P(a layout beats the answer by > {budget.converge_margin:.0%}) = {self.chance:.2f}"
+        why = (f"{chance}, not below {budget.converge_below:g}" if self.chance >= budget.converge_below
+               else f"{chance} after only {measured} trials (trusted from {self.MIN_TRIALS} on)")
+        return (f"{reached} before converging: {why}; more trials may find a better layout (--resume with a larger "
+                f"--n-trials goes on)")

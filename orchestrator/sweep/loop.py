@@ -166,6 +166,7 @@ class Sweep:
         start = time.monotonic()
         dispatcher = Dispatcher(self.session, self.spec.budget.max_concurrent)
         try:
+            self.session.lease.store(stopped=None)  # an earlier run's stop is no longer why: this run says its own
             with SweepProgress(f"sweep {self.spec.name}", self.spec.budget.n_trials,
                                enabled=self.show_progress) as view:
                 view.bar.update(view.task, completed=self.measured)
@@ -191,7 +192,7 @@ class Sweep:
         self._check_converged()  # the last trial's, if the loop's last pass did not ask
         if self.stop_reason:
             self.messages.append(self.stop_reason)
-        stopped = self.stop_reason or self.convergence.at_budget(out_of_time)
+        stopped = self.stop_reason or self.convergence.at_budget(out_of_time, self.measured)
         return summarise(self.session, start, self.measured, self.messages, stopped)
 
     def _loop(self, dispatcher: Dispatcher, view: SweepProgress, start: float) -> bool:

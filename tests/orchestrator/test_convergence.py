@@ -123,3 +123,52 @@ def test_the_calibrated_search_learns_a_pruned_trials_reported_steps(tmp_path):
     assert len(sampler.search._obs_y) == len(before) + 1
     i = sampler.search.index[layout.key()]
     assert abs(sampler.search._obs_y[-1] - (math.log(100.0) - sampler.search.log_pred[i])) < 1e-9
+
+
+class _Told:
+    """A search that tells the chance it is given (Convergence asks nothing else of it)."""
+
+    def __init__(self, chance):
+        self.chance, self.asked = chance, 0
+
+    def chance_of_better(self, study, tried, best, margin):
+        self.asked += 1
+        return self.chance
+
+
+def test_convergence_asks_once_per_finished_trial_and_trusts_a_low_chance_from_five_trials_on():
+    from orchestrator.spec.schema import Budget
+    from orchestrator.sweep.convergence import Convergence
+
+    search = _Told(0.01)
+    rule = Convergence(Budget(), search)
+    assert rule.check(None, 0, [], 0.0, 0) is None and search.asked == 0  # nothing measured: nothing to compare
+    assert rule.check(None, 2, [], 100.0, 2) is None and search.asked == 1  # low, but before 5 trials
+    assert rule.check(None, 2, [], 100.0, 2) is None and search.asked == 1  # no trial finished since: not asked
+    said = rule.at_budget(False, 2)
+    assert said.startswith("budget.n_trials (8) reached before converging: P(a layout beats the answer by > 2%) = "
+                           "0.01 after only 2 trials (trusted from 5 on)") and "not below" not in said
+    assert rule.check(None, 5, [], 100.0, 5) == ("converged: P(a layout beats the answer by > 2%) = 0.01 < 0.05, "
+                                                 "after 5 trials")
+    high = Convergence(Budget(wall_time_s=60.0), _Told(0.3))
+    assert high.check(None, 9, [], 100.0, 9) is None
+    assert high.at_budget(True, 9).startswith("budget.wall_time_s (60 s) reached before converging: "
+                                              "P(a layout beats the answer by > 2%) = 0.30, not below 0.05; ")
+    off = Convergence(Budget(converge_below=None), _Told(0.01))
+    assert off.check(None, 9, [], 100.0, 9) is None and off.at_budget(False, 9) == "budget.n_trials (8) reached"
+
+
+def test_a_new_run_forgets_the_last_runs_stop(tmp_path, monkeypatch):
+    """`status` reads why the sweep stopped: a later run cut short (Ctrl-C) must not leave the earlier run's reason."""
+    import pytest
+
+    from orchestrator.sweep.loop import Sweep
+
+    spec = make_spec(tmp_path, "again", budget={"n_trials": 3})
+    done = run_sweep(spec, show_progress=False)
+    assert StudyRecord.of(done.study).stopped
+    monkeypatch.setattr(Sweep, "_loop", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec.model_copy(update={"budget": spec.budget.model_copy(update={"n_trials": 5})}), resume=True,
+                  show_progress=False)
+    assert StudyRecord.of(studies.load_study(spec.storage, "again")).stopped is None
